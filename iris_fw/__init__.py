@@ -1,0 +1,46 @@
+"""iris-fw: fine-grained multi-GPU programming in Python + Triton.
+
+Each rank owns a symmetric heap; Triton device functions (:mod:`iris_fw.device`) load,
+store and atomically update a peer's heap from inside a kernel.
+
+Importing this package decides, once, whether Triton kernels are interpreted: when
+``TRITON_INTERPRET`` is unset and either ``IRIS_FW_TRANSPORT=host_shm`` is asked for or no
+GPU is visible, it sets ``TRITON_INTERPRET=1`` so that kernels defined afterwards (ours and
+yours) run on the CPU with the ``host_shm`` transport. Triton reads the variable when a
+kernel is decorated, so import ``iris_fw`` before defining kernels, or set the variable
+yourself. Nothing else happens at import.
+"""
+
+import os as _os
+
+
+def _choose_interpreter(environ=_os.environ) -> None:
+    if "TRITON_INTERPRET" in environ:
+        return
+    forced = environ.get("IRIS_FW_TRANSPORT", "auto") or "auto"
+    if forced == "host_shm":
+        environ["TRITON_INTERPRET"] = "1"
+    elif forced == "auto":
+        import torch
+
+        if not torch.cuda.is_available():
+            environ["TRITON_INTERPRET"] = "1"
+
+
+_choose_interpreter()
+
+from .context import Context, init  # noqa: E402
+from .errors import HeapOutOfMemory, IrisError, NotOnHeapError, SymmetryError, WaitTimeout  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Context",
+    "HeapOutOfMemory",
+    "IrisError",
+    "NotOnHeapError",
+    "SymmetryError",
+    "WaitTimeout",
+    "init",
+    "__version__",
+]

@@ -1,0 +1,7 @@
+"""``python -m iris_fw …`` is the ``iris-fw`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,257 @@
+"""Bootstraps: how ranks find each other and move bytes at set-up time.
+
+A bootstrap moves small Python objects between ranks (all-gather, broadcast, barrier) and
+nothing more; kernels never use it. Built-ins:
+
+* ``mpi``    – mpi4py, for programs run under ``mpirun -n N python …``.
+* ``torch``  – torch.distributed, for programs run under ``torchrun``; reuses an initialized
+  default process group or creates one.
+* ``single`` – one rank, no communication.
+
+:func:`choose` picks one from the environment (MPI/PMI variables → ``mpi``; an initialized
+torch.distributed or torchrun variables → ``torch``; neither → ``single``) unless the user
+names one (``init(bootstrap=…)`` or ``IRIS_FW_BOOTSTRAP``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Mapping
+
+from .errors import IrisError
+from .hookspecs import hookimpl
+
+#: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
+DEFAULT_TIMEOUT_S = float(300)
+
+_MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "PMI_RANK")
+_TORCHRUN_VARS = ("TORCHELASTIC_RUN_ID",)
+_TORCH_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class Bootstrap(ABC):
+    """Base class. Subclasses set ``name`` and ``priority`` and implement the collectives.
+
+    After construction: ``rank``, ``world_size``, ``local_rank``, ``local_world_size``.
+    """
+
+    name: ClassVar[str]
+    #: Lower is asked first by :func:`choose`.
+    priority: ClassVar[int] = 100
+
+    rank: int
+    world_size: int
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        """``(True, "")`` when this bootstrap can be constructed here, else ``(False, why)``."""
+        return True, ""
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        """Whether the environment says the program was launched for this bootstrap."""
+        return False
+
+    @abstractmethod
+    def all_gather(self, obj: Any) -> list:
+        """Every rank's ``obj`` (picklable), indexed by rank."""
+
+    @abstractmethod
+    def broadcast(self, obj: Any, src: int) -> Any:
+        """``src``'s ``obj`` on every rank."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    def close(self) -> None:
+        """Release what this bootstrap created (never what it only reused)."""
+
+    def _set_local_ranks(self) -> None:
+        """Derive ``local_rank`` / ``local_world_size`` from the host names of all ranks."""
+        hosts = self.all_gather(socket.gethostname())
+        mine = hosts[self.rank]
+        same = [r for r, h in enumerate(hosts) if h == mine]
+        self.local_rank = same.index(self.rank)
+        self.local_world_size = len(same)
+
+    def abort(self, reason: str) -> None:
+        """Best-effort: make the other ranks stop instead of waiting for this one."""
+
+
+class SingleBootstrap(Bootstrap):
+    """One rank: the program was not launched for several."""
+
+    name = "single"
+    priority = 1000
+
+    def __init__(self):
+        self.rank, self.world_size = 0, 1
+        self.local_rank, self.local_world_size = 0, 1
+
+    @classmethod
+    def detect(cls, environ):
+        return True
+
+    def all_gather(self, obj):
+        return [obj]
+
+    def broadcast(self, obj, src):
+        _check_src(src, 1)
+        return obj
+
+    def barrier(self):
+        pass
+
+
+class TorchBootstrap(Bootstrap):
+    """torch.distributed. Reuses the default process group if one is initialized, else
+    creates one from the environment (``env://``: torchrun's variables). Collectives run on
+    a gloo group: the default group itself when its backend is gloo, else a gloo subgroup."""
+
+    name = "torch"
+    priority = 10
+
+    @classmethod
+    def available(cls):
+        try:
+            import torch.distributed as dist
+        except ImportError as exc:  # pragma: no cover - torch always has it on Linux
+            return False, f"torch.distributed cannot be imported: {exc}"
+        if not dist.is_available():
+            return False, "this torch build has no torch.distributed"
+        return True, ""
+
+    @classmethod
+    def detect(cls, environ):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return True
+        return any(v in environ for v in _TORCHRUN_VARS) or all(v in environ for v in _TORCH_ENV_VARS)
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
+        import torch.distributed as dist
+
+        self._dist = dist
+        self._owns_default = False
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if not dist.is_initialized():
+            missing = [v for v in _TORCH_ENV_VARS if v not in os.environ]
+            if missing:
+                raise IrisError(
+                    "bootstrap 'torch' needs an initialized torch.distributed or torchrun's "
+                    f"environment; missing: {', '.join(missing)}"
+                )
+            dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
+            self._owns_default = True
+        self._group = None
+        if dist.get_backend() != "gloo":
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        if "LOCAL_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+            self.local_rank = int(os.environ["LOCAL_RANK"])
+            self.local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
+        else:
+            self._set_local_ranks()
+
+    def all_gather(self, obj):
+        out = [None] * self.world_size
+        self._dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def broadcast(self, obj, src):
+        _check_src(src, self.world_size)
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=src, group=self._group)
+        return box[0]
+
+    def barrier(self):
+        self._dist.barrier(group=self._group)
+
+    def close(self):
+        if self._group is not None:
+            self._dist.destroy_process_group(self._group)
+            self._group = None
+        if self._owns_default and self._dist.is_initialized():
+            self._dist.destroy_process_group()
+            self._owns_default = False
+
+
+class MpiBootstrap(Bootstrap):
+    """mpi4py over a duplicate of ``COMM_WORLD`` (``pip install iris-fw[mpi]`` brings mpi4py
+    and an MPICH, so ``mpirun`` works with pip alone)."""
+
+    name = "mpi"
+    priority = 20
+
+    @classmethod
+    def available(cls):
+        import importlib.util
+
+        if importlib.util.find_spec("mpi4py") is None:
+            return False, "mpi4py is not installed (pip install 'iris-fw[mpi]')"
+        return True, ""
+
+    @classmethod
+    def detect(cls, environ):
+        return any(v in environ for v in _MPI_VARS)
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = MPI.COMM_WORLD.Dup()
+        self.rank = self._comm.Get_rank()
+        self.world_size = self._comm.Get_size()
+        node = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = node.Get_rank()
+        self.local_world_size = node.Get_size()
+        node.Free()
+
+    def all_gather(self, obj):
+        return self._comm.allgather(obj)
+
+    def broadcast(self, obj, src):
+        _check_src(src, self.world_size)
+        return self._comm.bcast(obj, root=src)
+
+    def barrier(self):
+        self._comm.Barrier()
+
+    def abort(self, reason):
+        self._MPI.COMM_WORLD.Abort(1)
+
+    def close(self):
+        if self._comm is not None and not self._MPI.Is_finalized():
+            self._comm.Free()
+        self._comm = None
+
+
+def _check_src(src: Any, world_size: int) -> None:
+    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < world_size:
+        raise ValueError(f"src must be a rank in [0, {world_size}), got {src!r}")
+
+
+def choose(registry, requested: str | None = None, environ: Mapping[str, str] | None = None) -> type[Bootstrap]:
+    """The bootstrap class to use: ``requested`` (or ``IRIS_FW_BOOTSTRAP``) when given, else
+    the first available one, by priority, whose ``detect`` recognizes the environment."""
+    environ = os.environ if environ is None else environ
+    requested = requested or environ.get("IRIS_FW_BOOTSTRAP") or None
+    if requested not in (None, "auto"):
+        return registry.require_available(requested)
+    entries = sorted(registry, key=lambda e: (getattr(e.obj, "priority", 100), e.name))
+    for entry in entries:
+        if entry.availability()[0] and entry.obj.detect(environ):
+            return entry.obj
+    raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)")
+
+
+@hookimpl
+def iris_fw_register_bootstraps(registry):
+    for cls in (SingleBootstrap, TorchBootstrap, MpiBootstrap):
+        registry.register(cls)

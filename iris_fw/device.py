@@ -1,0 +1,321 @@
+"""Device primitives: ``@triton.jit`` functions that reach into a peer's symmetric heap.
+
+This is a leaf module: it imports Triton and nothing from iris-fw's host side, so kernels
+anywhere can import it.
+
+**One argument order for every primitive.** Pointers and values come first (sources before
+destinations, as data flows), then ``rank`` (the calling rank), then the peer rank(s), then
+``heap_bases``, then keyword options (``mask``, ``other``, ``sem``, ``scope``, …)::
+
+    load(ptr, rank, peer, heap_bases, mask=None, other=None)
+    store(ptr, value, rank, peer, heap_bases, mask=None)
+    get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None)
+    put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None)
+    copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None)
+    atomic_<op>(ptr, val, rank, peer, heap_bases, mask=None, sem="acq_rel", scope="sys")
+    atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem="acq_rel", scope="sys")
+    signal(flag_ptr, value, rank, peer, heap_bases, op="set", sem="release", scope="sys")
+    wait_until(flag_ptr, cmp, value, rank, peer, heap_bases, sem="acquire", scope="sys")
+    barrier(rank, world_size, heap_bases)
+
+Every pointer argument is an address in the *caller's* heap (a symmetric tensor the caller
+allocated); the primitive translates it to the same offset in the peer's heap. ``peer`` may
+equal ``rank``. Atomics default to ``scope="sys"``: a gpu-scope flag is invisible to a peer.
+
+The first bytes of every heap are a header of int64 slots (layout below) holding the wait
+bound, the error record of a timed-out wait, and the device barrier's epoch and slots.
+"""
+
+import triton
+import triton.language as tl
+
+# ---- heap header layout: int64 slot indices ------------------------------------------------
+HDR_ERR_FLAG = tl.constexpr(0)  # 0: no error; -1: being written; 1: a wait timed out
+HDR_ERR_COUNT = tl.constexpr(1)  # waits that timed out since the host last checked
+HDR_ERR_RANK = tl.constexpr(2)  # the rank that waited
+HDR_ERR_PEER = tl.constexpr(3)  # whose heap held the flag
+HDR_ERR_OFFSET = tl.constexpr(4)  # the flag's byte offset in that heap
+HDR_ERR_EXPECTED = tl.constexpr(5)  # the value compared against
+HDR_ERR_SEEN = tl.constexpr(6)  # the last value read
+HDR_ERR_CMP = tl.constexpr(7)  # comparison code, an index into CMP_OPS
+HDR_ERR_SPINS = tl.constexpr(8)  # how many polls were made
+HDR_WAIT_BOUND = tl.constexpr(9)  # polls before a wait gives up (set by the host)
+HDR_BARRIER_EPOCH = tl.constexpr(10)  # device barrier: this rank's epoch
+HDR_PROBE = tl.constexpr(11)  # scratch flag the host uses to calibrate the wait bound
+HDR_BARRIER_SLOTS = tl.constexpr(16)  # device barrier: one arrival slot per rank from here
+HDR_SLOT_BYTES = tl.constexpr(8)
+
+CMP_OPS = ("==", "!=", ">=", ">", "<=", "<")
+
+# Heap bases are aligned to HEAP_BASE_ALIGN bytes (checked by the host), so the distance
+# between two bases, in elements of any type up to 8 bytes, is a multiple of
+# _DELTA_ALIGN_ELEMS; writing it as such keeps the translated pointer's alignment visible
+# to the compiler and loads/stores stay vectorized.
+HEAP_BASE_ALIGN = tl.constexpr(4096)
+_DELTA_ALIGN_ELEMS = tl.constexpr(16)
+
+# String defaults of constexpr parameters are tl.constexpr objects: Triton 3.6 does not wrap a
+# plain-str default when a jit function calls another.
+_ACQ_REL = tl.constexpr("acq_rel")
+_ACQUIRE = tl.constexpr("acquire")
+_RELEASE = tl.constexpr("release")
+_SYS = tl.constexpr("sys")
+_SET = tl.constexpr("set")
+_NO_MODIFIER = tl.constexpr("")
+
+
+@triton.jit
+def translate(ptr, rank, peer, heap_bases):
+    """The address in ``peer``'s heap at the offset ``ptr`` has in ``rank``'s heap.
+
+    ``ptr``: a pointer or block of pointers into the caller's heap. Costs the two base loads
+    and one scalar subtraction; the block's contiguity and alignment are preserved.
+    """
+    here = tl.load(heap_bases + rank)
+    there = tl.load(heap_bases + peer)
+    ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
+    delta = ((there - here) // (ELEM * _DELTA_ALIGN_ELEMS)) * _DELTA_ALIGN_ELEMS
+    return ptr + delta
+
+
+@triton.jit
+def heap_header(rank, heap_bases):
+    """An int64 pointer to the header of ``rank``'s heap."""
+    return tl.load(heap_bases + rank).to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
+def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
+    """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other`` as in ``tl.load``."""
+    return tl.load(translate(ptr, rank, peer, heap_bases), mask=mask, other=other, cache_modifier=cache_modifier)
+
+
+@triton.jit
+def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
+    """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
+    tl.store(translate(ptr, rank, peer, heap_bases), value, mask=mask, cache_modifier=cache_modifier)
+
+
+@triton.jit
+def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None):
+    """Copy ``peer``'s data at ``src_ptr``'s offset into the caller's memory at ``dst_ptr``.
+
+    ``dst_ptr`` may be any local pointer (it need not be on the heap).
+    """
+    value = tl.load(translate(src_ptr, rank, peer, heap_bases), mask=mask, other=other)
+    tl.store(dst_ptr, value, mask=mask)
+
+
+@triton.jit
+def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
+    """Copy the caller's data at ``src_ptr`` into ``peer``'s heap at ``dst_ptr``'s offset.
+
+    ``src_ptr`` may be any local pointer (it need not be on the heap).
+    """
+    value = tl.load(src_ptr, mask=mask)
+    tl.store(translate(dst_ptr, rank, peer, heap_bases), value, mask=mask)
+
+
+@triton.jit
+def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None):
+    """Copy from ``src_rank``'s heap at ``src_ptr``'s offset to ``dst_rank``'s heap at
+    ``dst_ptr``'s offset; the caller (``rank``) may be either of them or a third rank."""
+    value = tl.load(translate(src_ptr, rank, src_rank, heap_bases), mask=mask, other=other)
+    tl.store(translate(dst_ptr, rank, dst_rank, heap_bases), value, mask=mask)
+
+
+# ---- atomics ------------------------------------------------------------------------------
+
+
+@triton.jit
+def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
+    return tl.atomic_add(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomically subtract ``val``; returns the old value."""
+    return tl.atomic_add(translate(ptr, rank, peer, heap_bases), -val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
+    return tl.atomic_cas(translate(ptr, rank, peer, heap_bases), cmp, val, sem=sem, scope=scope)
+
+
+@triton.jit
+def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
+    """``tl.atomic_xchg``; 32/64-bit floats are exchanged as integers of the same width (an
+    exchange only moves bits, and Triton's interpreter has no float exchange)."""
+    ELEM: tl.constexpr = target.dtype.element_ty
+    if ELEM.is_floating():
+        if ELEM.primitive_bitwidth == 64:
+            bits = tl.atomic_xchg(target.to(tl.pointer_type(tl.int64), bitcast=True),
+                                  tl.cast(val, ELEM).to(tl.int64, bitcast=True), mask=mask, sem=sem, scope=scope)
+        else:
+            bits = tl.atomic_xchg(target.to(tl.pointer_type(tl.int32), bitcast=True),
+                                  tl.cast(val, ELEM).to(tl.int32, bitcast=True), mask=mask, sem=sem, scope=scope)
+        old = bits.to(ELEM, bitcast=True)
+    else:
+        old = tl.atomic_xchg(target, val, mask=mask, sem=sem, scope=scope)
+    return old
+
+
+@triton.jit
+def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomically exchange with ``val``; returns the old value."""
+    return _xchg(translate(ptr, rank, peer, heap_bases), val, mask, sem, scope)
+
+
+@triton.jit
+def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomic bitwise and; returns the old value."""
+    return tl.atomic_and(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomic bitwise or; returns the old value."""
+    return tl.atomic_or(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomic bitwise xor; returns the old value."""
+    return tl.atomic_xor(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomic minimum; returns the old value."""
+    return tl.atomic_min(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+    """Atomic maximum; returns the old value."""
+    return tl.atomic_max(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+
+
+# ---- signalling ---------------------------------------------------------------------------
+
+
+@triton.jit
+def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = _SET, sem: tl.constexpr = _RELEASE, scope: tl.constexpr = _SYS):
+    """Set (``op="set"``) or add to (``op="add"``) a scalar flag in ``peer``'s heap with release
+    order: every store the calling program made before is visible to whoever acquires the
+    flag. Returns the flag's old value."""
+    tl.static_assert(op == "set" or op == "add", "signal: op must be 'set' or 'add'")
+    # All threads of the program reach this point before one of them releases.
+    tl.debug_barrier()
+    target = translate(flag_ptr, rank, peer, heap_bases)
+    if op == "set":
+        old = _xchg(target, value, None, sem, scope)
+    else:
+        old = tl.atomic_add(target, value, sem=sem, scope=scope)
+    return old
+
+
+@triton.jit
+def _compare(seen, value, cmp: tl.constexpr):
+    if cmp == "==":
+        res = seen == value
+    elif cmp == "!=":
+        res = seen != value
+    elif cmp == ">=":
+        res = seen >= value
+    elif cmp == ">":
+        res = seen > value
+    elif cmp == "<=":
+        res = seen <= value
+    else:
+        res = seen < value
+    return res.to(tl.int32)
+
+
+@triton.jit
+def _cmp_code(cmp: tl.constexpr):
+    if cmp == "==":
+        code: tl.constexpr = 0
+    elif cmp == "!=":
+        code: tl.constexpr = 1
+    elif cmp == ">=":
+        code: tl.constexpr = 2
+    elif cmp == ">":
+        code: tl.constexpr = 3
+    elif cmp == "<=":
+        code: tl.constexpr = 4
+    else:
+        code: tl.constexpr = 5
+    return code
+
+
+@triton.jit
+def _record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, heap_bases):
+    """Write what a timed-out wait waited for into the caller's header (first writer wins)."""
+    hdr = heap_header(rank, heap_bases)
+    tl.atomic_add(hdr + HDR_ERR_COUNT, 1, sem="relaxed", scope="sys")
+    claimed = tl.atomic_cas(hdr + HDR_ERR_FLAG, tl.cast(0, tl.int64), tl.cast(-1, tl.int64), sem="acq_rel", scope="sys")
+    if claimed == 0:
+        offset = flag_ptr.to(tl.int64) - tl.load(heap_bases + rank)
+        tl.store(hdr + HDR_ERR_RANK, rank)
+        tl.store(hdr + HDR_ERR_PEER, peer)
+        tl.store(hdr + HDR_ERR_OFFSET, offset)
+        tl.store(hdr + HDR_ERR_EXPECTED, value)
+        tl.store(hdr + HDR_ERR_SEEN, seen)
+        tl.store(hdr + HDR_ERR_CMP, _cmp_code(cmp))
+        tl.store(hdr + HDR_ERR_SPINS, spins)
+        tl.atomic_xchg(hdr + HDR_ERR_FLAG, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: tl.constexpr = _ACQUIRE, scope: tl.constexpr = _SYS):
+    """Poll the scalar flag at ``flag_ptr``'s offset in ``peer``'s heap until ``flag cmp value``
+    holds (``cmp`` one of ``==, !=, >=, >, <=, <``), with acquire order.
+
+    The wait is bounded: after the header's ``HDR_WAIT_BOUND`` polls it records rank, peer,
+    flag offset, expected and last seen value in the caller's header and gives up; the host
+    raises :class:`iris_fw.WaitTimeout` from that. Returns 1 if the condition held, else 0.
+    """
+    tl.static_assert(
+        cmp == "==" or cmp == "!=" or cmp == ">=" or cmp == ">" or cmp == "<=" or cmp == "<",
+        "wait_until: cmp must be one of ==, !=, >=, >, <=, <",
+    )
+    target = translate(flag_ptr, rank, peer, heap_bases)
+    bound = tl.load(heap_header(rank, heap_bases) + HDR_WAIT_BOUND)
+    seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+    done = _compare(seen, value, cmp)
+    spins = bound * 0
+    while (done == 0) & (spins < bound):
+        seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+        done = _compare(seen, value, cmp)
+        spins += 1
+    if done == 0:
+        _record_timeout(flag_ptr, cmp, value, seen, spins, rank, peer, heap_bases)
+    # The rest of the program reads only after the acquiring thread saw the flag.
+    tl.debug_barrier()
+    return done
+
+
+@triton.jit
+def barrier(rank, world_size, heap_bases):
+    """Cross-rank barrier. Call it from exactly one program per rank (a grid of one, or
+    under ``if tl.program_id(0) == 0`` after the kernel's other programs are done).
+
+    Each call advances this rank's epoch (kept in its heap header, so the barrier needs no
+    host arguments and can be captured in a CUDA graph), writes it into its slot in every
+    peer's header with release order, and waits, bounded, until every peer's slot in its own
+    header has reached it. Returns 1 if every peer arrived, else 0.
+    """
+    hdr = heap_header(rank, heap_bases)
+    epoch = tl.load(hdr + HDR_BARRIER_EPOCH) + 1
+    tl.store(hdr + HDR_BARRIER_EPOCH, epoch)
+    my_slot = hdr + HDR_BARRIER_SLOTS + rank
+    for peer in range(0, world_size):
+        signal(my_slot, epoch, rank, peer, heap_bases, op="set")
+    arrived = 1
+    for peer in range(0, world_size):
+        arrived = arrived & wait_until(hdr + HDR_BARRIER_SLOTS + peer, ">=", epoch, rank, rank, heap_bases)
+    return arrived

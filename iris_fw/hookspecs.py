@@ -1,0 +1,86 @@
+"""The hooks an iris-fw plugin may implement.
+
+A plugin is any module or object that pluggy can scan, published under the ``iris_fw``
+entry-point group (``[project.entry-points.iris_fw]`` in its ``pyproject.toml``). The
+built-in transports and bootstraps load exactly that way.
+
+Every hook receives a registry object and registers into it; none returns anything. Each
+hook fires once per plugin, in :func:`iris_fw.registry.load_registries`, which runs when a
+context is created (:func:`iris_fw.init`), when ``iris-fw plugins`` lists what is
+installed, and wherever a caller asks for the registries explicitly. Registering a name
+another plugin already registered raises :class:`iris_fw.registry.DuplicateNameError`
+naming both providers.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT_NAME = "iris_fw"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def iris_fw_register_transports(registry):
+    """Register transports: how a rank's symmetric heap is allocated and mapped by its peers.
+
+    Fires: once per plugin when the registries are loaded.
+
+    :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"transport"``; call
+        ``registry.register(cls)`` with a :class:`~iris_fw.transport.Transport` subclass.
+        The class's ``name`` is the key users select it by (``init(transport=name)``).
+    :return: nothing.
+    """
+
+
+@hookspec
+def iris_fw_register_bootstraps(registry):
+    """Register bootstraps: how ranks find each other and exchange bytes at set-up time.
+
+    Fires: once per plugin when the registries are loaded.
+
+    :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"bootstrap"``; call
+        ``registry.register(cls)`` with a :class:`~iris_fw.bootstrap.Bootstrap` subclass.
+    :return: nothing.
+    """
+
+
+@hookspec
+def iris_fw_register_schedulers(registry):
+    """Register schedulers: kernel skeletons plus host orchestration that run any pattern.
+
+    Fires: once per plugin when the registries are loaded.
+
+    :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"scheduler"``; call
+        ``registry.register(obj)`` with an object that has a ``name`` attribute and,
+        optionally, an ``available()`` method returning ``(bool, reason)``.
+    :return: nothing.
+    """
+
+
+@hookspec
+def iris_fw_register_patterns(registry):
+    """Register patterns: tile-level compute + communication pieces a scheduler runs.
+
+    Fires: once per plugin when the registries are loaded.
+
+    :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"pattern"``; call
+        ``registry.register(obj)`` with an object that has a ``name`` attribute and,
+        optionally, an ``available()`` method returning ``(bool, reason)``.
+    :return: nothing.
+    """
+
+
+@hookspec
+def iris_fw_register_benchmarks(registry):
+    """Register benchmarks that ``iris-fw bench`` can run.
+
+    Fires: once per plugin when the registries are loaded.
+
+    :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"benchmark"``; call
+        ``registry.register(obj)`` with an object that has a ``name`` attribute, a
+        ``run(ctx, options)`` method and, optionally, ``available()``.
+    :return: nothing.
+    """

@@ -1,0 +1,200 @@
+"""Testing helpers: run a function on every rank of a real multi-process job from pytest.
+
+:class:`RankPool` starts ``world_size`` rank processes once (spawned, each with an
+:func:`iris_fw.init` context — host_shm on a CPU, gpu_ipc on GPUs) and runs functions
+``fn(ctx, *args)`` on all of them, returning each rank's result or raising with every
+failing rank's traceback. Between two functions every rank has finished the first, so
+tests need no barrier at their end. After each function the pool checks that no heap
+block leaked and no device-side wait timed out unreported.
+
+Used as a pytest plugin (``pytest_plugins = ["iris_fw.testing"]``) it provides the
+fixtures ``iris_pool`` (a factory: ``iris_pool(world_size)``) and ``on_gpu``.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import pickle
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import pytest
+
+from .launch import cleanup_shm, free_port, new_shm_prefix, rank_environ
+
+#: Seconds one function may take on a pool before the pool is killed.
+DEFAULT_JOB_TIMEOUT_S = float(os.environ.get("IRIS_FW_TEST_TIMEOUT", "300"))
+#: After one rank fails, seconds the others get to report before the pool is killed.
+_FAILURE_GRACE_S = 10.0
+
+
+class RankFailure(AssertionError):
+    """One or more ranks raised (or the pool died); the message holds every traceback."""
+
+
+def gpu_count() -> int:
+    """GPUs usable by tests: 0 under the interpreter or without GPUs."""
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True") or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
+
+
+def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
+    os.environ.update(env)
+    import iris_fw
+
+    try:
+        ctx = iris_fw.init(heap_size=heap_size, wait_timeout=wait_timeout)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready", ctx.device.type))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        path, payload = msg
+        for entry in path:
+            if entry not in sys.path:
+                sys.path.append(entry)
+        try:
+            fn, args, kwargs = pickle.loads(payload)
+            used = ctx.heap.bytes_used
+            result = fn(ctx, *args, **kwargs)
+            ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
+            del fn, args, kwargs
+            gc.collect()
+            leaked = [b for b in ctx.heap.blocks()] if ctx.heap.bytes_used != used else []
+            if leaked:
+                raise AssertionError(
+                    f"heap blocks still live after the test: "
+                    + ", ".join(f"{b.what} from {b.site}" for b in leaked)
+                )
+            conn.send(("ok", result))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+    ctx.close()
+
+
+class RankPool:
+    """``world_size`` rank processes, each with a context, that run functions on request."""
+
+    def __init__(self, world_size: int, heap_size: int, wait_timeout: float = 30.0, start_timeout: float = 300.0):
+        self.world_size = world_size
+        self.broken = False
+        self._prefix = new_shm_prefix()
+        port = free_port()
+        spawn = mp.get_context("spawn")
+        self._conns, self._procs = [], []
+        for rank in range(world_size):
+            parent, child = spawn.Pipe()
+            env = rank_environ(rank, world_size, port, self._prefix, base={})
+            proc = spawn.Process(target=_worker, args=(child, env, heap_size, wait_timeout), daemon=True)
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        replies = self._collect(start_timeout)
+        failures = [(r, rep) for r, rep in enumerate(replies) if rep is None or rep[0] != "ready"]
+        if failures:
+            self.close()
+            raise RankFailure(self._describe("starting the pool", failures))
+        self.device_type = replies[0][1]
+
+    def run(self, fn: Callable, *args: Any, timeout: float = DEFAULT_JOB_TIMEOUT_S, **kwargs: Any) -> list:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results by rank."""
+        if self.broken:
+            raise RankFailure("this pool was killed after an earlier failure")
+        payload = pickle.dumps((fn, args, kwargs))
+        for conn in self._conns:
+            conn.send((list(sys.path), payload))
+        replies = self._collect(timeout)
+        failures = [(r, rep) for r, rep in enumerate(replies) if rep is None or rep[0] != "ok"]
+        if failures:
+            if any(rep is None for rep in replies):
+                self.close()  # a rank is stuck (in a collective with a failed rank): start afresh
+            raise RankFailure(self._describe(getattr(fn, "__qualname__", repr(fn)), failures))
+        return [rep[1] for rep in replies]
+
+    def _collect(self, timeout: float) -> list:
+        replies: list = [None] * self.world_size
+        deadline = time.monotonic() + timeout
+        while any(r is None for r in replies):
+            now = time.monotonic()
+            if now > deadline:
+                break
+            for rank, conn in enumerate(self._conns):
+                if replies[rank] is None:
+                    if conn.poll(0.01):
+                        try:
+                            replies[rank] = conn.recv()
+                        except EOFError:
+                            replies[rank] = ("error", f"rank {rank} exited (code {self._procs[rank].exitcode})")
+                    elif not self._procs[rank].is_alive():
+                        replies[rank] = ("error", f"rank {rank} died (exit code {self._procs[rank].exitcode})")
+            if any(r is not None and r[0] == "error" for r in replies):
+                deadline = min(deadline, now + _FAILURE_GRACE_S)
+        return replies
+
+    def _describe(self, what: str, failures: list) -> str:
+        parts = [f"{what} failed on {len(failures)} of {self.world_size} ranks"]
+        for rank, rep in failures:
+            text = rep[1] if rep is not None else "no reply in time (stuck; pool killed)"
+            parts.append(f"--- rank {rank} ---\n{text}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """Stop the ranks (cleanly if they answer) and remove any segment they left."""
+        if self.broken:
+            return
+        self.broken = True
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self._procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        cleanup_shm(self._prefix)
+
+
+class _Pools:
+    def __init__(self, heap_size: int):
+        self.heap_size = heap_size
+        self._pools: dict[int, RankPool] = {}
+
+    def __call__(self, world_size: int) -> RankPool:
+        gpus = gpu_count()
+        if gpus and world_size > gpus:
+            pytest.skip(f"world size {world_size} needs {world_size} GPUs, {gpus} visible")
+        pool = self._pools.get(world_size)
+        if pool is None or pool.broken:
+            pool = self._pools[world_size] = RankPool(world_size, self.heap_size)
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
+
+@pytest.fixture(scope="session")
+def on_gpu() -> bool:
+    """True when the suite runs on GPUs (gpu_ipc), False on the CPU (host_shm)."""
+    return gpu_count() > 0
+
+
+@pytest.fixture(scope="session")
+def iris_pool(on_gpu):
+    """``iris_pool(world_size)`` → a :class:`RankPool` of that size, started once a session."""
+    pools = _Pools(heap_size=(1 << 30) if on_gpu else (64 << 20))
+    yield pools
+    pools.close()

@@ -1,0 +1,1 @@
+"""Built-in pattern plugins (installed as ``iris_fw.plugins``)."""

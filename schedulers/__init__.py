@@ -1,0 +1,1 @@
+"""Built-in scheduler plugins (installed as ``iris_fw.schedulers``)."""

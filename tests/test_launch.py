@@ -1,0 +1,79 @@
+"""The demo under iris-fw launch, mpirun and torchrun; nothing left behind when a rank dies."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import iris_fw.testing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(ROOT, "examples", "ring_exchange.py")
+KILL = os.path.join(ROOT, "tests", "scripts", "kill_rank.py")
+TIMEOUT = 300
+
+
+def _ranks(n):
+    """``n`` CPU ranks, or one rank per visible GPU (at most 4)."""
+    gpus = iris_fw.testing.gpu_count()
+    return min(gpus, 4) if gpus else n
+
+
+def _shm():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("iris_fw")}
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, **kw)
+
+
+def _check_demo(res, bootstrap, n):
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"ring all-gather on {n} ranks" in res.stdout and f", {bootstrap}, " in res.stdout, res.stdout
+    assert "correct on every rank" in res.stdout, res.stdout
+
+
+@pytest.mark.slow
+def test_demo_under_iris_fw_launch():
+    n = _ranks(3)
+    before = _shm()
+    _check_demo(_run([sys.executable, "-m", "iris_fw", "launch", "-n", str(n), DEMO]), "torch", n)
+    assert _shm() <= before
+
+
+@pytest.mark.slow
+def test_demo_under_torchrun():
+    n = _ranks(2)
+    res = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), DEMO])
+    _check_demo(res, "torch", n)
+
+
+@pytest.mark.slow
+def test_demo_under_mpirun():
+    n = _ranks(2)
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")  # the mpich wheel's, under pyenv too
+    mpirun = beside if os.path.exists(beside) else shutil.which("mpirun") or shutil.which("mpiexec")
+    if mpirun is None:
+        pytest.skip("no mpirun on PATH (pip install 'iris-fw[mpi]')")
+    _check_demo(_run([mpirun, "-n", str(n), sys.executable, DEMO]), "mpi", n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["after-setup", "during-setup"])
+def test_killed_rank_leaves_no_segments(how):
+    n = _ranks(2)
+    before = _shm()
+    res = _run([sys.executable, "-m", "iris_fw", "launch", "-n", str(n), KILL, how])
+    assert res.returncode != 0 and "rank 1: killing myself" in res.stdout, res.stdout + res.stderr
+    assert _shm() <= before, f"left behind: {_shm() - before}"
+
+
+@pytest.mark.slow
+def test_killed_rank_under_torchrun_leaves_no_segments():
+    n = _ranks(2)
+    before = _shm()
+    res = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), KILL])
+    assert res.returncode != 0 and "rank 1: killing myself" in res.stdout, res.stdout + res.stderr
+    assert _shm() <= before, f"left behind: {_shm() - before}"

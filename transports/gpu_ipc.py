@@ -1,0 +1,175 @@
+"""``gpu_ipc``: one device allocation per rank, opened by every peer through IPC handles.
+
+One module for both GPU runtimes: the CUDA runtime (``libcudart``) on NVIDIA and the HIP
+runtime (``libamdhip64``) on AMD have the same call shapes for what we need
+(``Malloc``, ``Free``, ``IpcGetMemHandle``, ``IpcOpenMemHandle`` with lazy peer access,
+``IpcCloseMemHandle``, 64-byte handles). The heap comes from the runtime's allocator, not
+torch's caching allocator, so an IPC handle names exactly the heap. Rank → GPU is the local
+rank.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+
+import torch
+
+from iris_fw.errors import IrisError
+from iris_fw.hookspecs import hookimpl
+from iris_fw.transport import Transport
+
+_IPC_HANDLE_BYTES = 64
+_IPC_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess == hipIpcMemLazyEnablePeerAccess
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * _IPC_HANDLE_BYTES)]
+
+
+class _Runtime:
+    """The few GPU runtime calls we need, through ctypes, for CUDA or HIP."""
+
+    def __init__(self):
+        self.prefix = "hip" if torch.version.hip else "cuda"
+        self.lib = self._load()
+        err = getattr(self.lib, f"{self.prefix}GetErrorString")
+        err.restype = ctypes.c_char_p
+        self._err = err
+
+    def _load(self) -> ctypes.CDLL:
+        if self.prefix == "hip":
+            names = ["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"]
+            patterns = ["torch/lib/libamdhip64.so*"]
+        else:
+            names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+            patterns = ["nvidia/cu13/lib/libcudart.so*", "nvidia/cuda_runtime/lib/libcudart.so*", "torch/lib/libcudart*.so*"]
+        for name in names:  # already loaded by torch, or on the loader's path
+            try:
+                return ctypes.CDLL(name)
+            except OSError:
+                pass
+        for entry in sys.path:
+            for pattern in patterns:
+                for path in sorted(glob.glob(os.path.join(entry, pattern))):
+                    try:
+                        return ctypes.CDLL(path)
+                    except OSError:
+                        pass
+        raise IrisError(f"gpu_ipc: cannot find the {self.prefix} runtime library (tried {names})")
+
+    def __call__(self, fn: str, *args) -> None:
+        rc = getattr(self.lib, self.prefix + fn)(*args)
+        if rc != 0:
+            raise IrisError(f"{self.prefix}{fn} failed with error {rc}: {self._err(rc).decode()}")
+
+
+class _DeviceBlock:
+    """Exposes device memory through ``__cuda_array_interface__`` so torch can wrap it; torch
+    keeps this object alive exactly as long as the tensor's storage."""
+
+    __slots__ = ("__cuda_array_interface__", "__weakref__")
+
+    def __init__(self, address: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+class GpuIpcTransport(Transport):
+    name = "gpu_ipc"
+
+    @classmethod
+    def available(cls):
+        if not torch.cuda.is_available():
+            return False, "no GPU visible to torch (torch.cuda.is_available() is False)"
+        if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"):
+            return False, "TRITON_INTERPRET=1 is set: kernels would run on the CPU interpreter"
+        try:
+            _Runtime()
+        except IrisError as exc:
+            return False, str(exc)
+        return True, ""
+
+    def __init__(self, bootstrap, heap_size: int):
+        count = torch.cuda.device_count()
+        local = bootstrap.local_rank
+        if local >= count:
+            raise IrisError(
+                f"gpu_ipc: local rank {local} has no GPU: {count} visible on this host "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
+                "launch at most one rank per GPU"
+            )
+        self.device = torch.device("cuda", local)
+        torch.cuda.set_device(self.device)
+        self._rt = rt = _Runtime()
+        rt("SetDevice", ctypes.c_int(local))
+        self._rank = bootstrap.rank
+        self._bootstrap = bootstrap
+        ptr = ctypes.c_void_p()
+        try:
+            rt("Malloc", ctypes.byref(ptr), ctypes.c_size_t(heap_size))
+        except IrisError as exc:
+            raise IrisError(f"gpu_ipc: cannot allocate a heap of {heap_size} bytes on {self.device}: {exc}") from None
+        self._own = ptr.value
+        self._opened: list[int] = []
+        handle = _IpcHandle()
+        rt("IpcGetMemHandle", ctypes.byref(handle), ctypes.c_void_p(self._own))
+        handles = bootstrap.all_gather(bytes(ctypes.string_at(ctypes.addressof(handle), _IPC_HANDLE_BYTES)))
+        self.bases, problem = [], None
+        for r, raw in enumerate(handles):
+            if r == bootstrap.rank:
+                self.bases.append(self._own)
+                continue
+            peer = _IpcHandle()
+            ctypes.memmove(ctypes.addressof(peer), raw, _IPC_HANDLE_BYTES)
+            mapped = ctypes.c_void_p()
+            try:
+                rt("IpcOpenMemHandle", ctypes.byref(mapped), peer, ctypes.c_uint(_IPC_LAZY_ENABLE_PEER_ACCESS))
+            except IrisError as exc:
+                problem = f"rank {bootstrap.rank} cannot open the heap of rank {r}: {exc}"
+                self.bases.append(0)
+                continue
+            self._opened.append(mapped.value)
+            self.bases.append(mapped.value)
+        problems = [p for p in bootstrap.all_gather(problem) if p]
+        if problems:
+            self._free()
+            raise IrisError("gpu_ipc set-up failed: " + "; ".join(problems))
+        self._check_bases()
+        self.heap = self.wrap(self._own, heap_size)[0]
+        self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=self.device)
+
+    def wrap(self, address, nbytes):
+        owner = _DeviceBlock(address, nbytes)
+        tensor = torch.as_tensor(owner, device=self.device)
+        return tensor, owner
+
+    def synchronize(self):
+        torch.cuda.synchronize(self.device)
+
+    def close(self):
+        self.synchronize()
+        self._bootstrap.barrier()  # no peer still reads or writes our heap
+        self.heap = None
+        self._free()
+
+    def _free(self):
+        for address in self._opened:
+            self._rt("IpcCloseMemHandle", ctypes.c_void_p(address))
+        self._opened = []
+        self._bootstrap.barrier()  # every peer closed its mapping of our heap
+        if self._own:
+            self._rt("Free", ctypes.c_void_p(self._own))
+            self._own = 0
+
+
+@hookimpl
+def iris_fw_register_transports(registry):
+    registry.register(GpuIpcTransport)

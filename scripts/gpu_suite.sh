@@ -10,6 +10,8 @@ export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then  # wheels carried for a machine without an index
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+    # mpi4py must load the carried MPICH, not an MPI library found on the system path
+    [ -e /tmp/site/lib/libmpi.so.12 ] && export MPI4PY_LIBMPI=/tmp/site/lib/libmpi.so.12
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 {

@@ -102,8 +102,10 @@ def test_hookspecs_are_documented():
 
 def test_cli_lists_registries():
     out = subprocess.run([sys.executable, "-m", "iris_fw.cli", "plugins"], capture_output=True, text=True, check=True).stdout
-    for line in ("transports:", "bootstraps:", "schedulers:", "patterns:", "host_shm  available"):
+    for line in ("transports:", "bootstraps:", "schedulers:", "patterns:", "benchmarks:", "single  available"):
         assert line in out, out
+    usable = "gpu_ipc   available" if iris_fw.testing.gpu_count() else "host_shm  available"
+    assert usable in out, out
 
 
 @pytest.fixture(scope="module")

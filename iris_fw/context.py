@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -122,6 +123,9 @@ class Context:
         self.heap_size = heap_size
         self.debug = debug
         self._closed = False
+        # A context never closed (Iris-style programs) still releases what its bootstrap
+        # created (a process group) at interpreter exit; local only, never a collective.
+        self._exit_cleanup = weakref.finalize(self, bootstrap.close)
         hdr_bytes = header_bytes(self.world_size)
         self._hdr = transport.heap[:hdr_bytes].view(torch.int64)
         self._hdr.zero_()
@@ -142,6 +146,7 @@ class Context:
         if self._closed:
             return
         self._closed = True
+        self._exit_cleanup.detach()
         try:
             self.transport.synchronize()
             self.bootstrap.barrier()

@@ -1,0 +1,1 @@
+"""Compatibility layers that run programs written for other libraries on iris-fw."""

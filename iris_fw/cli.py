@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     p.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...]")
     p.set_defaults(func=_cmd_launch)
+    p = sub.add_parser("bench", help="run benchmarks on N ranks (see iris-fw bench --help)", add_help=False)
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda a: __import__("iris_fw.bench", fromlist=["main"]).main(a.args))
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,287 @@
+"""``iris-fw bench`` (also ``python -m iris_fw.bench``): run benchmark plugins on N ranks.
+
+The parent process launches the ranks (one per GPU, or CPU ranks for a smoke run) with
+:func:`iris_fw.launch.launch`; every rank creates a context (reusing a torch.distributed
+group that has NCCL on GPUs, for the baselines) and runs each selected benchmark. Timing:
+device events around every iteration after a warm-up, the median over iterations, then the
+maximum over ranks; inputs rotate through a pool larger than the L2 cache. Rank 0 prints a
+table and writes, per benchmark, ``<name>.csv``, ``<name>.json`` (rows + device, versions,
+command, date), ``<name>.md`` and ``<name>.png`` into the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+@dataclass
+class BenchOptions:
+    """What every benchmark's ``run(ctx, options)`` receives."""
+
+    sizes: list[int]
+    iters: int
+    warmup: int
+    quick: bool
+    rotate_bytes: int  # inputs rotate through at least this many bytes (> L2)
+    log: Callable[[str], None] = print
+    extra: dict = field(default_factory=dict)
+
+
+def parse_size(text: str) -> int:
+    """``"4K"``, ``"256M"``, ``"1G"`` or bytes → bytes."""
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": KiB, "M": MiB, "G": GiB}.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in "KMG" else text
+    value = int(float(number) * scale)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return value
+
+
+def size_sweep(low: int, high: int) -> list[int]:
+    """Powers of four from ``low`` to ``high`` (both included when they are powers of four)."""
+    out, s = [], low
+    while s <= high:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+
+def measure_us(ctx, fn: Callable[[int], None], iters: int, warmup: int) -> float:
+    """Median microseconds of ``fn(i)`` over ``iters`` calls after ``warmup``; the maximum of
+    the ranks' medians. Every rank must call it (it ends in a collective)."""
+    import torch
+
+    for i in range(warmup):
+        fn(i)
+    ctx.barrier()
+    times = []
+    if ctx.device.type == "cuda":
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for i in range(iters):
+            starts[i].record()
+            fn(warmup + i)
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+    else:
+        for i in range(iters):
+            t0 = time.perf_counter()
+            fn(warmup + i)
+            times.append((time.perf_counter() - t0) * 1e6)
+    ctx.synchronize()
+    return max(ctx.bootstrap.all_gather(statistics.median(times)))
+
+
+class Rotation:
+    """Slices of ``size`` bytes cycling through a symmetric pool of at least ``rotate_bytes``,
+    so repeated iterations do not find their inputs in L2."""
+
+    def __init__(self, ctx, size: int, rotate_bytes: int, dtype):
+        import torch
+
+        elem = torch.empty((), dtype=dtype).element_size()
+        self.n = size // elem
+        self.slots = max(1, rotate_bytes // size)
+        self.pool = ctx.empty(self.slots, self.n, dtype=dtype)
+
+    def __getitem__(self, i: int):
+        return self.pool[i % self.slots]
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def environment(ctx) -> dict:
+    import numpy
+    import torch
+    import triton
+
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": os.environ.get("IRIS_FW_BENCH_COMMAND", " ".join(sys.argv)),
+        "world_size": ctx.world_size,
+        "transport": ctx.transport.name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "numpy": numpy.__version__,
+    }
+    if ctx.device.type == "cuda":
+        props = torch.cuda.get_device_properties(ctx.device)
+        info["device"] = f"{ctx.world_size}x {props.name} ({props.multi_processor_count} SMs, {props.total_memory >> 30} GiB)"
+        info["cuda"] = torch.version.cuda
+    else:
+        info["device"] = f"{ctx.world_size} CPU ranks (Triton interpreter)"
+    return info
+
+
+def write_results(name: str, rows: list[dict], env: dict, out_dir: str, plot_spec: dict | None) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    path = os.path.join(out_dir, f"{name}.csv")
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    paths.append(path)
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump({"benchmark": name, "environment": env, "rows": rows}, f, indent=1)
+    paths.append(path)
+    path = os.path.join(out_dir, f"{name}.md")
+    with open(path, "w") as f:
+        f.write(markdown_table(rows, columns))
+    paths.append(path)
+    if plot_spec and rows:
+        try:
+            paths.append(_plot(name, rows, env, out_dir, plot_spec))
+        except ImportError:
+            pass  # matplotlib is optional (iris-fw[bench])
+    return paths
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 1000 else f"{v:.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x, y, series = spec["x"], spec["y"], spec.get("series", "op")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label in dict.fromkeys(r[series] for r in rows):
+        pts = sorted((r[x], r[y]) for r in rows if r[series] == label and r.get(y) not in (None, ""))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    if spec.get("logx", True):
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(spec.get("xlabel", x))
+    ax.set_ylabel(spec.get("ylabel", y))
+    ax.set_title(f"{name}: {env.get('device', '')}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    path = os.path.join(out_dir, f"{name}.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---- the rank side -------------------------------------------------------------------------------
+
+
+def _worker(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import iris_fw
+    from iris_fw.registry import load_registries
+
+    gpu = os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True") and torch.cuda.is_available()
+    if gpu:  # NCCL for the baselines; iris-fw's bootstrap reuses this group
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local))
+    regs = load_registries()
+    names = args.benchmarks or regs.benchmark.names()
+    heap = args.heap_size or (max(4 * GiB, 3 * max(args.sizes)) if gpu else 64 * MiB)
+    ctx = iris_fw.init(heap_size=heap, registries=regs)
+    log = (lambda msg: print(msg, flush=True)) if ctx.rank == 0 else (lambda msg: None)
+    opts = BenchOptions(
+        sizes=args.sizes, iters=args.iters, warmup=args.warmup, quick=args.quick,
+        rotate_bytes=args.rotate or (256 * MiB if gpu else 64 * KiB), log=log,
+    )
+    env = environment(ctx)
+    log(f"iris-fw bench on {env['device']}: {', '.join(names)}")
+    for name in names:
+        bench = regs.benchmark.require_available(name)
+        log(f"== {name}: {getattr(bench, 'description', '')}")
+        start = time.perf_counter()
+        rows = bench.run(ctx, opts)
+        ctx.barrier()
+        if ctx.rank == 0:
+            for row in rows:
+                row.setdefault("benchmark", name)
+            paths = write_results(name, rows, env, args.out, getattr(bench, "plot", None))
+            print(markdown_table(rows, list(dict.fromkeys(k for r in rows for k in r))), flush=True)
+            log(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f}s -> {', '.join(paths)}")
+    ctx.close()
+    if gpu and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="iris-fw bench", description=__doc__.splitlines()[0])
+    parser.add_argument("benchmarks", nargs="*", help="benchmark names (default: all registered)")
+    parser.add_argument("-n", "--nprocs", type=int, default=None, help="ranks (default: GPUs present, else 2 CPU ranks)")
+    parser.add_argument("--min-size", type=parse_size, default=None, help="smallest size (default 4K; 4K on CPU)")
+    parser.add_argument("--max-size", type=parse_size, default=None, help="largest size (default 1G; 16K on CPU)")
+    parser.add_argument("--iters", type=int, default=None, help="timed iterations per point (default 30; 2 on CPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5; 1 on CPU)")
+    parser.add_argument("--rotate", type=parse_size, default=None, help="bytes inputs rotate through (default 256M)")
+    parser.add_argument("--heap-size", type=parse_size, default=None)
+    parser.add_argument("--quick", action="store_true", help="fewer configurations (smoke runs)")
+    parser.add_argument("--out", default=None, help="output folder (default bench-results/<date>)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    from . import _choose_interpreter
+    from .launch import default_world_size, launch
+
+    _choose_interpreter()
+    cpu = os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
+    args.min_size = args.min_size or 4 * KiB
+    args.max_size = args.max_size or (16 * KiB if cpu else GiB)
+    args.sizes = size_sweep(args.min_size, args.max_size)
+    args.iters = args.iters or (2 if cpu else 30)
+    args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 5)
+    args.out = args.out or os.path.join("bench-results", datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S"))
+    if args.worker:
+        return _worker(args)
+    nprocs = args.nprocs or (2 if cpu else default_world_size())
+    os.environ["IRIS_FW_BENCH_COMMAND"] = "iris-fw bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    worker = ["-m", "iris_fw.bench", "--worker", *args.benchmarks, "--min-size", str(args.min_size),
+              "--max-size", str(args.max_size), "--iters", str(args.iters), "--warmup", str(args.warmup),
+              "--out", args.out]
+    worker += ["--rotate", str(args.rotate)] if args.rotate else []
+    worker += ["--heap-size", str(args.heap_size)] if args.heap_size else []
+    worker += ["--quick"] if args.quick else []
+    return launch(worker, nprocs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

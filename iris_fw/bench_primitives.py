@@ -22,25 +22,29 @@ from . import device as dv
 from .bench import MiB, Rotation, fmt_bytes, measure_us
 from .hookspecs import hookimpl
 
-# Candidate kernel configurations (elements per block, warps, programs per SM).
-_BLOCKS = (1024, 4096, 8192)
-_WARPS = (4, 8, 16)
+# Candidate kernel configurations (elements per block, warps, programs per SM, cache modifier
+# of the remote access: "" default, ".cg" L2 only for loads / ".cs" streaming for stores).
+_BLOCKS = (4096, 8192, 16384, 32768)
+_WARPS = (4, 8)
 _PROGRAMS_PER_SM = (1, 2, 4)
+_CACHE = {"load": ("", ".cg"), "store": ("", ".cs")}
 _DTYPE = torch.int32  # 4-byte elements: 16-byte vectors need 4 per thread
 
 
 @triton.jit
-def _one_peer_kernel(src, dst, n, rank, peer, heap_bases, OP: tl.constexpr, BLOCK: tl.constexpr):
-    """Persistent copy of ``n`` elements between this rank and ``peer`` with one primitive."""
+def _one_peer_kernel(src, dst, n, rank, peer, heap_bases, OP: tl.constexpr, BLOCK: tl.constexpr,
+                     CACHE: tl.constexpr):
+    """Persistent copy of ``n`` elements between this rank and ``peer`` with one primitive;
+    CACHE is the cache modifier of the remote access."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         if OP == "load":
-            tl.store(dst + offs, dv.load(src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
+            tl.store(dst + offs, dv.load(src + offs, rank, peer, heap_bases, mask=mask, cache_modifier=CACHE), mask=mask)
         elif OP == "get":
             dv.get(src + offs, dst + offs, rank, peer, heap_bases, mask=mask)
         elif OP == "store":
-            dv.store(dst + offs, tl.load(src + offs, mask=mask), rank, peer, heap_bases, mask=mask)
+            dv.store(dst + offs, tl.load(src + offs, mask=mask), rank, peer, heap_bases, mask=mask, cache_modifier=CACHE)
         else:
             dv.put(src + offs, dst + offs, rank, peer, heap_bases, mask=mask)
 
@@ -49,12 +53,13 @@ def _one_peer_kernel(src, dst, n, rank, peer, heap_bases, OP: tl.constexpr, BLOC
 def _all_peers_kernel(src, dst, chunk, rank, world_size, heap_bases, PUSH: tl.constexpr, BLOCK: tl.constexpr):
     """Every rank moves ``chunk`` elements to (PUSH) or from every other rank: row ``rank`` of
     each peer's ``dst [world_size, chunk]`` (push) or the peer's ``src`` into local rows (pull).
-    ``chunk`` is a multiple of BLOCK."""
-    total = (world_size - 1) * chunk
-    for start in range(tl.program_id(0) * BLOCK, total, tl.num_programs(0) * BLOCK):
-        j = start // chunk
+    Consecutive blocks go to different peers, so every link is busy at once. ``chunk`` is a
+    multiple of BLOCK."""
+    peers = world_size - 1
+    for t in range(tl.program_id(0), peers * (chunk // BLOCK), tl.num_programs(0)):
+        j = t % peers
         peer = (rank + 1 + j) % world_size
-        offs = (start - j * chunk) + tl.arange(0, BLOCK)
+        offs = (t // peers) * BLOCK + tl.arange(0, BLOCK)
         if PUSH:
             dv.store(dst + rank * chunk + offs, tl.load(src + offs), rank, peer, heap_bases)
         else:
@@ -98,10 +103,10 @@ class PrimitiveBandwidth:
     description = "one-peer load/get/store/put bandwidth vs the copy engine and a local copy"
     plot = {"x": "size_bytes", "y": "GBps", "series": "op", "xlabel": "bytes", "ylabel": "GB/s per rank"}
 
-    def _configs(self, ctx, opts):
+    def _configs(self, ctx, opts, op):
         if ctx.device.type != "cuda" or opts.quick:
-            return [(64 if ctx.device.type != "cuda" else 4096, 4 if ctx.device.type != "cuda" else 8, 1)]
-        return list(itertools.product(_BLOCKS, _WARPS, _PROGRAMS_PER_SM))
+            return [(64, 4, 1, "") if ctx.device.type != "cuda" else (8192, 4, 2, "")]
+        return list(itertools.product(_BLOCKS, _WARPS, _PROGRAMS_PER_SM, _CACHE[op]))
 
     def run(self, ctx, opts):
         me, world = ctx.rank, ctx.world_size
@@ -109,10 +114,15 @@ class PrimitiveBandwidth:
         rows, sms = [], _sms(ctx)
         largest = max(opts.sizes)
 
-        def launcher(op, block, warps, per_sm, src_rot, dst_rot, n):
+        def launcher(op, config, src_rot, dst_rot, n):
+            block, warps, per_sm, cache = config
             grid = (min(sms * per_sm, triton.cdiv(n, block)),)
+            cache = cache if op in ("load", "store") else ""
             return lambda i: _one_peer_kernel[grid](src_rot[i], dst_rot[i], n, me, peer, ctx.heap_bases,
-                                                    OP=op, BLOCK=block, num_warps=warps)
+                                                    OP=op, BLOCK=block, CACHE=cache, num_warps=warps)
+
+        def describe(config):
+            return f"BLOCK={config[0]} warps={config[1]} programs/SM={config[2]} cache='{config[3]}'"
 
         # tune at the largest size: best config per family (pull: load/get, push: store/put)
         src = Rotation(ctx, largest, opts.rotate_bytes, _DTYPE)
@@ -121,14 +131,14 @@ class PrimitiveBandwidth:
         best = {}
         for op in ("load", "store"):
             timed = []
-            for block, warps, per_sm in self._configs(ctx, opts):
-                us = measure_us(ctx, launcher(op, block, warps, per_sm, src, dst, src.n), max(5, opts.iters // 3), 2)
-                timed.append((us, (block, warps, per_sm)))
+            for config in self._configs(ctx, opts, op):
+                us = measure_us(ctx, launcher(op, config, src, dst, src.n), max(5, opts.iters // 3), 2)
+                timed.append((us, config))
                 rows.append({"op": f"tune:{op}", "size_bytes": largest, "time_us": us,
-                             "GBps": largest / us / 1e3, "config": f"BLOCK={block} warps={warps} programs/SM={per_sm}"})
+                             "GBps": largest / us / 1e3, "config": describe(config)})
             best[op] = min(timed)[1]
-            opts.log(f"  best {op} config at {fmt_bytes(largest)}: BLOCK={best[op][0]} warps={best[op][1]} "
-                     f"programs/SM={best[op][2]} ({largest / min(timed)[0] / 1e3:.1f} GB/s)")
+            opts.log(f"  best {op} config at {fmt_bytes(largest)}: {describe(best[op])} "
+                     f"({largest / min(timed)[0] / 1e3:.1f} GB/s)")
         del src, dst
         ctx.barrier()
         for k, size in enumerate(opts.sizes, 1):
@@ -137,10 +147,10 @@ class PrimitiveBandwidth:
             src.pool.random_(-1000, 1000)
             ctx.barrier()
             for op in ("load", "get", "store", "put"):
-                block, warps, per_sm = best["load" if op in ("load", "get") else "store"]
-                us = measure_us(ctx, launcher(op, block, warps, per_sm, src, dst, src.n), opts.iters, opts.warmup)
+                config = best["load" if op in ("load", "get") else "store"]
+                us = measure_us(ctx, launcher(op, config, src, dst, src.n), opts.iters, opts.warmup)
                 rows.append({"op": op, "size_bytes": size, "time_us": us, "GBps": size / us / 1e3,
-                             "config": f"BLOCK={block} warps={warps} programs/SM={per_sm}"})
+                             "config": describe(config)})
             # ceilings in the same run: the copy engine across the link, and a local copy
             peer_src, peer_dst = ctx.peer_view(src.pool, peer), ctx.peer_view(dst.pool, peer)
             for op, fn in (
@@ -153,7 +163,7 @@ class PrimitiveBandwidth:
             del peer_src, peer_dst
             ctx.barrier()
             # correctness of the last pull: every element arrived
-            _one_peer_kernel[(4,)](src[0], dst[0], src.n, me, peer, ctx.heap_bases, OP="load", BLOCK=1024)
+            _one_peer_kernel[(4,)](src[0], dst[0], src.n, me, peer, ctx.heap_bases, OP="load", BLOCK=1024, CACHE="")
             ctx.barrier()
             assert torch.equal(dst[0], ctx.peer_view(src[0], peer)), "pull benchmark moved wrong data"
             opts.log(f"  [{k}/{len(opts.sizes)}] {fmt_bytes(size)}: " + ", ".join(
@@ -173,7 +183,7 @@ class AllPeers:
 
         me, world = ctx.rank, ctx.world_size
         rows, sms = [], _sms(ctx)
-        block, warps = (4096, 8) if ctx.device.type == "cuda" else (64, 4)
+        block, warps, per_sm = (8192, 4, 2) if ctx.device.type == "cuda" else (64, 4, 1)
         nccl = ctx.device.type == "cuda" and dist.is_initialized()
         for size in opts.sizes:
             chunk = size // 4 // world // block * block  # elements per peer
@@ -182,7 +192,7 @@ class AllPeers:
             moved = (world - 1) * chunk * 4  # bytes each rank sends (or receives)
             src = ctx.empty(chunk, dtype=_DTYPE).random_(-1000, 1000)
             dst = ctx.empty(world, chunk, dtype=_DTYPE)
-            grid = (min(sms * 4, triton.cdiv((world - 1) * chunk, block)),)
+            grid = (min(sms * per_sm, (world - 1) * chunk // block),)
             ctx.barrier()
             for op, push in (("push", True), ("pull", False)):
                 fn = lambda i, push=push: _all_peers_kernel[grid](src, dst, chunk, me, world, ctx.heap_bases,
@@ -190,6 +200,11 @@ class AllPeers:
                 us = measure_us(ctx, fn, opts.iters, opts.warmup)
                 rows.append({"op": f"iris_fw_{op}", "size_bytes": world * chunk * 4, "time_us": us,
                              "busbw_GBps": moved / us / 1e3})
+                ctx.barrier()
+                for r in range(world):  # row r holds rank r's data, pushed or pulled
+                    if r != me:
+                        assert torch.equal(dst[r], ctx.peer_view(src, r)), f"all-peers {op}: row {r} on rank {me} is wrong"
+                dst.fill_(-1)
             ctx.barrier()
             if nccl:
                 flat_in = torch.empty(world * chunk, dtype=_DTYPE, device=ctx.device).random_(-1000, 1000)

@@ -42,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     p.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...]")
     p.set_defaults(func=_cmd_launch)
-    p = sub.add_parser("bench", help="run benchmarks on N ranks (see iris-fw bench --help)", add_help=False)
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda a: __import__("iris_fw.bench", fromlist=["main"]).main(a.args))
+    sub.add_parser("bench", help="run benchmarks on N ranks (see iris-fw bench --help)", add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # everything after it belongs to the bench's own parser
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
 

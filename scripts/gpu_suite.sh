@@ -13,6 +13,15 @@ if compgen -G ".whl/*.whl" > /dev/null; then  # wheels carried for a machine wit
     # mpi4py must load the carried MPICH, not an MPI library found on the system path
     [ -e /tmp/site/lib/libmpi.so.12 ] && export MPI4PY_LIBMPI=/tmp/site/lib/libmpi.so.12
 fi
+# mpi4py takes an MPI library already loaded into the process first (dlopen(NULL)). If
+# importing torch brings one in, mpirun must be that MPI's, not the carried MPICH's.
+if python3 -c "import torch, ctypes; ctypes.CDLL(None).MPI_Get_version" 2> /dev/null; then
+    echo "an MPI library is loaded with torch: $(python3 -c 'import torch,re;print(sorted({l.split()[-1] for l in open("/proc/self/maps") if "libmpi" in l}))')"
+    export PATH=${PATH#/tmp/site/bin:}
+    unset MPI4PY_LIBMPI
+    export IRIS_FW_MPIRUN=$(command -v mpirun || true)
+    echo "using mpirun: ${IRIS_FW_MPIRUN:-none}"
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 {
     date -u +%Y-%m-%dT%H:%MZ

@@ -199,7 +199,7 @@ def _launchers(n):
     """(name, command prefix) for every launcher here, for ``n`` ranks."""
     out = [("torchrun", [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)])]
     beside = os.path.join(os.path.dirname(sys.executable), "mpirun")  # the mpich wheel's, under pyenv too
-    mpirun = beside if os.path.exists(beside) else shutil.which("mpirun")
+    mpirun = os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
     if mpirun:
         out.append(("mpirun", [mpirun, "-n", str(n), sys.executable]))
     return out

@@ -182,12 +182,14 @@ def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> s
 
     x, y, series = spec["x"], spec["y"], spec.get("series", "op")
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label in dict.fromkeys(r[series] for r in rows):
+    for label in dict.fromkeys(r[series] for r in rows if not str(r[series]).startswith("tune:")):
         pts = sorted((r[x], r[y]) for r in rows if r[series] == label and r.get(y) not in (None, ""))
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     if spec.get("logx", True):
         ax.set_xscale("log", base=2)
+    if spec.get("logy", False):
+        ax.set_yscale("log")
     ax.set_xlabel(spec.get("xlabel", x))
     ax.set_ylabel(spec.get("ylabel", y))
     ax.set_title(f"{name}: {env.get('device', '')}")
@@ -198,6 +200,20 @@ def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> s
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def replot(paths: list[str]) -> int:
+    """Redraw ``<name>.png`` beside each recorded ``<name>.json`` with the benchmark's plot spec."""
+    from .registry import load_registries
+
+    regs = load_registries()
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        spec = getattr(regs.benchmark.get(data["benchmark"]), "plot", None)
+        if spec:
+            print(_plot(data["benchmark"], data["rows"], data["environment"], os.path.dirname(path) or ".", spec))
+    return 0
 
 
 # ---- the rank side -------------------------------------------------------------------------------
@@ -256,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heap-size", type=parse_size, default=None)
     parser.add_argument("--quick", action="store_true", help="fewer configurations (smoke runs)")
     parser.add_argument("--out", default=None, help="output folder (default bench-results/<date>)")
+    parser.add_argument("--replot", metavar="RESULT_JSON", nargs="+", help="redraw plots from recorded results")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.replot:
+        return replot(args.replot)
 
     from . import _choose_interpreter
     from .launch import default_world_size, launch

@@ -101,7 +101,7 @@ def _sms(ctx) -> int:
 class PrimitiveBandwidth:
     name = "primitives"
     description = "one-peer load/get/store/put bandwidth vs the copy engine and a local copy"
-    plot = {"x": "size_bytes", "y": "GBps", "series": "op", "xlabel": "bytes", "ylabel": "GB/s per rank"}
+    plot = {"x": "size_bytes", "y": "GBps", "series": "op", "xlabel": "bytes", "ylabel": "GB/s per rank", "logy": True}
 
     def _configs(self, ctx, opts, op):
         if ctx.device.type != "cuda" or opts.quick:
@@ -176,7 +176,7 @@ class PrimitiveBandwidth:
 class AllPeers:
     name = "all_peers"
     description = "every rank with every other at once (push and pull) vs NCCL all-to-all / all-gather"
-    plot = {"x": "size_bytes", "y": "busbw_GBps", "series": "op", "xlabel": "bytes per rank", "ylabel": "bus bandwidth GB/s"}
+    plot = {"x": "size_bytes", "y": "busbw_GBps", "series": "op", "xlabel": "bytes per rank", "ylabel": "bus bandwidth GB/s", "logy": True}
 
     def run(self, ctx, opts):
         import torch.distributed as dist

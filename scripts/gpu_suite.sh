@@ -9,19 +9,14 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then  # wheels carried for a machine without an index
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-    # mpi4py must load the carried MPICH, not an MPI library found on the system path
-    [ -e /tmp/site/lib/libmpi.so.12 ] && export MPI4PY_LIBMPI=/tmp/site/lib/libmpi.so.12
+    export PYTHONPATH=/tmp/site PATH=$PATH:/tmp/site/bin
 fi
-# mpi4py takes an MPI library already loaded into the process first (dlopen(NULL)). If
-# importing torch brings one in, mpirun must be that MPI's, not the carried MPICH's.
-if python3 -c "import torch, ctypes; ctypes.CDLL(None).MPI_Get_version" 2> /dev/null; then
-    echo "an MPI library is loaded with torch: $(python3 -c 'import torch,re;print(sorted({l.split()[-1] for l in open("/proc/self/maps") if "libmpi" in l}))')"
-    export PATH=${PATH#/tmp/site/bin:}
-    unset MPI4PY_LIBMPI
-    export IRIS_FW_MPIRUN=$(command -v mpirun || true)
-    echo "using mpirun: ${IRIS_FW_MPIRUN:-none}"
-fi
+# mpirun: the machine's own MPI when it has one (its mpi4py is built for it; the CUDA image
+# has Open MPI 4.1, which refuses root unless told), else a carried one. A wheel's mpich
+# cannot be carried with pip --target: its libmpi is a data file that --target drops.
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export IRIS_FW_MPIRUN=$(command -v mpirun || true)
+echo "mpirun: ${IRIS_FW_MPIRUN:-none}"
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 {
     date -u +%Y-%m-%dT%H:%MZ

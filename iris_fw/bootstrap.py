@@ -25,7 +25,7 @@ from .errors import IrisError
 from .hookspecs import hookimpl
 
 #: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
-DEFAULT_TIMEOUT_S = float(300)
+DEFAULT_TIMEOUT_S = 300.0
 
 _MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "PMI_RANK")
 _TORCHRUN_VARS = ("TORCHELASTIC_RUN_ID",)

@@ -14,7 +14,7 @@ from . import bootstrap as _bootstrap
 from . import device as dev
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
 from .errors import IrisError, NotOnHeapError, SymmetryError, WaitTimeout
-from .heap import ALIGN, Block, SymmetricHeap
+from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
 
 DEFAULT_HEAP_SIZE = 1 << 30
@@ -307,10 +307,7 @@ class Context:
         in this process (same shape, strides, dtype; does not own the memory)."""
         offset = self.offset_of(t)
         self.check_rank(peer, "peer")
-        span = 0
-        if t.numel():
-            span = t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
-        raw = self.transport.wrap(self.transport.bases[peer] + offset, max(span, t.element_size()))[0]
+        raw = self.transport.wrap(self.transport.bases[peer] + offset, max(span_bytes(t), t.element_size()))[0]
         return torch.as_strided(raw.view(t.dtype), t.shape, t.stride())
 
     # ---- symmetry ------------------------------------------------------------------------------

@@ -54,6 +54,13 @@ def _caller_site() -> str:
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
+def span_bytes(t: torch.Tensor) -> int:
+    """Bytes from ``t``'s first element to just past its last one (strides included)."""
+    if not t.numel():
+        return 0
+    return t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
+
+
 def _align_up(n: int, align: int = ALIGN) -> int:
     return (n + align - 1) // align * align
 
@@ -195,9 +202,6 @@ class SymmetricHeap:
         """Byte offset of ``t``'s first element in this heap, or ``None`` unless every element
         of ``t`` lies in the heap's allocatable part."""
         offset = t.data_ptr() - self.base
-        span = 0
-        if t.numel():
-            span = t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
-        if self.start <= offset and offset + span <= self.size:
+        if self.start <= offset and offset + span_bytes(t) <= self.size:
             return offset
         return None

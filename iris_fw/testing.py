@@ -17,6 +17,7 @@ import gc
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import sys
 import time
 import traceback
@@ -45,6 +46,13 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def find_mpirun() -> str | None:
+    """``IRIS_FW_MPIRUN``, else the mpirun beside this Python (the ``mpich`` wheel's, also under
+    pyenv, whose shims hide it from PATH), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    return os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
+
+
 def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
     os.environ.update(env)
     import iris_fw
@@ -70,11 +78,10 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
             ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
             del fn, args, kwargs
             gc.collect()
-            leaked = [b for b in ctx.heap.blocks()] if ctx.heap.bytes_used != used else []
-            if leaked:
+            if ctx.heap.bytes_used != used:
                 raise AssertionError(
-                    f"heap blocks still live after the test: "
-                    + ", ".join(f"{b.what} from {b.site}" for b in leaked)
+                    "heap blocks still live after the test: "
+                    + ", ".join(f"{b.what} from {b.site}" for b in ctx.heap.blocks())
                 )
             conn.send(("ok", result))
         except BaseException:

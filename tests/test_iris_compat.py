@@ -3,7 +3,6 @@ supports, block sizes 1 … 64, every sem × scope for atomics, the host factori
 written for Iris run with only the import line changed."""
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -59,8 +58,7 @@ KERNELS = {"load": _load, "store": _store, "get": _get, "put": _put, "copy": _co
 
 
 def _primitive(ctx, name, dtype, block):
-    shmem = iris.Iris.__new__(iris.Iris)  # wrap the pool's context instead of creating one
-    shmem.ctx, shmem.cur_rank, shmem.num_ranks = ctx, ctx.rank, ctx.world_size
+    shmem = iris.Iris(context=ctx)  # the pool's context, not a new one
     me, world = ctx.rank, ctx.world_size
     seed = fresh_seed(ctx)
     values = [random_data(block, dtype, ctx.device, seed + r) for r in range(world)]
@@ -142,8 +140,7 @@ def test_atomic(world, op, sem, scope):
 
 
 def _factories(ctx):
-    shmem = iris.Iris.__new__(iris.Iris)
-    shmem.ctx, shmem.cur_rank, shmem.num_ranks = ctx, ctx.rank, ctx.world_size
+    shmem = iris.Iris(context=ctx)
     dev = shmem.get_device()
     for dtype in DTYPES:
         for make in (lambda: shmem.zeros(2, 3, dtype=dtype), lambda: shmem.ones((2, 3), dtype=dtype),
@@ -198,8 +195,7 @@ def test_logging_levels(caplog):
 def _launchers(n):
     """(name, command prefix) for every launcher here, for ``n`` ranks."""
     out = [("torchrun", [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)])]
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")  # the mpich wheel's, under pyenv too
-    mpirun = os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
+    mpirun = iris_fw.testing.find_mpirun()
     if mpirun:
         out.append(("mpirun", [mpirun, "-n", str(n), sys.executable]))
     return out

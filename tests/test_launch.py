@@ -1,7 +1,6 @@
 """The demo under iris-fw launch, mpirun and torchrun; nothing left behind when a rank dies."""
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -53,8 +52,7 @@ def test_demo_under_torchrun():
 @pytest.mark.slow
 def test_demo_under_mpirun():
     n = _ranks(2)
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")  # the mpich wheel's, under pyenv too
-    mpirun = os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
+    mpirun = iris_fw.testing.find_mpirun()
     if mpirun is None:
         pytest.skip("no mpirun on PATH (pip install 'iris-fw[mpi]')")
     _check_demo(_run([mpirun, "-n", str(n), sys.executable, DEMO]), "mpi", n)

@@ -29,13 +29,14 @@ def set_logger_level(level: int) -> None:
 
 
 class Iris:
-    """Iris's host object over an :class:`iris_fw.Context` (``ctx``)."""
+    """Iris's host object over an :class:`iris_fw.Context` (``ctx``): a new one, or
+    ``context=`` an existing one (an iris-fw program can hand its context to Iris code)."""
 
-    def __init__(self, heap_size: int = 1 << 30):
-        self.ctx = iris_fw.init(heap_size=heap_size)
+    def __init__(self, heap_size: int = 1 << 30, *, context: iris_fw.Context | None = None):
+        self.ctx = context if context is not None else iris_fw.init(heap_size=heap_size)
         self.cur_rank = self.ctx.rank
         self.num_ranks = self.ctx.world_size
-        self.heap_size = heap_size
+        self.heap_size = self.ctx.heap_size
         self.heap_bases = self.ctx.heap_bases
         self.gpu_id = self.ctx.device.index if self.ctx.device.index is not None else 0
         self.device = str(self.ctx.device)

@@ -13,6 +13,13 @@ yourself. Nothing else happens at import.
 
 import os as _os
 
+_TRUE = ("1", "true", "True")
+
+
+def interpreting(environ=_os.environ) -> bool:
+    """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
+    return environ.get("TRITON_INTERPRET", "0") in _TRUE
+
 
 def _choose_interpreter(environ=_os.environ) -> None:
     if "TRITON_INTERPRET" in environ:
@@ -42,5 +49,6 @@ __all__ = [
     "SymmetryError",
     "WaitTimeout",
     "init",
+    "interpreting",
     "__version__",
 ]

@@ -226,7 +226,9 @@ def _worker(args) -> int:
     import iris_fw
     from iris_fw.registry import load_registries
 
-    gpu = os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True") and torch.cuda.is_available()
+    from .launch import gpu_count
+
+    gpu = gpu_count() > 0
     if gpu:  # NCCL for the baselines; iris-fw's bootstrap reuses this group
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -278,11 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         return replot(args.replot)
 
-    from . import _choose_interpreter
+    from . import _choose_interpreter, interpreting
     from .launch import default_world_size, launch
 
     _choose_interpreter()
-    cpu = os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
+    cpu = interpreting()
     args.min_size = args.min_size or 4 * KiB
     args.max_size = args.max_size or (16 * KiB if cpu else GiB)
     args.sizes = size_sweep(args.min_size, args.max_size)

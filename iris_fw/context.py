@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from . import bootstrap as _bootstrap
+from . import interpreting
 from . import device as dev
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
 from .errors import IrisError, NotOnHeapError, SymmetryError, WaitTimeout
@@ -32,16 +33,12 @@ def header_bytes(world_size: int) -> int:
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
 
 
-def _is_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
-
-
 def choose_transport(registry, requested: str | None = None):
     """The transport class: ``requested`` (or ``IRIS_FW_TRANSPORT``) if given; otherwise
     ``host_shm`` under the interpreter, ``gpu_ipc`` when GPUs are present, else ``host_shm``."""
     requested = requested or os.environ.get("IRIS_FW_TRANSPORT") or None
     if requested in (None, "auto"):
-        if not _is_interpreting() and "gpu_ipc" in registry and registry.entry("gpu_ipc").availability()[0]:
+        if not interpreting() and "gpu_ipc" in registry and registry.entry("gpu_ipc").availability()[0]:
             requested = "gpu_ipc"
         else:
             requested = "host_shm"

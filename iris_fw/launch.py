@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from . import _choose_interpreter
+from . import _choose_interpreter, interpreting
 
 _GRACE_S = 5.0
 _POLL_S = 0.05
@@ -30,14 +30,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def default_world_size() -> int:
-    """The number of GPUs when there are any, else 4 CPU ranks."""
+def gpu_count() -> int:
+    """GPUs kernels will run on here: 0 under the interpreter or without GPUs."""
     import torch
 
-    interpreting = os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
-    if not interpreting and torch.cuda.is_available():
-        return torch.cuda.device_count()
-    return 4
+    if interpreting() or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
+
+
+def default_world_size() -> int:
+    """The number of GPUs when there are any, else 4 CPU ranks."""
+    return gpu_count() or 4
 
 
 def new_shm_prefix() -> str:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import pytest
 
-from .launch import cleanup_shm, free_port, new_shm_prefix, rank_environ
+from .launch import cleanup_shm, free_port, gpu_count, new_shm_prefix, rank_environ
 
 #: Seconds one function may take on a pool before the pool is killed.
 DEFAULT_JOB_TIMEOUT_S = float(os.environ.get("IRIS_FW_TEST_TIMEOUT", "300"))
@@ -35,15 +35,6 @@ _FAILURE_GRACE_S = 10.0
 
 class RankFailure(AssertionError):
     """One or more ranks raised (or the pool died); the message holds every traceback."""
-
-
-def gpu_count() -> int:
-    """GPUs usable by tests: 0 under the interpreter or without GPUs."""
-    import torch
-
-    if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True") or not torch.cuda.is_available():
-        return 0
-    return torch.cuda.device_count()
 
 
 def find_mpirun() -> str | None:

@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from iris_fw import interpreting
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.transport import Transport
@@ -89,7 +90,7 @@ class GpuIpcTransport(Transport):
     def available(cls):
         if not torch.cuda.is_available():
             return False, "no GPU visible to torch (torch.cuda.is_available() is False)"
-        if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"):
+        if interpreting():
             return False, "TRITON_INTERPRET=1 is set: kernels would run on the CPU interpreter"
         try:
             _Runtime()

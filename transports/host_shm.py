@@ -19,6 +19,7 @@ import secrets
 import numpy as np
 import torch
 
+from iris_fw import interpreting
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.transport import Transport
@@ -29,7 +30,7 @@ DEFAULT_PREFIX = "iris_fw_"
 
 def _interpreter_problem() -> str:
     """Why Triton's interpreter cannot run our kernels here, or ``""``."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True"):
+    if not interpreting():
         return (
             "needs TRITON_INTERPRET=1 set before kernels are defined (import iris_fw first, "
             "or export IRIS_FW_TRANSPORT=host_shm)"

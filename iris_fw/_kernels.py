@@ -1,7 +1,6 @@
 """Kernels the host side of iris-fw launches itself."""
 
 import triton
-import triton.language as tl
 
 from . import device
 

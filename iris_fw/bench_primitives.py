@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from . import device as dv
-from .bench import MiB, Rotation, fmt_bytes, measure_us
+from .bench import Rotation, fmt_bytes, measure_us
 from .hookspecs import hookimpl
 
 # Candidate kernel configurations (elements per block, warps, programs per SM, cache modifier

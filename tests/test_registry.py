@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 
-import pluggy
 import pytest
 
 import iris_fw

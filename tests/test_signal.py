@@ -152,7 +152,6 @@ def _device_barrier_graph(ctx):
     w = ctx.world_size
     buf = ctx.full((w,), -1, dtype=torch.int64)
     out = torch.full((w, w), -1, dtype=torch.int64, device=ctx.device)
-    value = torch.zeros((), dtype=torch.int64, device=ctx.device)
     ctx.device_barrier()
     ctx.barrier()
     stream = torch.cuda.Stream()

@@ -5,7 +5,6 @@ prefix, built on the built-in ``host_shm``) and a pattern (``scale``: y = alpha 
 peer's heap, with a torch reference).
 """
 
-import torch
 import triton
 import triton.language as tl
 

@@ -181,6 +181,8 @@ def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> s
     import matplotlib.pyplot as plt
 
     x, y, series = spec["x"], spec["y"], spec.get("series", "op")
+    if spec.get("kind") == "bars":
+        return _bar_plot(plt, name, rows, env, out_dir, spec)
     fig, ax = plt.subplots(figsize=(8, 5))
     for label in dict.fromkeys(r[series] for r in rows if not str(r[series]).startswith("tune:")):
         pts = sorted((r[x], r[y]) for r in rows if r[series] == label and r.get(y) not in (None, ""))
@@ -195,6 +197,32 @@ def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> s
     ax.set_title(f"{name}: {env.get('device', '')}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    path = os.path.join(out_dir, f"{name}.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _bar_plot(plt, name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> str:
+    """Grouped bars: one group per ``x`` value, one bar per ``series`` value, height ``y``."""
+    x, y, series = spec["x"], spec["y"], spec.get("series", "op")
+    rows = [r for r in rows if r.get(y) not in (None, "")]
+    groups = list(dict.fromkeys(r[x] for r in rows))
+    labels = list(dict.fromkeys(r[series] for r in rows))
+    width = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 5))
+    for j, label in enumerate(labels):
+        vals = {r[x]: r[y] for r in rows if r[series] == label}
+        xs = [i + (j - (len(labels) - 1) / 2) * width for i, g in enumerate(groups) if g in vals]
+        ax.bar(xs, [vals[g] for g in groups if g in vals], width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([str(g).replace(" ", "\n", 1) for g in groups], fontsize=7)
+    ax.set_ylabel(spec.get("ylabel", y))
+    ax.set_title(f"{name}: {env.get('device', '')}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     path = os.path.join(out_dir, f"{name}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

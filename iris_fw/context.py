@@ -97,7 +97,20 @@ def init(
     except BaseException:
         boot.close()
         raise
-    return Context(tr, boot, heap_size, wait_timeout=wait_timeout, debug=debug)
+    return Context(tr, boot, heap_size, wait_timeout=wait_timeout, debug=debug, registries=regs)
+
+
+#: The most recently created open context of this process (a weak reference), for APIs whose
+#: ``ctx`` argument is optional. Set by :class:`Context`, never at import.
+_latest: "weakref.ref[Context] | None" = None
+
+
+def current() -> "Context":
+    """The most recently created context of this process that is still open."""
+    ctx = _latest() if _latest is not None else None
+    if ctx is None or ctx.closed:
+        raise IrisError("no open iris_fw context in this process: call iris_fw.init() first or pass ctx=")
+    return ctx
 
 
 class Context:
@@ -106,10 +119,13 @@ class Context:
 
     Attributes: ``rank``, ``world_size``, ``local_rank``, ``device``, ``heap_bases`` (int64
     ``[world_size]`` on ``device``: every rank's heap base as mapped in this process, the
-    argument every device primitive takes), ``heap_size``, ``transport``, ``bootstrap``.
+    argument every device primitive takes), ``heap_size``, ``transport``, ``bootstrap``,
+    ``registries`` (the plugins this context was created with).
     """
 
-    def __init__(self, transport, bootstrap, heap_size: int, *, wait_timeout: float, debug: bool):
+    def __init__(self, transport, bootstrap, heap_size: int, *, wait_timeout: float, debug: bool,
+                 registries: Registries | None = None):
+        global _latest
         self.transport = transport
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -119,6 +135,7 @@ class Context:
         self.heap_bases = transport.heap_bases
         self.heap_size = heap_size
         self.debug = debug
+        self.registries = registries if registries is not None else load_registries()
         self._closed = False
         # A context never closed (Iris-style programs) still releases what its bootstrap
         # created (a process group) at interpreter exit; local only, never a collective.
@@ -136,6 +153,7 @@ class Context:
         self._polls_per_s = self._calibrate_wait()
         self.wait_timeout = wait_timeout
         self.barrier()
+        _latest = weakref.ref(self)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:

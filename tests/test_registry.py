@@ -122,23 +122,38 @@ def thirdparty_site(tmp_path_factory):
 def test_third_party_plugin_is_seen_and_composes(thirdparty_site, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([thirdparty_site, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-m", "iris_fw.cli", "plugins"], env=env, capture_output=True, text=True, check=True).stdout
-    assert "private_shm" in out and "scale" in out and "iris-fw-example-plugin (entry point 'example')" in out, out
-    # the plugin's transport and pattern work with the framework's own pieces
+    for name in ("private_shm", "scale_all_gather", "reverse_fused", "iris-fw-example-plugin (entry point 'example')"):
+        assert name in out, out
+    # The plugin's transport, pattern and scheduler work with the framework's own pieces: its
+    # pattern under every built-in scheduler, its scheduler running built-in patterns, 2 ranks.
     script = tmp_path / "use_plugin.py"
     script.write_text(textwrap.dedent("""
         import iris_fw, torch
-        from iris_fw.registry import load_registries
-        regs = load_registries()
-        scale = regs.pattern.get("scale")
-        with iris_fw.init(heap_size=1 << 20, transport="private_shm", bootstrap="single") as ctx:
+        from iris_fw import ops
+        with iris_fw.init(heap_size=16 << 20, transport="private_shm") as ctx:
             assert ctx.transport.name == "private_shm"
-            x = ctx.randn(300); y = ctx.full((300,), float("nan"))
-            scale.run(ctx, x, y, 2.5, peer=0)
+            xs = [torch.randn(300, generator=torch.Generator().manual_seed(r)) for r in range(ctx.world_size)]
+            pattern = ctx.registries.pattern.get("scale_all_gather")
+            want = pattern.reference(ctx.rank, ctx.world_size, [(x, 2.5) for x in xs])
+            for sched in ("bulk_sync", "producer_consumer", "fused_sequential", "wg_specialized", "reverse_fused"):
+                op = ops.plan("scale_all_gather", xs[ctx.rank], 2.5, scheduler=sched)
+                op.buffers["out"].fill_(float("nan"))
+                got = op(xs[ctx.rank], 2.5)
+                ctx.synchronize()
+                assert torch.allclose(got.double(), want), (sched, got, want)
+            for name in ("gemm_all_scatter", "gemm_reduce_scatter"):
+                g = torch.Generator().manual_seed(7)
+                ins = [(torch.randn(8, 12, generator=g), torch.randn(12, 6, generator=g)) for _ in range(ctx.world_size)]
+                got = ops.plan(name, *ins[ctx.rank], scheduler="reverse_fused")(*ins[ctx.rank])
+                ctx.synchronize()
+                want = ctx.registries.pattern.get(name).reference(ctx.rank, ctx.world_size, ins)
+                assert torch.allclose(got.double(), want, atol=1e-4), name
             ctx.barrier()
-            assert torch.equal(y, scale.reference(x, 2.5))
-            print("plugin ok")
+            print(f"plugin ok on rank {ctx.rank}")
     """))
     if iris_fw.testing.gpu_count():
         pytest.skip("the example transport is a CPU (host_shm) transport")
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
-    assert res.returncode == 0 and "plugin ok" in res.stdout, res.stderr
+    res = subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", "2", str(script)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "plugin ok on rank 0" in res.stdout and "plugin ok on rank 1" in res.stdout, \
+        res.stdout + res.stderr

@@ -1,0 +1,253 @@
+"""Built-in benchmarks of the overlap taxonomy, registered like any plugin's.
+
+* ``gemm`` – the Triton GEMM alone against cuBLAS (``torch.matmul``) at the local GEMM shape
+  of every taxonomy shape, over a few tile configurations; the best is what ``taxonomy``
+  uses for that shape.
+* ``taxonomy`` – every scheduler x pattern at the issue's shapes, side by side with the torch
+  bulk-synchronous baseline (cuBLAS + NCCL collective + layout copy), torch symmetric
+  memory's fused ops where torch has the pattern, and the GEMM alone. Each scheduler's output
+  is compared with the baseline's (``max_rel_err``). Speedup = baseline time / time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bench import measure_us
+from .gemm import GemmConfig, default_config, matmul
+from .hookspecs import hookimpl
+
+#: (pattern, M, N, K) global shapes of the issue's table (bf16).
+SHAPES = [
+    ("gemm_all_scatter", 8192, 28672, 8192),
+    ("gemm_all_scatter", 4096, 8192, 8192),
+    ("gemm_all_scatter", 1024, 8192, 8192),
+    ("gemm_all_scatter", 8192, 4608, 36864),
+    ("all_gather_gemm", 8192, 28672, 8192),
+    ("all_gather_gemm", 16384, 14336, 4096),
+    ("gemm_reduce_scatter", 8192, 8192, 28672),
+]
+#: Tiny shapes for a CPU smoke run.
+CPU_SHAPES = [("gemm_all_scatter", 32, 64, 32), ("all_gather_gemm", 32, 64, 32), ("gemm_reduce_scatter", 32, 32, 64)]
+SCHEDULERS = ["bulk_sync", "producer_consumer", "fused_sequential", "wg_specialized"]
+
+#: Tile configurations the ``gemm`` benchmark tries on GPUs (bf16).
+CANDIDATES = [
+    GemmConfig(128, 256, 64, 8, 8, 3),
+    GemmConfig(128, 256, 64, 8, 8, 4),
+    GemmConfig(256, 128, 64, 8, 8, 3),
+    GemmConfig(128, 128, 64, 8, 8, 4),
+    GemmConfig(128, 128, 64, 8, 4, 4),
+    GemmConfig(64, 256, 64, 8, 4, 4),
+]
+
+
+def local_shape(pattern: str, M: int, N: int, K: int, world: int) -> tuple[int, int, int]:
+    """``(m, n, k)`` of the GEMM one rank runs for the global shape."""
+    return {"gemm_all_scatter": (M, N // world, K), "all_gather_gemm": (M, N // world, K),
+            "gemm_reduce_scatter": (M, N, K // world)}[pattern]
+
+
+def operands(pattern: str, M: int, N: int, K: int, world: int, device, dtype=torch.bfloat16, seed: int = 0):
+    """This rank's inputs for the op and their shapes' meaning as in :mod:`iris_fw.ops`."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    if pattern == "gemm_all_scatter":
+        a, b = (M, K), (K, N // world)
+    elif pattern == "all_gather_gemm":
+        a, b = (M // world, K), (K, N // world)
+    else:
+        a, b = (M, K // world), (K // world, N)
+    scale = lambda k: 1.0 / k ** 0.5  # noqa: E731  (keeps products O(1) at every K)
+    return (torch.randn(a, generator=g, device=device).mul_(scale(a[1])).to(dtype),
+            torch.randn(b, generator=g, device=device).to(dtype))
+
+
+def _shapes(ctx, opts):
+    if ctx.device.type == "cpu":
+        return CPU_SHAPES
+    wanted = opts.extra.get("shapes")
+    return [s for s in SHAPES if not wanted or s[0] in wanted]
+
+
+def _tune_gemm(ctx, opts, m, n, k, log):
+    """``(best config, {config: us})`` of the Triton GEMM at ``[m, k] @ [k, n]``."""
+    a = torch.randn(m, k, device=ctx.device, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=ctx.device, dtype=torch.bfloat16)
+    out = torch.empty(m, n, device=ctx.device, dtype=torch.bfloat16)
+    candidates = CANDIDATES if ctx.device.type == "cuda" and not opts.quick else [default_config(m, n, k, a.dtype, ctx.device)]
+    times = {}
+    for cfg in candidates:
+        try:
+            times[cfg] = measure_us(ctx, lambda i, c=cfg: matmul(a, b, out=out, config=c), opts.iters, opts.warmup)
+        except Exception as exc:  # a configuration that does not fit (shared memory) is skipped
+            log(f"  gemm {m}x{n}x{k} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
+            ctx.barrier()
+    best = min(times, key=times.get)
+    log(f"  triton gemm {m}x{n}x{k}: " + ", ".join(f"{_cfg(c)} {us:.1f} us" for c, us in times.items()))
+    return best, times, (a, b)
+
+
+class GemmAlone:
+    name = "gemm"
+    description = "Triton GEMM vs cuBLAS at the taxonomy's local GEMM shapes (tile configs tried)"
+
+    def run(self, ctx, opts):
+        rows, seen = [], set()
+        for pattern, M, N, K in _shapes(ctx, opts):
+            m, n, k = local_shape(pattern, M, N, K, ctx.world_size)
+            if (m, n, k) in seen:
+                continue
+            seen.add((m, n, k))
+            best, times, (a, b) = _tune_gemm(ctx, opts, m, n, k, opts.log)
+            ref = measure_us(ctx, lambda i: torch.matmul(a, b), opts.iters, opts.warmup)
+            flops = 2 * m * n * k
+            for cfg, us in times.items():
+                rows.append({"m": m, "n": n, "k": k, "method": f"triton {_cfg(cfg)}", "us": us,
+                             "TFLOPs": flops / us / 1e6, "pct_of_cublas": 100 * ref / us, "best": cfg == best})
+            rows.append({"m": m, "n": n, "k": k, "method": "cublas", "us": ref, "TFLOPs": flops / ref / 1e6,
+                         "pct_of_cublas": 100.0, "best": False})
+            opts.log(f"gemm {m}x{n}x{k}: cublas {ref:.1f} us, triton best {times[best]:.1f} us "
+                     f"({100 * ref / times[best]:.1f}% of cuBLAS) with {_cfg(best)}")
+        return rows
+
+
+def _cfg(cfg: GemmConfig) -> str:
+    return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
+
+
+class Taxonomy:
+    name = "taxonomy"
+    description = "4 schedulers x GEMM+all-scatter / all-gather+GEMM / GEMM+reduce-scatter vs torch+NCCL"
+    plot = {"kind": "bars", "x": "shape", "y": "speedup", "series": "method", "ylabel": "speedup over torch BSP"}
+
+    def run(self, ctx, opts):
+        from . import ops
+
+        gpu = ctx.device.type == "cuda"
+        world = ctx.world_size
+        rows = []
+        symm = _symm_mem_group(ctx) if gpu else None
+        for pattern, M, N, K in _shapes(ctx, opts):
+            label = f"{pattern} {M}x{N}x{K}"
+            m, n, k = local_shape(pattern, M, N, K, world)
+            a, b = operands(pattern, M, N, K, world, ctx.device, seed=ctx.rank + 1)
+            flops = 2 * m * n * k
+
+            def row(method, us, err=None, **more):
+                r = {"pattern": pattern, "M": M, "N": N, "K": K, "shape": label, "method": method, "us": us,
+                     "TFLOPs_per_rank": flops / us / 1e6 if us else None}
+                r.update(more)
+                if err is not None:
+                    r["max_rel_err"] = err
+                rows.append(r)
+                return r
+
+            base_fn, base_out = _baseline(ctx, pattern, a, b, M, N)
+            bsp = measure_us(ctx, base_fn, opts.iters, opts.warmup)
+            expected = base_out().float()
+            row("torch_bsp", bsp, speedup=1.0)
+            cublas = measure_us(ctx, lambda i: torch.matmul(a, b), opts.iters, opts.warmup)
+            row("gemm_alone_cublas", cublas, speedup=bsp / cublas)
+            cfg, times, _ = _tune_gemm(ctx, opts, m, n, k, opts.log)
+            row("gemm_alone_triton", times[cfg], speedup=bsp / times[cfg], config=_cfg(cfg),
+                pct_of_cublas=100 * cublas / times[cfg])
+            if symm is not None and pattern in ("all_gather_gemm", "gemm_reduce_scatter"):
+                fn = _symm_mem_op(pattern, a, b, symm)
+                try:
+                    us = measure_us(ctx, fn, opts.iters, opts.warmup)
+                    row("torch_symm_mem", us, speedup=bsp / us)
+                except Exception as exc:
+                    opts.log(f"  symm_mem {pattern}: {type(exc).__name__}: {str(exc)[:160]}")
+                    ctx.barrier()
+            for sched in SCHEDULERS:
+                try:
+                    op = ops.plan(pattern, a, b, scheduler=sched, config=cfg)
+                    us = measure_us(ctx, lambda i: op(a, b), opts.iters, opts.warmup)
+                    got = op(a, b).float()
+                    ctx.synchronize()
+                    err = ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+                    err = max(ctx.bootstrap.all_gather(err))
+                    row(sched, us, err, speedup=bsp / us, vs_gemm_alone=us / cublas, config=_cfg(cfg))
+                    opts.log(f"{label} {sched}: {us:.1f} us ({bsp / us:.2f}x BSP, {us / cublas:.3f}x cuBLAS GEMM), "
+                             f"max rel err {err:.2e}")
+                    del op, got
+                except Exception as exc:
+                    opts.log(f"{label} {sched}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                    row(sched, None, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                    ctx.barrier()
+            best = min((r for r in rows if r["shape"] == label and r["method"] in SCHEDULERS and r["us"]),
+                       key=lambda r: r["us"], default=None)
+            if best:
+                opts.log(f"{label}: best {best['method']} {best['us']:.1f} us = {best['speedup']:.2f}x BSP "
+                         f"(BSP {bsp:.1f}, cuBLAS GEMM {cublas:.1f}, Triton GEMM {times[cfg]:.1f})")
+            del a, b, expected
+            ctx.barrier()
+        return rows
+
+
+def _baseline(ctx, pattern, a, b, M, N):
+    """``(fn(i), result())``: the torch bulk-synchronous version (cuBLAS + NCCL + layout)."""
+    import torch.distributed as dist
+
+    world = ctx.world_size
+    gpu = ctx.device.type == "cuda" and dist.is_initialized()
+    if pattern == "gemm_all_scatter":
+        parts = torch.empty(world, M, b.shape[1], device=ctx.device, dtype=a.dtype)
+        box = {}
+
+        def fn(i):
+            c = a @ b
+            if gpu:
+                dist.all_gather_into_tensor(parts, c)
+            else:
+                parts.copy_(torch.stack(ctx.bootstrap.all_gather(c)))
+            box["out"] = parts.permute(1, 0, 2).reshape(M, N)
+        return fn, lambda: (fn(0), box["out"])[1]
+    if pattern == "all_gather_gemm":
+        gathered = torch.empty(M, a.shape[1], device=ctx.device, dtype=a.dtype)
+        box = {}
+
+        def fn(i):
+            if gpu:
+                dist.all_gather_into_tensor(gathered, a)
+            else:
+                gathered.copy_(torch.cat(ctx.bootstrap.all_gather(a)))
+            box["out"] = gathered @ b
+        return fn, lambda: (fn(0), box["out"])[1]
+    out = torch.empty(M // world, b.shape[1], device=ctx.device, dtype=a.dtype)
+
+    def fn(i):
+        c = a @ b
+        if gpu:
+            dist.reduce_scatter_tensor(out, c)
+        else:
+            total = sum(t.float() for t in ctx.bootstrap.all_gather(c))
+            out.copy_(total[ctx.rank * (M // world):(ctx.rank + 1) * (M // world)])
+    return fn, lambda: (fn(0), out)[1]
+
+
+def _symm_mem_group(ctx):
+    try:
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        name = dist.group.WORLD.group_name
+        try:
+            symm_mem.enable_symm_mem_for_group(name)
+        except Exception:
+            pass  # newer torch enables it on first use
+        return name
+    except Exception:
+        return None
+
+
+def _symm_mem_op(pattern, a, b, group):
+    if pattern == "all_gather_gemm":
+        return lambda i: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group)
+    return lambda i: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=group)
+
+
+@hookimpl
+def iris_fw_register_benchmarks(registry):
+    registry.register(GemmAlone())
+    registry.register(Taxonomy())

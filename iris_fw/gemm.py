@@ -1,0 +1,130 @@
+"""The Triton GEMM every GEMM-based pattern is built on: tile configurations, operand
+preparation (TMA descriptors where the layout allows them), and :func:`matmul`, the same
+tile loop as a plain local GEMM (the "GEMM alone" of the benchmarks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import tiles
+from .overlap import CPU_PROGRAMS, check_tensor, num_sms
+
+#: TMA needs 16-byte aligned base addresses and row strides.
+TMA_ALIGN_BYTES = 16
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and launch options of the Triton GEMM."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {v!r}")
+        if not isinstance(self.group_m, int) or self.group_m < 1:
+            raise ValueError(f"GemmConfig.group_m must be a positive int, got {self.group_m!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"GemmConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"GemmConfig.num_stages must be a positive int, got {self.num_stages!r}")
+
+
+#: The CPU interpreter: small tiles, so tiny test shapes still have several tiles.
+CPU_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
+#: Hopper, 16-bit inputs: 128x256 tiles, 8 warps (two warpgroups of wgmma), 3 TMA stages.
+HOPPER_LARGE = GemmConfig(128, 256, 64, 8, 8, 3)
+#: Hopper, 16-bit inputs, shapes with too few 128x256 tiles to fill the SMs.
+HOPPER_SMALL = GemmConfig(128, 128, 64, 8, 8, 4)
+#: fp32 inputs (tf32 or ieee dot): smaller tiles keep the accumulator in registers.
+FP32_CONFIG = GemmConfig(64, 64, 32, 8, 4, 3)
+
+
+def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemmConfig:
+    """The tile configuration for a local ``[m, k] @ [k, n]`` product."""
+    if device.type == "cpu":
+        return CPU_CONFIG
+    if dtype == torch.float32:
+        return FP32_CONFIG
+    big = HOPPER_LARGE
+    tiles = triton.cdiv(m, big.block_m) * triton.cdiv(n, big.block_n)
+    return big if tiles >= num_sms(device) else HOPPER_SMALL
+
+
+def exact(dtype: torch.dtype) -> bool:
+    """Whether ``tl.dot`` must multiply exactly: fp32 inputs unless torch allows TF32 matmuls
+    (``torch.backends.cuda.matmul.allow_tf32``), as torch does."""
+    return dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+
+
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether a 2-D ``t`` can be read through a TMA descriptor (row-major, aligned)."""
+    elem = t.element_size()
+    return (t.stride(1) == 1 and t.data_ptr() % TMA_ALIGN_BYTES == 0
+            and (t.stride(0) * elem) % TMA_ALIGN_BYTES == 0 and t.shape[0] > 0 and t.shape[1] > 0)
+
+
+def operand(t: torch.Tensor, block: list[int]):
+    """``(source, is_descriptor)`` for a 2-D operand read in ``block``-shaped pieces: a TMA
+    descriptor when :func:`tma_ok`, else the tensor itself (pointer loads)."""
+    if tma_ok(t):
+        return TensorDescriptor.from_tensor(t, block), True
+    return t, False
+
+
+@triton.jit
+def _matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   A_DESC: tl.constexpr, B_DESC: tl.constexpr, EXACT: tl.constexpr, NPROG: tl.constexpr):
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    for tile in range(tl.program_id(0), tiles_m * tiles_n, NPROG):
+        pm, pn = tiles.grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        acc = tiles.matmul_tile(a, b, pm * BM, pn * BN, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                BM, BN, BK, A_DESC, B_DESC, EXACT)
+        tiles.store_block(c, acc, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+           config: GemmConfig | None = None) -> torch.Tensor:
+    """``a[M, K] @ b[K, N]`` with the patterns' Triton GEMM (persistent, TMA where possible).
+
+    fp16 / bf16 / fp32; the result has ``a``'s dtype. ``out``: an ``[M, N]`` tensor to write.
+    """
+    a = check_tensor(a, "a", 2, a.device if isinstance(a, torch.Tensor) else None)
+    b = check_tensor(b, "b", 2, a.device, a.dtype)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a [M, K] and b [K, N] must agree on K, got a {list(a.shape)} and b {list(b.shape)}")
+    M, K = a.shape
+    N = b.shape[1]
+    if out is None:
+        out = torch.empty(M, N, dtype=a.dtype, device=a.device)
+    else:
+        check_tensor(out, "out", 2, a.device, a.dtype)
+        if tuple(out.shape) != (M, N):
+            raise ValueError(f"out must have shape [M, N] = {[M, N]}, got {list(out.shape)}")
+    if M == 0 or N == 0:
+        return out
+    cfg = config or default_config(M, N, K, a.dtype, a.device)
+    a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
+    b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+    work = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    nprog = max(1, min(work, CPU_PROGRAMS if a.device.type == "cpu" else num_sms(a.device)))
+    _matmul_kernel[(nprog,)](
+        a_src, b_src, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, A_DESC=a_desc, B_DESC=b_desc,
+        EXACT=exact(a.dtype), NPROG=nprog, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out

@@ -1,0 +1,103 @@
+"""Public compute + communication operations: a pattern run by a scheduler.
+
+Each function is collective (every rank calls it with same-shaped inputs) and returns this
+rank's result::
+
+    c = iris_fw.ops.gemm_all_scatter(a, b_local)              # [M, K] @ [K, N/W] -> [M, N]
+    c = iris_fw.ops.all_gather_gemm(a_shard, b_local)         # [M/W, K] gathered @ [K, N/W] -> [M, N/W]
+    c = iris_fw.ops.gemm_reduce_scatter(a_local, b_local)     # [M, K/W] @ [K/W, N] summed -> [M/W, N]
+
+``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
+``fused_sequential``, ``wg_specialized``, or a plugin's) or ``"auto"``: the schedule measured
+fastest for the shape (:data:`AUTO`), else the default for the pattern's kind. ``comm_sms``
+sets the SM split of the two-role schedules; ``config`` a :class:`~iris_fw.gemm.GemmConfig`.
+
+The functions allocate their workspace per call. In a loop, make an :class:`Op` once with
+:func:`plan` and call it: it keeps its workspace (the returned tensor is the op's output
+buffer, overwritten by the next call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import context as _context
+from .gemm import GemmConfig, matmul
+from .overlap import Scheduler
+
+__all__ = ["AUTO", "Op", "all_gather_gemm", "gemm_all_scatter", "gemm_reduce_scatter", "matmul", "plan"]
+
+#: Scheduler per (pattern, world size, global M, N, K) measured fastest on 4x H200 (bf16;
+#: docs/performance.md, "Taxonomy"). Shapes not listed use :data:`DEFAULT_SCHEDULER`.
+AUTO: dict[tuple, str] = {}
+
+#: Default when a shape was not measured: compute-first patterns send tiles from registers
+#: as soon as they exist; communicate-first ones fetch on a few SMs while the rest compute.
+DEFAULT_SCHEDULER = {True: "wg_specialized", False: "fused_sequential"}
+
+
+class Op:
+    """A pattern bound to a scheduler, input shapes and a workspace on ``ctx``'s heap.
+
+    Creating one is collective (it allocates symmetric buffers); so is every call.
+    """
+
+    def __init__(self, pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto",
+                 config: GemmConfig | None = None, comm_sms: int | None = None):
+        self.ctx = ctx if ctx is not None else _context.current()
+        regs = self.ctx.registries
+        self.pattern = regs.pattern.require_available(pattern)
+        self.shape = self.pattern.shape(self.ctx, *inputs)
+        if config is not None and not isinstance(config, GemmConfig):
+            raise TypeError(f"config must be an iris_fw.gemm.GemmConfig or None, got {type(config).__name__}")
+        if not isinstance(scheduler, str):
+            raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
+        if scheduler == "auto":
+            scheduler = self._auto()
+        self.scheduler: Scheduler = regs.scheduler.require_available(scheduler)
+        self.comm_sms = comm_sms
+        self.buffers = self.pattern.setup(self.ctx, self.shape, config, self.scheduler.uses_stash)
+        first = self.pattern.bind(self.ctx, self.buffers, *inputs)
+        self.workspace = self.scheduler.workspace(self.ctx, first.num_chunks or first.num_tiles)
+        if comm_sms is not None:
+            self.scheduler.split(self.ctx, first, comm_sms)  # validate now, not at the first call
+
+    def _auto(self) -> str:
+        key = (self.pattern.name, self.ctx.world_size, *self.pattern.global_shape(self.shape, self.ctx.world_size))
+        return AUTO.get(key) or DEFAULT_SCHEDULER[self.pattern.comm_first]
+
+    def __call__(self, *inputs: Any):
+        shape = self.pattern.shape(self.ctx, *inputs)
+        if shape != self.shape:
+            raise ValueError(f"this {self.pattern.name} op was planned for inputs of shape/dtype {self.shape}, got {shape}")
+        plan_ = self.pattern.bind(self.ctx, self.buffers, *inputs)
+        return self.scheduler.run(self.ctx, plan_, self.workspace, self.comm_sms)
+
+    def __repr__(self) -> str:
+        return f"<iris_fw.ops.Op {self.pattern.name} via {self.scheduler.name} shape={self.shape}>"
+
+
+def plan(pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,
+         comm_sms: int | None = None) -> Op:
+    """An :class:`Op` for ``pattern`` on inputs shaped like ``inputs``."""
+    return Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)
+
+
+def gemm_all_scatter(a, b, *, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,
+                     comm_sms: int | None = None):
+    """``a[M, K] @ b[K, N/W]`` on every rank, gathered column-wise: returns ``C[M, N]`` (on the
+    symmetric heap), column block ``r`` being rank ``r``'s product."""
+    return plan("gemm_all_scatter", a, b, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)(a, b)
+
+
+def all_gather_gemm(a_shard, b, *, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,
+                    comm_sms: int | None = None):
+    """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]``."""
+    return plan("all_gather_gemm", a_shard, b, ctx=ctx, scheduler=scheduler, config=config,
+                comm_sms=comm_sms)(a_shard, b)
+
+
+def gemm_reduce_scatter(a, b, *, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,
+                        comm_sms: int | None = None):
+    """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]``."""
+    return plan("gemm_reduce_scatter", a, b, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)(a, b)

@@ -1,0 +1,101 @@
+"""Device-side tile helpers shared by the GEMM-based patterns: tile ordering, block loads
+that take either a TMA tensor descriptor or a pointer, and the K loop of one output tile.
+
+A leaf module like :mod:`iris_fw.device` (Triton only), so plugins import it freely.
+
+Operands are passed as ``src`` plus a constexpr ``DESC``: with ``DESC`` true, ``src`` is a
+:class:`triton.tools.tensor_descriptor.TensorDescriptor` (TMA on Hopper; out-of-bounds rows and
+columns read as zero); otherwise ``src`` is a pointer to a row-major matrix with the given
+strides and loads are masked. Hosts choose descriptors where the strides allow them (16-byte
+aligned rows) and pointers elsewhere (ragged K, remote rows).
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+# Triton's interpreter (3.6 and 3.9) multiplies bfloat16 operands of tl.dot wrongly (results
+# off by ~1e10; float16 and float32 are right). Interpreted tile loops widen bf16 operands to
+# fp32 first. Read like Triton reads TRITON_INTERPRET: once, when kernels are defined.
+_WIDEN_BF16 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"))
+
+
+@triton.jit
+def dot(x, y, acc, EXACT: tl.constexpr):
+    """``tl.dot(x, y, acc)``; ``EXACT``: fp32 inputs multiplied exactly ("ieee"), else with
+    tf32 (16-bit inputs are exact either way). (Also see ``_WIDEN_BF16``.) A flag rather than
+    the precision string: Triton 3.6 does not pass a string taken from a constexpr tuple on
+    to a nested call."""
+    if _WIDEN_BF16 and x.dtype == tl.bfloat16:
+        x = x.to(tl.float32)
+        y = y.to(tl.float32)
+    if EXACT:
+        out = tl.dot(x, y, acc, input_precision="ieee")
+    else:
+        out = tl.dot(x, y, acc)
+    return out
+
+
+@triton.jit
+def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """``(pm, pn)`` of linear ``tile`` in a ``tiles_m x tiles_n`` grid visited in groups of
+    ``GROUP_M`` tile rows (consecutive tiles share ``B`` columns and ``A`` rows in L2)."""
+    width = GROUP_M * tiles_n
+    group = tile // width
+    first_m = group * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    pm = first_m + (tile % width) % size_m
+    pn = (tile % width) // size_m
+    return pm, pn
+
+
+@triton.jit
+def load_block(src, row0, col0, rows, cols, stride_r, stride_c, BR: tl.constexpr, BC: tl.constexpr, DESC: tl.constexpr):
+    """The ``[BR, BC]`` block at ``(row0, col0)`` of a ``[rows, cols]`` matrix; zeros outside."""
+    if DESC:
+        block = src.load([row0, col0])
+    else:
+        r = row0 + tl.arange(0, BR)
+        c = col0 + tl.arange(0, BC)
+        block = tl.load(src + r[:, None] * stride_r + c[None, :] * stride_c,
+                        mask=(r[:, None] < rows) & (c[None, :] < cols), other=0.0)
+    return block
+
+
+@triton.jit
+def matmul_tile(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                A_DESC: tl.constexpr, B_DESC: tl.constexpr, EXACT: tl.constexpr):
+    """The fp32 ``[BM, BN]`` tile at ``(off_m, off_n)`` of ``a[M, K] @ b[K, N]``."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        x = load_block(a, off_m, k * BK, M, K, stride_am, stride_ak, BM, BK, A_DESC)
+        y = load_block(b, k * BK, off_n, K, N, stride_bk, stride_bn, BK, BN, B_DESC)
+        acc = dot(x, y, acc, EXACT)
+    return acc
+
+
+@triton.jit
+def matmul_tile_rows(a_rows, b, off_n, N, K, stride_ak, stride_bk, stride_bn, row_ok,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     B_DESC: tl.constexpr, EXACT: tl.constexpr):
+    """Like :func:`matmul_tile`, but ``a_rows`` is a ``[BM, 1]`` block of row pointers (each row
+    may live on another rank's heap) and ``row_ok`` a ``[BM, 1]`` mask of valid rows."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        c = k * BK + tl.arange(0, BK)
+        x = tl.load(a_rows + c[None, :] * stride_ak, mask=row_ok & (c[None, :] < K), other=0.0)
+        y = load_block(b, k * BK, off_n, K, N, stride_bk, stride_bn, BK, BN, B_DESC)
+        acc = dot(x, y, acc, EXACT)
+    return acc
+
+
+@triton.jit
+def store_block(dst, value, row0, col0, rows, cols, stride_r, stride_c, BR: tl.constexpr, BC: tl.constexpr):
+    """Store the ``[BR, BC]`` ``value`` at ``(row0, col0)`` of a ``[rows, cols]`` matrix at
+    ``dst`` (cast to its dtype), masked to the matrix."""
+    r = row0 + tl.arange(0, BR)
+    c = col0 + tl.arange(0, BC)
+    tl.store(dst + r[:, None] * stride_r + c[None, :] * stride_c, value.to(dst.dtype.element_ty),
+             mask=(r[:, None] < rows) & (c[None, :] < cols))

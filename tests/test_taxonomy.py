@@ -1,0 +1,240 @@
+"""Every scheduler x every pattern x world sizes 1-4, ragged and aligned shapes, against a
+float64 torch reference; dtypes; the SM split; bad input; a consumer whose producer is lost."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import fresh_seed
+from iris_fw import ops
+from iris_fw.gemm import GemmConfig, matmul
+from iris_fw.overlap import num_sms
+
+PATTERNS = ["gemm_all_scatter", "all_gather_gemm", "gemm_reduce_scatter"]
+SCHEDULERS = ["bulk_sync", "producer_consumer", "fused_sequential", "wg_specialized"]
+
+#: Per-rank operand shapes ``(a, b)``; ``W`` is replaced by the world size. Ragged: M, N and K
+#: divide no tile (K odd also rules TMA out); aligned: every dimension a multiple of the tiles.
+SHAPES = {
+    "cpu": {
+        "gemm_all_scatter": {"ragged": ((37, 35), (35, 21)), "aligned": ((32, 48), (48, 32))},
+        "all_gather_gemm": {"ragged": ((13, 35), (35, 21)), "aligned": ((16, 48), (48, 32))},
+        "gemm_reduce_scatter": {"ragged": (("12W", 35), (35, 21)), "aligned": (("16W", 48), (48, 32))},
+    },
+    "cuda": {
+        "gemm_all_scatter": {"ragged": ((999, 1001), (1001, 301)), "aligned": ((1024, 1024), (1024, 512))},
+        "all_gather_gemm": {"ragged": ((499, 1001), (1001, 301)), "aligned": ((512, 1024), (1024, 512))},
+        "gemm_reduce_scatter": {"ragged": (("300W", 1001), (1001, 301)), "aligned": (("512W", 1024), (1024, 1024))},
+    },
+}
+
+#: Allowed error relative to the largest reference value: two units in the last place of the
+#: output dtype (the CPU interpreter truncates fp32 -> 16-bit; partial sums round once each).
+ULPS = {torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9, torch.float32: 1e-5}
+
+
+def _dims(spec, world):
+    return tuple(world * int(d[:-1]) if isinstance(d, str) else d for d in spec)
+
+
+def _inputs(ctx, pattern, kind, dtype, seed):
+    """Every rank's operands (each rank draws all of them from the shared seed)."""
+    a_shape, b_shape = (_dims(s, ctx.world_size) for s in SHAPES[ctx.device.type][pattern][kind])
+    out = []
+    for r in range(ctx.world_size):
+        g = torch.Generator().manual_seed(seed + 7919 * r)
+        a = torch.randn(a_shape, generator=g).to(dtype).to(ctx.device)
+        b = torch.randn(b_shape, generator=g).to(dtype).to(ctx.device)
+        out.append((a, b))
+    return out
+
+
+def _poison(op):
+    for t in op.buffers.values():
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+            t.fill_(float("nan"))
+
+
+def _check(got, want, dtype, what):
+    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {list(got.shape)}, expected {list(want.shape)}"
+    got = got.double().cpu()
+    want = want.cpu()
+    assert not torch.isnan(got).any(), f"{what}: {int(torch.isnan(got).sum())} elements never written (NaN poison)"
+    tol = ULPS[dtype] * max(want.abs().max().item(), 1.0)
+    err = (got - want).abs().max().item()
+    assert err <= tol, f"{what}: max error {err:.4g} > {tol:.4g}"
+
+
+def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=None, calls=2, symmetric=False):
+    for kind in kinds:
+        inputs = _inputs(ctx, pattern, kind, dtype, fresh_seed(ctx))
+        mine = inputs[ctx.rank]
+        if symmetric:
+            mine = tuple(ctx.as_symmetric(t) for t in mine)
+        op = ops.plan(pattern, *mine, scheduler=scheduler, comm_sms=comm_sms)
+        for call in range(calls):  # a second call with fresh inputs reuses flags (epochs) and buffers
+            if call:
+                inputs = _inputs(ctx, pattern, kind, dtype, fresh_seed(ctx))
+                for dst, src in zip(mine, inputs[ctx.rank]):
+                    dst.copy_(src)
+            _poison(op)
+            out = op(*mine)
+            ctx.synchronize()
+            want = op.pattern.reference(ctx.rank, ctx.world_size, inputs)
+            _check(out, want, dtype, f"{pattern}/{op.scheduler.name} {kind} call {call} rank {ctx.rank}")
+            del out
+        del op
+        ctx.barrier()
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_scheduler_x_pattern(world, pattern, scheduler):
+    world.run(_run, pattern, scheduler, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_dtypes_auto_scheduler(world, pattern, dtype):
+    world.run(_run, pattern, "auto", dtype, kinds=("ragged",), calls=1)
+
+
+def _split_extremes(ctx, pattern, scheduler):
+    sms = num_sms(ctx.device)
+    for comm in (1, sms - 1):
+        _run(ctx, pattern, scheduler, torch.bfloat16, kinds=("ragged",), comm_sms=comm, calls=1)
+
+
+@pytest.mark.parametrize("scheduler", ["producer_consumer", "wg_specialized"])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_sm_split_extremes(iris_pool, pattern, scheduler):
+    iris_pool(2).run(_split_extremes, pattern, scheduler)
+
+
+def _symmetric_inputs(ctx, pattern):
+    _run(ctx, pattern, "auto", torch.bfloat16, kinds=("aligned",), calls=1, symmetric=True)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_heap_inputs(iris_pool, pattern):
+    iris_pool(2).run(_symmetric_inputs, pattern)
+
+
+def _functional_api(ctx):
+    seed = fresh_seed(ctx)
+    for pattern, fn in (("gemm_all_scatter", ops.gemm_all_scatter), ("all_gather_gemm", ops.all_gather_gemm),
+                        ("gemm_reduce_scatter", ops.gemm_reduce_scatter)):
+        inputs = _inputs(ctx, pattern, "ragged", torch.bfloat16, seed)
+        out = fn(*inputs[ctx.rank])
+        ctx.synchronize()
+        ref = ctx.registries.pattern.get(pattern).reference(ctx.rank, ctx.world_size, inputs)
+        _check(out, ref, torch.bfloat16, f"ops.{pattern}")
+        del out
+    ctx.barrier()
+
+
+def test_functional_api(iris_pool):
+    iris_pool(2).run(_functional_api)
+
+
+def _bad_inputs(ctx):
+    dev = ctx.device
+    a = torch.randn(8, 6, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(6, 4, device=dev, dtype=torch.bfloat16)
+    cases = [
+        (lambda: ops.gemm_all_scatter(a, torch.randn(5, 4, device=dev, dtype=torch.bfloat16)), "must agree on K"),
+        (lambda: ops.gemm_all_scatter(a, b.float()), "b must have dtype torch.bfloat16"),
+        (lambda: ops.gemm_all_scatter(a.int(), b), "a must have dtype float16, bfloat16 or float32"),
+        (lambda: ops.gemm_all_scatter(a[0], b), "a must have 2 dimensions"),
+        (lambda: ops.gemm_all_scatter(a, "b"), "b must be a torch.Tensor"),
+        (lambda: ops.gemm_reduce_scatter(torch.randn(ctx.world_size * 3 + 1, 6, device=dev, dtype=torch.bfloat16), b),
+         "must divide evenly over the"),
+        (lambda: ops.gemm_all_scatter(a, b, scheduler="nope"), "no scheduler named 'nope'; registered: bulk_sync"),
+        (lambda: ops.gemm_all_scatter(a, b, scheduler="wg_specialized", comm_sms=0), "comm_sms must be an int in"),
+        (lambda: ops.gemm_all_scatter(a, b, config=(128, 128)), "config must be an iris_fw.gemm.GemmConfig"),
+        (lambda: GemmConfig(100, 128, 64, 8, 8, 3), "GemmConfig.block_m must be a power of two"),
+    ]
+    cases.append((lambda: ops.plan("all_gather_gemm", a, b)(a[:4], b), "was planned for inputs of shape"))
+    for fn, message in cases:
+        with pytest.raises((ValueError, TypeError, KeyError)) as info:
+            fn()
+        assert message in str(info.value), f"expected {message!r} in {info.value!s}"
+    ctx.barrier()
+
+
+def test_bad_inputs_name_the_argument(iris_pool):
+    iris_pool(2).run(_bad_inputs)
+
+
+def _lost_producer(ctx):
+    """A consumer kernel whose producer never runs gives WaitTimeout naming the flags."""
+    import iris_fw
+    from iris_fw.overlap import _consumer_kernel
+
+    a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
+    op = ops.plan("gemm_all_scatter", a, a, scheduler="producer_consumer")
+    plan = op.pattern.bind(ctx, op.buffers, a, a)
+    ws = op.workspace
+    old, ctx.wait_timeout = ctx.wait_timeout, 0.5
+    try:
+        p = plan.pieces
+        _consumer_kernel[(1,)](plan.args, plan.num_tiles, ws.flags, ws.epoch + 1, 0, ctx.rank, ctx.heap_bases,
+                               PRODUCE=p.produce, CONSUME=p.consume, RELOAD=p.reload, DEPENDS=p.depends,
+                               CFG=plan.cfg, NPROG=1, COMM_FIRST=False, SYNC=True, QUEUE=False)
+        with pytest.raises(iris_fw.WaitTimeout) as info:
+            ctx.synchronize()
+    finally:
+        ctx.wait_timeout = old
+    text = str(info.value)
+    assert f"rank {ctx.rank}" in text and "int64" in text, text
+    del op, plan
+    ctx.barrier()
+
+
+def test_lost_producer_times_out_naming_the_flag(iris_pool):
+    iris_pool(1).run(_lost_producer)
+
+
+def _auto_choice(ctx):
+    a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
+    defaults = {"gemm_all_scatter": "fused_sequential", "all_gather_gemm": "wg_specialized",
+                "gemm_reduce_scatter": "fused_sequential"}
+    for pattern, expected in defaults.items():
+        op = ops.plan(pattern, a, a)
+        key = (pattern, ctx.world_size, *op.pattern.global_shape(op.shape, ctx.world_size))
+        assert op.scheduler.name == ops.AUTO.get(key, expected), (pattern, op.scheduler.name)
+        del op
+    ctx.barrier()
+
+
+def test_auto_scheduler_choice(iris_pool):
+    iris_pool(1).run(_auto_choice)
+
+
+def _local_matmul(ctx):
+    for (m, n, k) in ((37, 21, 35), (32, 48, 64), (1, 5, 3)):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            g = torch.Generator().manual_seed(m * n * k)
+            a = torch.randn(m, k, generator=g).to(dtype).to(ctx.device)
+            b = torch.randn(k, n, generator=g).to(dtype).to(ctx.device)
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=ctx.device)
+            matmul(a, b, out=out)
+            _check(out, a.double() @ b.double(), dtype, f"matmul {m}x{n}x{k} {dtype}")
+            _check(matmul(a.t().contiguous().t(), b), a.double() @ b.double(), dtype, "matmul, column-major a")
+
+
+def test_local_matmul(iris_pool):
+    iris_pool(1).run(_local_matmul)
+
+
+def test_default_split_bounds():
+    from iris_fw.overlap import Plan, Pieces, default_comm_sms
+
+    def plan(comm_bytes, flops):
+        return Plan("p", Pieces(None, None, None, None), (), (), 1, 0, 4, 1, comm_bytes, flops, None)
+
+    assert default_comm_sms(plan(0, 10**12), 132) == 1
+    assert default_comm_sms(plan(10**12, 1), 132) == 66
+    mid = default_comm_sms(plan(96 << 20, 2 * 8192 * 7168 * 8192), 132)
+    assert 1 < mid < 66 and mid == math.ceil((96 << 20) / (2 * 8192 * 7168 * 8192 / (132 * 5.5e12)) / 25e9)

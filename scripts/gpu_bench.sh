@@ -8,5 +8,5 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpus.txt"
-python3 -m iris_fw.bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
+timeout ${BENCH_TIMEOUT:-540} python3 -m iris_fw.bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
 tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"

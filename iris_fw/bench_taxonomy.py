@@ -172,7 +172,9 @@ class Taxonomy:
                              f"max rel err {err:.2e}")
                     del op, got
                 except Exception as exc:
-                    opts.log(f"{label} {sched}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                    import traceback
+
+                    opts.log(f"{label} {sched}: FAILED " + "".join(traceback.format_exception(exc)[-4:])[-1500:])
                     row(sched, None, error=f"{type(exc).__name__}: {str(exc)[:200]}")
                     ctx.barrier()
             best = min((r for r in rows if r["shape"] == label and r["method"] in SCHEDULERS and r["us"]),

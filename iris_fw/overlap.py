@@ -21,7 +21,8 @@ all take the pattern's runtime ``args`` tuple and its constexpr ``CFG`` tuple:
 ``depends(args, tile, CFG) -> chunk``          the chunk a tile's ``produce(STAGED=True)`` needs.
 ============================================  =================================================
 
-Tiles are numbered ``0 .. num_tiles-1`` in the order the pattern wants them produced, chunks
+``args[0]`` and ``args[1]`` may be TMA tensor descriptors (see :func:`kernel_args`); the other
+arguments are pointers (tensors) and scalars. Tiles are numbered ``0 .. num_tiles-1`` in the order the pattern wants them produced, chunks
 ``0 .. num_chunks-1`` in the order they are needed. A compute-first pattern has no chunks.
 
 A **scheduler** provides kernel skeletons that call those pieces plus the host orchestration
@@ -156,40 +157,44 @@ def consume_role(args, first, num_tiles, step, flags, epoch, queue_base, rank, h
 
 
 @triton.jit
-def _fused_kernel(args, num_tiles, flags,
+def _fused_kernel(op0, op1, rest, num_tiles, flags,
                   PRODUCE: tl.constexpr, CONSUME: tl.constexpr, CFG: tl.constexpr, NPROG: tl.constexpr):
     """Persistent: each program computes a tile and delivers it at once (it stays in registers)."""
+    args = (op0, op1) + rest
     for tile in range(tl.program_id(0), num_tiles, NPROG):
         CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
     release_fence(flags)
 
 
 @triton.jit
-def _producer_kernel(args, count, flags, epoch, rank, heap_bases,
+def _producer_kernel(op0, op1, rest, count, flags, epoch, rank, heap_bases,
                      PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr,
                      NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr):
+    args = (op0, op1) + rest
     produce_role(args, tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases,
                  PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC)
 
 
 @triton.jit
-def _consumer_kernel(args, num_tiles, flags, epoch, queue_base, rank, heap_bases,
+def _consumer_kernel(op0, op1, rest, num_tiles, flags, epoch, queue_base, rank, heap_bases,
                      PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
                      CFG: tl.constexpr, NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr,
                      QUEUE: tl.constexpr):
+    args = (op0, op1) + rest
     consume_role(args, tl.program_id(0), num_tiles, NPROG, flags, epoch, queue_base, rank, heap_bases,
                  PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE)
     release_fence(flags)
 
 
 @triton.jit
-def _specialized_kernel(args, num_tiles, num_items, flags, epoch, queue_base, rank, heap_bases,
+def _specialized_kernel(op0, op1, rest, num_tiles, num_items, flags, epoch, queue_base, rank, heap_bases,
                         PRODUCE: tl.constexpr, CONSUME: tl.constexpr, STASH: tl.constexpr, RELOAD: tl.constexpr,
                         FETCH: tl.constexpr, DEPENDS: tl.constexpr, CFG: tl.constexpr,
                         NPROG: tl.constexpr, PRODUCERS: tl.constexpr, COMM_FIRST: tl.constexpr):
     """One kernel, two roles: programs below ``PRODUCERS`` produce and release, the others
     acquire and consume. Communicate-first: the fetching programs join the (dynamic) compute
     queue once their chunks are fetched."""
+    args = (op0, op1) + rest
     pid = tl.program_id(0)
     if pid < PRODUCERS:
         produce_role(args, pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases,
@@ -333,6 +338,14 @@ class Scheduler:
 
 def launch_options(plan: Plan) -> dict:
     return {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
+
+
+def kernel_args(plan: Plan) -> tuple:
+    """``(op0, op1, rest)``: how ``plan.args`` reaches a skeleton kernel. Triton 3.6's launcher
+    takes TMA descriptors only as top-level parameters, not inside a tuple, so the first two
+    arguments (a pattern's two GEMM operands, descriptors or pointers) travel on their own and
+    the kernel rebuilds ``args = (op0, op1) + rest``."""
+    return plan.args[0], plan.args[1], tuple(plan.args[2:])
 
 
 def check_tensor(t: Any, name: str, ndim: int, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

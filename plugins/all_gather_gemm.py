@@ -23,7 +23,7 @@ from iris_fw.overlap import Pieces, Plan, check_tensor
 #: Columns of ``A`` one fetch step copies (GPU); the CPU uses the GEMM's ``block_k``.
 FETCH_BLOCK_K = 256
 
-# args: 0 a_shard (heap), 1 a_full (staging), 2 a_full as operand, 3 b operand, 4 c, 5 M, 6 M/W,
+# args: 0 a_full as operand, 1 b operand, 2 a_shard (heap), 3 a_full (staging), 4 c, 5 M, 6 M/W,
 # 7 N/W, 8 K, 9 a_shard stride 0, 10 a_shard stride 1, 11 a_full stride 0, 12 b stride 0,
 # 13 b stride 1, 14 c stride 0, 15 rank, 16 world size, 17 heap_bases, 18 row-block rotation
 # CFG: BM, BN, BK, GROUP_M, A_DESC, B_DESC, EXACT, FETCH_BK
@@ -44,7 +44,7 @@ def _coords(args, tile, CFG: tl.constexpr):
 def _owner_rows(args, off_m, BM: tl.constexpr):
     """For rows ``off_m …``: ``(rows, owner rank, pointer to the row in the owner's shard)``,
     as ``[BM, 1]`` blocks (rows past ``M`` clamp to the last rank; callers mask them)."""
-    a_shard, Ms, stride_am, world = args[0], args[6], args[9], args[16]
+    a_shard, Ms, stride_am, world = args[2], args[6], args[9], args[16]
     r = off_m + tl.arange(0, BM)
     owner = tl.minimum(r // Ms, world - 1)
     return r[:, None], owner[:, None], a_shard + ((r - owner * Ms) * stride_am)[:, None]
@@ -52,7 +52,7 @@ def _owner_rows(args, off_m, BM: tl.constexpr):
 
 @triton.jit
 def fetch(args, chunk, CFG: tl.constexpr):
-    a_full, M, K, stride_ak, stride_fm = args[1], args[5], args[8], args[10], args[11]
+    a_full, M, K, stride_ak, stride_fm = args[3], args[5], args[8], args[10], args[11]
     rank, heap_bases, shift = args[15], args[17], args[18]
     BM: tl.constexpr = CFG[0]
     FBK: tl.constexpr = CFG[7]
@@ -72,11 +72,11 @@ def depends(args, tile, CFG: tl.constexpr):
 
 @triton.jit
 def produce(args, tile, CFG: tl.constexpr, STAGED: tl.constexpr):
-    b, c, M, NL, K = args[3], args[4], args[5], args[7], args[8]
+    b, c, M, NL, K = args[1], args[4], args[5], args[7], args[8]
     BM: tl.constexpr = CFG[0]
     seq, off_m, off_n = _coords(args, tile, CFG)
     if STAGED:
-        acc = tiles.matmul_tile(args[2], b, off_m, off_n, M, NL, K, args[11], 1, args[12], args[13],
+        acc = tiles.matmul_tile(args[0], b, off_m, off_n, M, NL, K, args[11], 1, args[12], args[13],
                                 BM, CFG[1], CFG[2], CFG[4], CFG[5], CFG[6])
     else:
         r, owner, src = _owner_rows(args, off_m, BM)
@@ -152,7 +152,7 @@ class AllGatherGemm:
             a_src, a_desc = a_shard, False
         b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
         shift = (ctx.rank * Ms) // cfg.block_m
-        args = (a_shard, a_full, a_src, b_src, c, M, Ms, NL, K, a_shard.stride(0), a_shard.stride(1),
+        args = (a_src, b_src, a_shard, a_full, c, M, Ms, NL, K, a_shard.stride(0), a_shard.stride(1),
                 a_full.stride(0), b.stride(0), b.stride(1), c.stride(0), ctx.rank, ctx.world_size,
                 ctx.heap_bases, shift)
         fetch_bk = cfg.block_k if ctx.device.type == "cpu" else FETCH_BLOCK_K

@@ -3,7 +3,7 @@ once, the tile never leaving registers. Communicate-first patterns read remote o
 straight from their owners' heaps inside the tile's K loop."""
 
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Scheduler, _fused_kernel, launch_options
+from iris_fw.overlap import Scheduler, _fused_kernel, launch_options, kernel_args
 
 
 class FusedSequential(Scheduler):
@@ -13,7 +13,7 @@ class FusedSequential(Scheduler):
 
     def launch(self, ctx, plan, ws, comm_sms):
         nprog = self.grid_for(ctx, plan.num_tiles)
-        _fused_kernel[(nprog,)](plan.args, plan.num_tiles, ws.flags, PRODUCE=plan.pieces.produce,
+        _fused_kernel[(nprog,)](*kernel_args(plan), plan.num_tiles, ws.flags, PRODUCE=plan.pieces.produce,
                                 CONSUME=plan.pieces.consume, CFG=plan.cfg, NPROG=nprog, **launch_options(plan))
 
 

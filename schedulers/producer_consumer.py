@@ -8,7 +8,7 @@ import contextlib
 import torch
 
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Scheduler, _consumer_kernel, _producer_kernel, launch_options
+from iris_fw.overlap import Scheduler, _consumer_kernel, _producer_kernel, launch_options, kernel_args
 
 
 class ProducerConsumer(Scheduler):
@@ -29,11 +29,11 @@ class ProducerConsumer(Scheduler):
                 ws.side_stream = torch.cuda.Stream(device=ctx.device)
             side = ws.side_stream
             side.wait_stream(torch.cuda.current_stream(ctx.device))
-        _producer_kernel[(n_prod,)](plan.args, items, ws.flags, ws.epoch, ctx.rank, ctx.heap_bases,
+        _producer_kernel[(n_prod,)](*kernel_args(plan), items, ws.flags, ws.epoch, ctx.rank, ctx.heap_bases,
                                     PRODUCE=p.produce, STASH=p.stash, FETCH=p.fetch, CFG=plan.cfg, NPROG=n_prod,
                                     COMM_FIRST=plan.comm_first, SYNC=True, **opts)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            _consumer_kernel[(n_cons,)](plan.args, plan.num_tiles, ws.flags, ws.epoch, ws.queue_base, ctx.rank,
+            _consumer_kernel[(n_cons,)](*kernel_args(plan), plan.num_tiles, ws.flags, ws.epoch, ws.queue_base, ctx.rank,
                                         ctx.heap_bases, PRODUCE=p.produce, CONSUME=p.consume, RELOAD=p.reload,
                                         DEPENDS=p.depends, CFG=plan.cfg, NPROG=n_cons, COMM_FIRST=plan.comm_first,
                                         SYNC=True, QUEUE=plan.comm_first, **opts)

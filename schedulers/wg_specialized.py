@@ -4,7 +4,7 @@ the others acquire and consume. For communicate-first patterns the fetching prog
 the compute queue once their chunks are in."""
 
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Scheduler, _specialized_kernel, launch_options
+from iris_fw.overlap import Scheduler, _specialized_kernel, launch_options, kernel_args
 
 
 class WgSpecialized(Scheduler):
@@ -27,7 +27,7 @@ class WgSpecialized(Scheduler):
         nprog = producers + consumers
         # Every program must be resident at once (consumers spin on producers' flags): the
         # grid never exceeds the SM count, one program per SM.
-        _specialized_kernel[(nprog,)](plan.args, plan.num_tiles, items, ws.flags, ws.epoch, ws.queue_base,
+        _specialized_kernel[(nprog,)](*kernel_args(plan), plan.num_tiles, items, ws.flags, ws.epoch, ws.queue_base,
                                       ctx.rank, ctx.heap_bases, PRODUCE=p.produce, CONSUME=p.consume,
                                       STASH=p.stash, RELOAD=p.reload, FETCH=p.fetch, DEPENDS=p.depends,
                                       CFG=plan.cfg, NPROG=nprog, PRODUCERS=producers,

@@ -170,7 +170,7 @@ def test_bad_inputs_name_the_argument(iris_pool):
 def _lost_producer(ctx):
     """A consumer kernel whose producer never runs gives WaitTimeout naming the flags."""
     import iris_fw
-    from iris_fw.overlap import _consumer_kernel
+    from iris_fw.overlap import _consumer_kernel, kernel_args
 
     a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
     op = ops.plan("gemm_all_scatter", a, a, scheduler="producer_consumer")
@@ -179,7 +179,7 @@ def _lost_producer(ctx):
     old, ctx.wait_timeout = ctx.wait_timeout, 0.5
     try:
         p = plan.pieces
-        _consumer_kernel[(1,)](plan.args, plan.num_tiles, ws.flags, ws.epoch + 1, 0, ctx.rank, ctx.heap_bases,
+        _consumer_kernel[(1,)](*kernel_args(plan), plan.num_tiles, ws.flags, ws.epoch + 1, 0, ctx.rank, ctx.heap_bases,
                                PRODUCE=p.produce, CONSUME=p.consume, RELOAD=p.reload, DEPENDS=p.depends,
                                CFG=plan.cfg, NPROG=1, COMM_FIRST=False, SYNC=True, QUEUE=False)
         with pytest.raises(iris_fw.WaitTimeout) as info:

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Pieces, Plan, Scheduler, check_tensor, launch_options, release_fence
+from iris_fw.overlap import Pieces, Plan, Scheduler, check_tensor, kernel_args, launch_options, release_fence
 from iris_fw.transports.host_shm import HostShmTransport
 
 
@@ -101,8 +101,9 @@ class ScaleAllGather:
 
 
 @triton.jit
-def _reverse_kernel(args, num_tiles, flags, PRODUCE: tl.constexpr, CONSUME: tl.constexpr, CFG: tl.constexpr,
-                    NPROG: tl.constexpr):
+def _reverse_kernel(op0, op1, rest, num_tiles, flags, PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
+                    CFG: tl.constexpr, NPROG: tl.constexpr):
+    args = (op0, op1) + rest
     for i in range(tl.program_id(0), num_tiles, NPROG):
         tile = num_tiles - 1 - i
         CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
@@ -118,7 +119,7 @@ class ReverseFused(Scheduler):
         if plan.comm_first:
             raise ValueError(f"reverse_fused runs compute-first patterns only; {plan.pattern} fetches operands first")
         nprog = self.grid_for(ctx, plan.num_tiles)
-        _reverse_kernel[(nprog,)](plan.args, plan.num_tiles, ws.flags, PRODUCE=plan.pieces.produce,
+        _reverse_kernel[(nprog,)](*kernel_args(plan), plan.num_tiles, ws.flags, PRODUCE=plan.pieces.produce,
                                   CONSUME=plan.pieces.consume, CFG=plan.cfg, NPROG=nprog, **launch_options(plan))
 
 

@@ -207,7 +207,10 @@ def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> s
 def _bar_plot(plt, name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> str:
     """Grouped bars: one group per ``x`` value, one bar per ``series`` value, height ``y``."""
     x, y, series = spec["x"], spec["y"], spec.get("series", "op")
-    rows = [r for r in rows if r.get(y) not in (None, "")]
+    flag = spec.get("only_flag")
+    skip = spec.get("skip", {})
+    rows = [r for r in rows if r.get(y) not in (None, "") and r.get(flag, True) is not False
+            and not any(r.get(k) in v for k, v in skip.items())]
     groups = list(dict.fromkeys(r[x] for r in rows))
     labels = list(dict.fromkeys(r[series] for r in rows))
     width = 0.8 / max(len(labels), 1)

@@ -54,14 +54,20 @@ FP32_CONFIG = GemmConfig(64, 64, 32, 8, 4, 3)
 
 
 def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemmConfig:
-    """The tile configuration for a local ``[m, k] @ [k, n]`` product."""
+    """The tile configuration for a local ``[m, k] @ [k, n]`` product. The rule follows the
+    measured best of six configurations at the taxonomy's seven local shapes on H200
+    (docs/performance.md, "Triton GEMM alone")."""
     if device.type == "cpu":
         return CPU_CONFIG
     if dtype == torch.float32:
         return FP32_CONFIG
     big = HOPPER_LARGE
     tiles = triton.cdiv(m, big.block_m) * triton.cdiv(n, big.block_n)
-    return big if tiles >= num_sms(device) else HOPPER_SMALL
+    if tiles < num_sms(device):
+        return HOPPER_SMALL  # too few wide tiles to fill the SMs
+    if n % big.block_n and n % HOPPER_SMALL.block_n == 0:
+        return HOPPER_SMALL  # wide tiles would waste part of the last column of tiles
+    return big
 
 
 def exact(dtype: torch.dtype) -> bool:

@@ -27,13 +27,23 @@ from .overlap import Scheduler
 
 __all__ = ["AUTO", "Op", "all_gather_gemm", "gemm_all_scatter", "gemm_reduce_scatter", "matmul", "plan"]
 
-#: Scheduler per (pattern, world size, global M, N, K) measured fastest on 4x H200 (bf16;
-#: docs/performance.md, "Taxonomy"). Shapes not listed use :data:`DEFAULT_SCHEDULER`.
-AUTO: dict[tuple, str] = {}
+#: Scheduler per (pattern, world size, global M, N, K) measured fastest on 4x H200, bf16
+#: (docs/performance.md, "Taxonomy"; docs/results/2026-11-21_4xH200_taxonomy*). Shapes not
+#: listed use :data:`DEFAULT_SCHEDULER`.
+AUTO: dict[tuple, str] = {
+    ("gemm_all_scatter", 4, 8192, 28672, 8192): "wg_specialized",
+    ("gemm_all_scatter", 4, 4096, 8192, 8192): "wg_specialized",
+    ("gemm_all_scatter", 4, 1024, 8192, 8192): "fused_sequential",
+    ("gemm_all_scatter", 4, 8192, 4608, 36864): "producer_consumer",
+    ("all_gather_gemm", 4, 8192, 28672, 8192): "producer_consumer",
+    ("all_gather_gemm", 4, 16384, 14336, 4096): "producer_consumer",
+    ("gemm_reduce_scatter", 4, 8192, 8192, 28672): "fused_sequential",
+}
 
-#: Default when a shape was not measured: compute-first patterns send tiles from registers
-#: as soon as they exist; communicate-first ones fetch on a few SMs while the rest compute.
-DEFAULT_SCHEDULER = {True: "wg_specialized", False: "fused_sequential"}
+#: Default when a shape was not measured (the schedules that won most often on 4x H200):
+#: compute-first patterns send each tile from registers as soon as it exists; communicate-first
+#: ones fetch on a few SMs (a second kernel) while the others compute.
+DEFAULT_SCHEDULER = {True: "producer_consumer", False: "fused_sequential"}
 
 
 class Op:

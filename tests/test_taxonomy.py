@@ -198,7 +198,7 @@ def test_lost_producer_times_out_naming_the_flag(iris_pool):
 
 def _auto_choice(ctx):
     a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
-    defaults = {"gemm_all_scatter": "fused_sequential", "all_gather_gemm": "wg_specialized",
+    defaults = {"gemm_all_scatter": "fused_sequential", "all_gather_gemm": "producer_consumer",
                 "gemm_reduce_scatter": "fused_sequential"}
     for pattern, expected in defaults.items():
         op = ops.plan(pattern, a, a)

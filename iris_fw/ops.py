@@ -30,14 +30,15 @@ __all__ = ["AUTO", "Op", "all_gather_gemm", "gemm_all_scatter", "gemm_reduce_sca
 #: Scheduler per (pattern, world size, global M, N, K) measured fastest on 4x H200, bf16
 #: (docs/performance.md, "Taxonomy"; docs/results/2026-11-21_4xH200_taxonomy*). Shapes not
 #: listed use :data:`DEFAULT_SCHEDULER`.
-AUTO: dict[tuple, str] = {
-    ("gemm_all_scatter", 4, 8192, 28672, 8192): "wg_specialized",
-    ("gemm_all_scatter", 4, 4096, 8192, 8192): "wg_specialized",
-    ("gemm_all_scatter", 4, 1024, 8192, 8192): "fused_sequential",
-    ("gemm_all_scatter", 4, 8192, 4608, 36864): "producer_consumer",
-    ("all_gather_gemm", 4, 8192, 28672, 8192): "producer_consumer",
-    ("all_gather_gemm", 4, 16384, 14336, 4096): "producer_consumer",
-    ("gemm_reduce_scatter", 4, 8192, 8192, 28672): "fused_sequential",
+#: A value is ``(scheduler, comm_sms)``; ``comm_sms`` None means the default estimate.
+AUTO: dict[tuple, tuple[str, int | None]] = {
+    ("gemm_all_scatter", 4, 8192, 28672, 8192): ("wg_specialized", None),
+    ("gemm_all_scatter", 4, 4096, 8192, 8192): ("producer_consumer", None),
+    ("gemm_all_scatter", 4, 1024, 8192, 8192): ("fused_sequential", None),
+    ("gemm_all_scatter", 4, 8192, 4608, 36864): ("producer_consumer", 16),
+    ("all_gather_gemm", 4, 8192, 28672, 8192): ("producer_consumer", 8),
+    ("all_gather_gemm", 4, 16384, 14336, 4096): ("producer_consumer", 8),
+    ("gemm_reduce_scatter", 4, 8192, 8192, 28672): ("wg_specialized", 8),
 }
 
 #: Default when a shape was not measured (the schedules that won most often on 4x H200):
@@ -63,7 +64,8 @@ class Op:
         if not isinstance(scheduler, str):
             raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
         if scheduler == "auto":
-            scheduler = self._auto()
+            scheduler, tuned_sms = self._auto()
+            comm_sms = tuned_sms if comm_sms is None else comm_sms
         self.scheduler: Scheduler = regs.scheduler.require_available(scheduler)
         self.comm_sms = comm_sms
         self.buffers = self.pattern.setup(self.ctx, self.shape, config, self.scheduler.uses_stash)
@@ -72,9 +74,11 @@ class Op:
         if comm_sms is not None:
             self.scheduler.split(self.ctx, first, comm_sms)  # validate now, not at the first call
 
-    def _auto(self) -> str:
+    def _auto(self) -> tuple[str, int | None]:
         key = (self.pattern.name, self.ctx.world_size, *self.pattern.global_shape(self.shape, self.ctx.world_size))
-        return AUTO.get(key) or DEFAULT_SCHEDULER[self.pattern.comm_first]
+        if key in AUTO and self.ctx.device.type == "cuda":
+            return AUTO[key]
+        return DEFAULT_SCHEDULER[self.pattern.comm_first], None
 
     def __call__(self, *inputs: Any):
         shape = self.pattern.shape(self.ctx, *inputs)

@@ -206,7 +206,9 @@ def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> s
 
 def _bar_plot(plt, name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> str:
     """Grouped bars: one group per ``x`` value, one bar per ``series`` value, height ``y``."""
-    x, y, series = spec["x"], spec["y"], spec.get("series", "op")
+    x, y, fallback = spec["x"], spec["y"], spec.get("series_fallback")
+    series = "_series"
+    rows = [dict(r, _series=r.get(spec.get("series", "op")) or r.get(fallback)) for r in rows]
     flag = spec.get("only_flag")
     skip = spec.get("skip", {})
     rows = [r for r in rows if r.get(y) not in (None, "") and r.get(flag, True) is not False

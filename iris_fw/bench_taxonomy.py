@@ -120,7 +120,8 @@ def _cfg(cfg: GemmConfig) -> str:
 class Taxonomy:
     name = "taxonomy"
     description = "4 schedulers x GEMM+all-scatter / all-gather+GEMM / GEMM+reduce-scatter vs torch+NCCL"
-    plot = {"kind": "bars", "x": "shape", "y": "speedup", "series": "method", "ylabel": "speedup over torch BSP",
+    plot = {"kind": "bars", "x": "shape", "y": "speedup", "series": "scheduler", "series_fallback": "method",
+            "ylabel": "speedup over torch BSP (each scheduler at its best SM split)",
             "skip": {"method": ("gemm_alone_cublas", "gemm_alone_triton")}, "only_flag": "plot"}
 
     def run(self, ctx, opts):

@@ -55,7 +55,9 @@ def iris_fw_register_schedulers(registry):
 
     :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"scheduler"``; call
         ``registry.register(obj)`` with an object that has a ``name`` attribute and,
-        optionally, an ``available()`` method returning ``(bool, reason)``.
+        optionally, an ``available()`` method returning ``(bool, reason)``. To run the
+        built-in patterns it follows :class:`iris_fw.overlap.Scheduler` (``uses_stash``,
+        ``workspace``, ``run``; docs/taxonomy.md).
     :return: nothing.
     """
 
@@ -68,7 +70,10 @@ def iris_fw_register_patterns(registry):
 
     :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"pattern"``; call
         ``registry.register(obj)`` with an object that has a ``name`` attribute and,
-        optionally, an ``available()`` method returning ``(bool, reason)``.
+        optionally, an ``available()`` method returning ``(bool, reason)``. To run under the
+        schedulers it provides the pieces and host methods of :mod:`iris_fw.overlap`
+        (``pieces``, ``comm_first``, ``shape``, ``global_shape``, ``setup``, ``bind``,
+        ``reference``; docs/taxonomy.md).
     :return: nothing.
     """
 

@@ -100,17 +100,17 @@ def init(
     return Context(tr, boot, heap_size, wait_timeout=wait_timeout, debug=debug, registries=regs)
 
 
-#: The most recently created open context of this process (a weak reference), for APIs whose
-#: ``ctx`` argument is optional. Set by :class:`Context`, never at import.
-_latest: "weakref.ref[Context] | None" = None
+#: Contexts of this process in creation order (weak references), for APIs whose ``ctx``
+#: argument is optional. Filled by :class:`Context`, never at import.
+_created: "list[weakref.ref[Context]]" = []
 
 
 def current() -> "Context":
     """The most recently created context of this process that is still open."""
-    ctx = _latest() if _latest is not None else None
-    if ctx is None or ctx.closed:
+    _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
+    if not _created:
         raise IrisError("no open iris_fw context in this process: call iris_fw.init() first or pass ctx=")
-    return ctx
+    return _created[-1]()
 
 
 class Context:
@@ -125,7 +125,6 @@ class Context:
 
     def __init__(self, transport, bootstrap, heap_size: int, *, wait_timeout: float, debug: bool,
                  registries: Registries | None = None):
-        global _latest
         self.transport = transport
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -153,7 +152,7 @@ class Context:
         self._polls_per_s = self._calibrate_wait()
         self.wait_timeout = wait_timeout
         self.barrier()
-        _latest = weakref.ref(self)
+        _created.append(weakref.ref(self))
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -72,7 +72,7 @@ def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=N
         mine = inputs[ctx.rank]
         if symmetric:
             mine = tuple(ctx.as_symmetric(t) for t in mine)
-        op = ops.plan(pattern, *mine, scheduler=scheduler, comm_sms=comm_sms)
+        op = ops.plan(pattern, *mine, ctx=ctx, scheduler=scheduler, comm_sms=comm_sms)
         for call in range(calls):  # a second call with fresh inputs reuses flags (epochs) and buffers
             if call:
                 inputs = _inputs(ctx, pattern, kind, dtype, fresh_seed(ctx))
@@ -239,3 +239,18 @@ def test_default_split_bounds():
     assert default_comm_sms(plan(10**12, 1), 132) == 66
     mid = default_comm_sms(plan(96 << 20, 2 * 8192 * 7168 * 8192), 132)
     assert 1 < mid < 66 and mid == math.ceil((96 << 20) / (2 * 8192 * 7168 * 8192 / (132 * 5.5e12)) / 25e9)
+
+
+def _current_context(ctx):
+    """ops without ctx= use the newest open context, also after another one was closed."""
+    import iris_fw
+    from iris_fw import context
+
+    assert context.current() is ctx
+    with iris_fw.init(heap_size=1 << 20, transport="host_shm" if ctx.device.type == "cpu" else None) as other:
+        assert context.current() is other
+    assert context.current() is ctx
+
+
+def test_current_context_after_another_closes(iris_pool):
+    iris_pool(2).run(_current_context)

@@ -13,7 +13,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tiles
-from .overlap import CPU_PROGRAMS, check_tensor, num_sms
+from .overlap import check_tensor, num_sms, persistent_programs
 
 #: TMA needs 16-byte aligned base addresses and row strides.
 TMA_ALIGN_BYTES = 16
@@ -91,6 +91,27 @@ def operand(t: torch.Tensor, block: list[int]):
     return t, False
 
 
+def check_operands(a, b, device, a_label: str = "a [M, K]", b_label: str = "b [K, N]", k: str = "K"):
+    """``(a, b)`` checked as the two operands of a product on ``device`` (2-D, same supported
+    dtype, inner dimensions equal); errors name them with their labels (``"a [M, K]"``)."""
+    a_name, b_name = a_label.split()[0], b_label.split()[0]
+    a = check_tensor(a, a_name, 2, device)
+    b = check_tensor(b, b_name, 2, device, a.dtype)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{a_label} and {b_label} must agree on {k}, got {a_name} {list(a.shape)} and {b_name} {list(b.shape)}")
+    return a, b
+
+
+def plan_operands(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, *, a_tma: bool = True):
+    """``(a source, b source, CFG head)`` for a pattern's plan: each operand as a TMA
+    descriptor where :func:`tma_ok` (``a_tma=False`` keeps ``a`` a pointer), and the constexpr
+    tuple every GEMM pattern's ``CFG`` starts with:
+    ``(BM, BN, BK, GROUP_M, A_DESC, B_DESC, EXACT)``."""
+    a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k]) if a_tma else (a, False)
+    b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+    return a_src, b_src, (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(a.dtype))
+
+
 @triton.jit
 def _matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
@@ -110,10 +131,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
     fp16 / bf16 / fp32; the result has ``a``'s dtype. ``out``: an ``[M, N]`` tensor to write.
     """
-    a = check_tensor(a, "a", 2, a.device if isinstance(a, torch.Tensor) else None)
-    b = check_tensor(b, "b", 2, a.device, a.dtype)
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"a [M, K] and b [K, N] must agree on K, got a {list(a.shape)} and b {list(b.shape)}")
+    a, b = check_operands(a, b, a.device if isinstance(a, torch.Tensor) else None)
     M, K = a.shape
     N = b.shape[1]
     if out is None:
@@ -127,8 +145,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     cfg = config or default_config(M, N, K, a.dtype, a.device)
     a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
     b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
-    work = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    nprog = max(1, min(work, CPU_PROGRAMS if a.device.type == "cpu" else num_sms(a.device)))
+    nprog = persistent_programs(a.device, triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n))
     _matmul_kernel[(nprog,)](
         a_src, b_src, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, A_DESC=a_desc, B_DESC=b_desc,

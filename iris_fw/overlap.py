@@ -266,6 +266,11 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def persistent_programs(device: torch.device, work: int) -> int:
+    """Programs of a persistent kernel over ``work`` items: at most one per SM, at least one."""
+    return max(1, min(work, num_sms(device)))
+
+
 def default_comm_sms(plan: Plan, sms: int) -> int:
     """Enough communication SMs to move ``plan.comm_bytes`` while the others compute, at least
     1 and at most half the SMs."""
@@ -333,11 +338,31 @@ class Scheduler:
     @staticmethod
     def grid_for(ctx, work: int) -> int:
         """Persistent programs for ``work`` items: at most one per SM."""
-        return max(1, min(work, num_sms(ctx.device)))
+        return persistent_programs(ctx.device, work)
 
 
 def launch_options(plan: Plan) -> dict:
     return {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
+
+
+def launch_producer(ctx, plan: Plan, ws: Workspace, nprog: int, sync: bool) -> None:
+    """:func:`_producer_kernel` over the plan's chunks (communicate-first) or tiles, ``nprog``
+    programs, releasing each item when ``sync``."""
+    p = plan.pieces
+    items = plan.num_chunks if plan.comm_first else plan.num_tiles
+    _producer_kernel[(nprog,)](*kernel_args(plan), items, ws.flags, ws.epoch, ctx.rank, ctx.heap_bases,
+                               PRODUCE=p.produce, STASH=p.stash, FETCH=p.fetch, CFG=plan.cfg, NPROG=nprog,
+                               COMM_FIRST=plan.comm_first, SYNC=sync, **launch_options(plan))
+
+
+def launch_consumer(ctx, plan: Plan, ws: Workspace, nprog: int, sync: bool, queue: bool) -> None:
+    """:func:`_consumer_kernel` over the plan's tiles, ``nprog`` programs, acquiring each
+    tile's item when ``sync``, taking tiles from the dynamic queue when ``queue``."""
+    p = plan.pieces
+    _consumer_kernel[(nprog,)](*kernel_args(plan), plan.num_tiles, ws.flags, ws.epoch, ws.queue_base, ctx.rank,
+                               ctx.heap_bases, PRODUCE=p.produce, CONSUME=p.consume, RELOAD=p.reload,
+                               DEPENDS=p.depends, CFG=plan.cfg, NPROG=nprog, COMM_FIRST=plan.comm_first,
+                               SYNC=sync, QUEUE=queue, **launch_options(plan))
 
 
 def kernel_args(plan: Plan) -> tuple:

@@ -51,6 +51,15 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def rotated_tile(tile, tiles_m, tiles_n, shift, GROUP_M: tl.constexpr):
+    """Like :func:`grouped_tile`, with tile rows rotated by ``shift``: returns
+    ``(row sequence number, pm, pn)`` where row ``seq`` of the visit order is tile row
+    ``(seq + shift) % tiles_m`` (patterns start each rank on a different row block)."""
+    seq, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+    return seq, (seq + shift) % tiles_m, pn
+
+
+@triton.jit
 def load_block(src, row0, col0, rows, cols, stride_r, stride_c, BR: tl.constexpr, BC: tl.constexpr, DESC: tl.constexpr):
     """The ``[BR, BC]`` block at ``(row0, col0)`` of a ``[rows, cols]`` matrix; zeros outside."""
     if DESC:

@@ -16,9 +16,9 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
-from iris_fw.gemm import default_config, exact, operand
+from iris_fw.gemm import check_operands, default_config, plan_operands
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Pieces, Plan, check_tensor
+from iris_fw.overlap import Pieces, Plan
 
 #: Columns of ``A`` one fetch step copies (GPU); the CPU uses the GEMM's ``block_k``.
 FETCH_BLOCK_K = 256
@@ -35,9 +35,8 @@ def _coords(args, tile, CFG: tl.constexpr):
     M, NL, shift = args[5], args[7], args[18]
     BM: tl.constexpr = CFG[0]
     BN: tl.constexpr = CFG[1]
-    tiles_m = tl.cdiv(M, BM)
-    seq, pn = tiles.grouped_tile(tile, tiles_m, tl.cdiv(NL, BN), CFG[3])
-    return seq, ((seq + shift) % tiles_m) * BM, pn * BN
+    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(M, BM), tl.cdiv(NL, BN), shift, CFG[3])
+    return seq, pm * BM, pn * BN
 
 
 @triton.jit
@@ -117,11 +116,7 @@ class AllGatherGemm:
 
     def shape(self, ctx, a_shard, b):
         """Validate; return ``(M/W, N_local, K, dtype)``."""
-        a_shard = check_tensor(a_shard, "a_shard", 2, ctx.device)
-        b = check_tensor(b, "b", 2, ctx.device, a_shard.dtype)
-        if a_shard.shape[1] != b.shape[0]:
-            raise ValueError(f"a_shard [M/W, K] and b [K, N/W] must agree on K, got a_shard "
-                             f"{list(a_shard.shape)} and b {list(b.shape)}")
+        a_shard, b = check_operands(a_shard, b, ctx.device, "a_shard [M/W, K]", "b [K, N/W]")
         return a_shard.shape[0], b.shape[1], a_shard.shape[1], a_shard.dtype
 
     @staticmethod
@@ -146,17 +141,15 @@ class AllGatherGemm:
         if not ctx.is_symmetric(a_shard):  # peers read it: it must be on the heap
             a_shard = ws["a_heap"].copy_(a_shard)
         M = Ms * ctx.world_size
-        if ws["staged"]:
-            a_src, a_desc = operand(a_full, [cfg.block_m, cfg.block_k])
-        else:
-            a_src, a_desc = a_shard, False
-        b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+        # Staged: the GEMM reads the local staging buffer (TMA where aligned); fused: the shard
+        # pointer stands in (produce(STAGED=False) reads every row from its owner instead).
+        a_src, b_src, cfg_head = plan_operands(cfg, a_full if ws["staged"] else a_shard, b, a_tma=ws["staged"])
         shift = (ctx.rank * Ms) // cfg.block_m
         args = (a_src, b_src, a_shard, a_full, c, M, Ms, NL, K, a_shard.stride(0), a_shard.stride(1),
                 a_full.stride(0), b.stride(0), b.stride(1), c.stride(0), ctx.rank, ctx.world_size,
                 ctx.heap_bases, shift)
         fetch_bk = cfg.block_k if ctx.device.type == "cpu" else FETCH_BLOCK_K
-        cfg_t = (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(dtype), fetch_bk)
+        cfg_t = cfg_head + (fetch_bk,)
         tiles_m = triton.cdiv(M, cfg.block_m)
         return Plan(self.name, self.pieces, args, cfg_t, tiles_m * triton.cdiv(NL, cfg.block_n), tiles_m,
                     cfg.num_warps, cfg.num_stages, comm_bytes=(M - Ms) * K * a_shard.element_size(),

@@ -12,9 +12,9 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
-from iris_fw.gemm import default_config, exact, operand
+from iris_fw.gemm import check_operands, default_config, plan_operands
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Pieces, Plan, check_tensor
+from iris_fw.overlap import Pieces, Plan
 
 
 @triton.jit
@@ -84,10 +84,7 @@ class GemmAllScatter:
 
     def shape(self, ctx, a, b):
         """Validate; return ``(M, N_local, K, dtype)``."""
-        a = check_tensor(a, "a", 2, ctx.device)
-        b = check_tensor(b, "b", 2, ctx.device, a.dtype)
-        if a.shape[1] != b.shape[0]:
-            raise ValueError(f"a [M, K] and b [K, N/W] must agree on K, got a {list(a.shape)} and b {list(b.shape)}")
+        a, b = check_operands(a, b, ctx.device, "a [M, K]", "b [K, N/W]")
         return a.shape[0], b.shape[1], a.shape[1], a.dtype
 
     @staticmethod
@@ -105,11 +102,9 @@ class GemmAllScatter:
     def bind(self, ctx, ws, a, b) -> Plan:
         M, NL, K, dtype = self.shape(ctx, a, b)
         cfg, c = ws["config"], ws["out"]
-        a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
-        b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+        a_src, b_src, cfg_t = plan_operands(cfg, a, b)
         args = (a_src, b_src, c, M, NL, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
                 ctx.rank, ctx.world_size, ctx.heap_bases)
-        cfg_t = (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(dtype))
         tiles_ = triton.cdiv(M, cfg.block_m) * triton.cdiv(NL, cfg.block_n)
         elem = c.element_size()
         return Plan(self.name, self.pieces, args, cfg_t, tiles_, 0, cfg.num_warps, cfg.num_stages,

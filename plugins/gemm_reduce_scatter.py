@@ -15,9 +15,9 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
-from iris_fw.gemm import default_config, exact, operand
+from iris_fw.gemm import check_operands, default_config, plan_operands
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Pieces, Plan, check_tensor
+from iris_fw.overlap import Pieces, Plan
 
 #: Elements per program of the final reduction (GPU; the CPU uses a small block).
 REDUCE_BLOCK = 2048
@@ -34,9 +34,8 @@ def _coords(args, tile, CFG: tl.constexpr):
     M, N, shift = args[4], args[5], args[15]
     BM: tl.constexpr = CFG[0]
     BN: tl.constexpr = CFG[1]
-    tiles_m = tl.cdiv(M, BM)
-    seq, pn = tiles.grouped_tile(tile, tiles_m, tl.cdiv(N, BN), CFG[3])
-    return ((seq + shift) % tiles_m) * BM, pn * BN
+    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(M, BM), tl.cdiv(N, BN), shift, CFG[3])
+    return pm * BM, pn * BN
 
 
 @triton.jit
@@ -103,10 +102,7 @@ class GemmReduceScatter:
 
     def shape(self, ctx, a, b):
         """Validate; return ``(M, N, K_local, dtype)``."""
-        a = check_tensor(a, "a", 2, ctx.device)
-        b = check_tensor(b, "b", 2, ctx.device, a.dtype)
-        if a.shape[1] != b.shape[0]:
-            raise ValueError(f"a [M, K/W] and b [K/W, N] must agree on K/W, got a {list(a.shape)} and b {list(b.shape)}")
+        a, b = check_operands(a, b, ctx.device, "a [M, K/W]", "b [K/W, N]", "K/W")
         if a.shape[0] % ctx.world_size:
             raise ValueError(f"a's rows M={a.shape[0]} must divide evenly over the {ctx.world_size} ranks "
                              f"(rank r keeps rows r*M/W .. (r+1)*M/W)")
@@ -131,12 +127,10 @@ class GemmReduceScatter:
         M, N, K, dtype = self.shape(ctx, a, b)
         cfg, partials, out = ws["config"], ws["partials"], ws["out"]
         Mo = M // ctx.world_size
-        a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
-        b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+        a_src, b_src, cfg_t = plan_operands(cfg, a, b)
         shift = (((ctx.rank + 1) % ctx.world_size) * Mo) // cfg.block_m
         args = (a_src, b_src, partials, ws["stash"], M, N, K, Mo, a.stride(0), a.stride(1), b.stride(0),
                 b.stride(1), ctx.rank, ctx.world_size, ctx.heap_bases, shift)
-        cfg_t = (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(dtype))
         block = CPU_REDUCE_BLOCK if ctx.device.type == "cpu" else REDUCE_BLOCK
         n, world = Mo * N, ctx.world_size
 

@@ -8,7 +8,7 @@ import contextlib
 import torch
 
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Scheduler, _consumer_kernel, _producer_kernel, launch_options, kernel_args
+from iris_fw.overlap import Scheduler, launch_consumer, launch_producer
 
 
 class ProducerConsumer(Scheduler):
@@ -17,7 +17,6 @@ class ProducerConsumer(Scheduler):
     uses_stash = True
 
     def launch(self, ctx, plan, ws, comm_sms):
-        p, opts = plan.pieces, launch_options(plan)
         compute, comm = self.split(ctx, plan, comm_sms)
         items = plan.num_chunks if plan.comm_first else plan.num_tiles
         # The producer gets the compute SMs when it computes, the communication SMs when it fetches.
@@ -29,14 +28,9 @@ class ProducerConsumer(Scheduler):
                 ws.side_stream = torch.cuda.Stream(device=ctx.device)
             side = ws.side_stream
             side.wait_stream(torch.cuda.current_stream(ctx.device))
-        _producer_kernel[(n_prod,)](*kernel_args(plan), items, ws.flags, ws.epoch, ctx.rank, ctx.heap_bases,
-                                    PRODUCE=p.produce, STASH=p.stash, FETCH=p.fetch, CFG=plan.cfg, NPROG=n_prod,
-                                    COMM_FIRST=plan.comm_first, SYNC=True, **opts)
+        launch_producer(ctx, plan, ws, n_prod, sync=True)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            _consumer_kernel[(n_cons,)](*kernel_args(plan), plan.num_tiles, ws.flags, ws.epoch, ws.queue_base, ctx.rank,
-                                        ctx.heap_bases, PRODUCE=p.produce, CONSUME=p.consume, RELOAD=p.reload,
-                                        DEPENDS=p.depends, CFG=plan.cfg, NPROG=n_cons, COMM_FIRST=plan.comm_first,
-                                        SYNC=True, QUEUE=plan.comm_first, **opts)
+            launch_consumer(ctx, plan, ws, n_cons, sync=True, queue=plan.comm_first)
         if plan.comm_first:
             ws.queue_base += plan.num_tiles + n_cons
         if side is not None:

@@ -24,6 +24,8 @@ from iris_fw.transport import Transport
 
 _IPC_HANDLE_BYTES = 64
 _IPC_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess == hipIpcMemLazyEnablePeerAccess
+#: Heaps are allocated in multiples of this (the GPU's large-page size on CUDA and HIP).
+_ALLOC_GRANULE = 2 << 20
 
 
 class _IpcHandle(ctypes.Structure):
@@ -114,8 +116,12 @@ class GpuIpcTransport(Transport):
         self._rank = bootstrap.rank
         self._bootstrap = bootstrap
         ptr = ctypes.c_void_p()
+        # A whole number of allocation granules: the runtime may place a smaller block inside a
+        # shared granule at a 1 KiB-aligned address (seen for a 1 MiB heap on H200), which
+        # breaks the heap's alignment and would make its IPC handle name the granule.
+        alloc = -(-heap_size // _ALLOC_GRANULE) * _ALLOC_GRANULE
         try:
-            rt("Malloc", ctypes.byref(ptr), ctypes.c_size_t(heap_size))
+            rt("Malloc", ctypes.byref(ptr), ctypes.c_size_t(alloc))
         except IrisError as exc:
             raise IrisError(f"gpu_ipc: cannot allocate a heap of {heap_size} bytes on {self.device}: {exc}") from None
         self._own = ptr.value

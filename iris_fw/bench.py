@@ -71,28 +71,43 @@ def fmt_bytes(n: int) -> str:
 def measure_us(ctx, fn: Callable[[int], None], iters: int, warmup: int) -> float:
     """Median microseconds of ``fn(i)`` over ``iters`` calls after ``warmup``; the maximum of
     the ranks' medians. Every rank must call it (it ends in a collective)."""
+    return measure_interleaved(ctx, {"fn": fn}, iters, warmup)["fn"]
+
+
+def measure_interleaved(ctx, fns: dict, iters: int, warmup: int) -> dict:
+    """Like :func:`measure_us` for several functions at once, called in turn (``a b c a b c
+    …``), so all of them run in the same stretch of time: comparisons between them are not
+    skewed by the GPU's clock drifting with its temperature and power (seen on H200: the same
+    cuBLAS GEMM took 1216 µs and 1459 µs a minute apart). Returns ``{name: µs}``."""
     import torch
 
     for i in range(warmup):
-        fn(i)
+        for fn in fns.values():
+            fn(i)
     ctx.barrier()
-    times = []
+    times = {name: [] for name in fns}
     if ctx.device.type == "cuda":
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        marks = []
         for i in range(iters):
-            starts[i].record()
-            fn(warmup + i)
-            ends[i].record()
+            for name, fn in fns.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(warmup + i)
+                end.record()
+                marks.append((name, start, end))
         torch.cuda.synchronize()
-        times = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+        for name, start, end in marks:
+            times[name].append(start.elapsed_time(end) * 1000.0)
     else:
         for i in range(iters):
-            t0 = time.perf_counter()
-            fn(warmup + i)
-            times.append((time.perf_counter() - t0) * 1e6)
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn(warmup + i)
+                times[name].append((time.perf_counter() - t0) * 1e6)
     ctx.synchronize()
-    return max(ctx.bootstrap.all_gather(statistics.median(times)))
+    medians = [statistics.median(times[name]) for name in fns]
+    worst = zip(*ctx.bootstrap.all_gather(medians))
+    return {name: max(per_rank) for name, per_rank in zip(fns, worst)}
 
 
 class Rotation:

@@ -6,16 +6,22 @@
 * ``taxonomy`` – every scheduler x pattern at the issue's shapes, side by side with the torch
   bulk-synchronous baseline (cuBLAS + NCCL collective + layout copy), torch symmetric
   memory's fused ops where torch has the pattern, and the GEMM alone. Each scheduler's output
-  is compared with the baseline's (``max_rel_err``). Speedup = baseline time / time.
+  is compared with the baseline's (``max_rel_err``). Every method is timed interleaved with
+  the baseline and the cuBLAS GEMM alone (``a b c a b c …``, see
+  :func:`~iris_fw.bench.measure_interleaved`): its speedup (baseline time / time) and its time
+  over the GEMM alone come from the same stretch of time, whatever the GPU's clocks do.
 """
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
-from .bench import measure_us
+from .bench import measure_interleaved
 from .gemm import GemmConfig, default_config, matmul
 from .hookspecs import hookimpl
+from .overlap import num_sms
 
 #: (pattern, M, N, K) global shapes of the issue's table (bf16).
 SHAPES = [
@@ -29,7 +35,7 @@ SHAPES = [
 ]
 #: Tiny shapes for a CPU smoke run.
 CPU_SHAPES = [("gemm_all_scatter", 32, 64, 32), ("all_gather_gemm", 32, 64, 32), ("gemm_reduce_scatter", 32, 32, 64)]
-SCHEDULERS = ["bulk_sync", "producer_consumer", "fused_sequential", "wg_specialized"]
+SCHEDULERS = ["bulk_sync", "producer_consumer", "fused_sequential", "wg_specialized", "copy_engine"]
 #: SM splits tried for the two-role schedules on GPUs (None: the default estimate).
 COMM_SMS = (None, 8, 16, 32)
 
@@ -72,26 +78,33 @@ def _shapes(ctx, opts):
 
 
 def _tune_gemm(ctx, opts, m, n, k, log):
-    """``(best config, {config: us})`` of the Triton GEMM at ``[m, k] @ [k, n]``."""
-    a = torch.randn(m, k, device=ctx.device, dtype=torch.bfloat16)
+    """``(best config, {config: us}, cuBLAS us)`` of the Triton GEMM at ``[m, k] @ [k, n]``, every
+    configuration and cuBLAS measured interleaved (same stretch of time)."""
+    a = torch.randn(m, k, device=ctx.device, dtype=torch.bfloat16) / k ** 0.5
     b = torch.randn(k, n, device=ctx.device, dtype=torch.bfloat16)
     out = torch.empty(m, n, device=ctx.device, dtype=torch.bfloat16)
     candidates = CANDIDATES if ctx.device.type == "cuda" and not opts.quick else [default_config(m, n, k, a.dtype, ctx.device)]
-    times = {}
+    fns = {}
     for cfg in candidates:
-        try:
-            times[cfg] = measure_us(ctx, lambda i, c=cfg: matmul(a, b, out=out, config=c), opts.iters, opts.warmup)
-        except Exception as exc:  # a configuration that does not fit (shared memory) is skipped
+        try:  # a configuration that does not fit (shared memory) is skipped
+            matmul(a, b, out=out, config=cfg)
+            ctx.synchronize()
+            fns[cfg] = lambda i, c=cfg: matmul(a, b, out=out, config=c)
+        except Exception as exc:
             log(f"  gemm {m}x{n}x{k} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
-            ctx.barrier()
+        ctx.barrier()
+    fns["cublas"] = lambda i: torch.matmul(a, b)
+    times = measure_interleaved(ctx, fns, opts.iters, opts.warmup)
+    cublas = times.pop("cublas")
     best = min(times, key=times.get)
-    log(f"  triton gemm {m}x{n}x{k}: " + ", ".join(f"{_cfg(c)} {us:.1f} us" for c, us in times.items()))
-    return best, times, (a, b)
+    log(f"  triton gemm {m}x{n}x{k}: " + ", ".join(f"{_cfg(c)} {us:.1f} us" for c, us in times.items())
+        + f"; cublas {cublas:.1f} us")
+    return best, times, cublas
 
 
 class GemmAlone:
     name = "gemm"
-    description = "Triton GEMM vs cuBLAS at the taxonomy's local GEMM shapes (tile configs tried)"
+    description = "Triton GEMM vs cuBLAS at the taxonomy's local GEMM shapes (tile configs tried, interleaved)"
 
     def run(self, ctx, opts):
         rows, seen = [], set()
@@ -100,8 +113,7 @@ class GemmAlone:
             if (m, n, k) in seen:
                 continue
             seen.add((m, n, k))
-            best, times, (a, b) = _tune_gemm(ctx, opts, m, n, k, opts.log)
-            ref = measure_us(ctx, lambda i: torch.matmul(a, b), opts.iters, opts.warmup)
+            best, times, ref = _tune_gemm(ctx, opts, m, n, k, opts.log)
             flops = 2 * m * n * k
             for cfg, us in times.items():
                 rows.append({"m": m, "n": n, "k": k, "method": f"triton {_cfg(cfg)}", "us": us,
@@ -115,6 +127,22 @@ class GemmAlone:
 
 def _cfg(cfg: GemmConfig) -> str:
     return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
+
+
+def _variants(ctx, opts, sched, cfg, m, n, k):
+    """``(comm_sms, config)`` pairs a scheduler is measured at: the default split and the
+    tuned tile configuration; two-role schedules also at :data:`COMM_SMS`, each with the tile
+    shape :func:`default_config` picks for the programs left to compute when it differs."""
+    if sched not in ("producer_consumer", "wg_specialized") or ctx.device.type != "cuda" or opts.quick:
+        return [(None, cfg)]
+    out = []
+    for comm in COMM_SMS:
+        out.append((comm, cfg))
+        if comm is not None:
+            alt = default_config(m, n, k, torch.bfloat16, ctx.device, programs=num_sms(ctx.device) - comm)
+            if alt != cfg:
+                out.append((comm, alt))
+    return out
 
 
 class Taxonomy:
@@ -137,69 +165,85 @@ class Taxonomy:
             a, b = operands(pattern, M, N, K, world, ctx.device, seed=ctx.rank + 1)
             flops = 2 * m * n * k
 
-            def row(method, us, err=None, **more):
+            first_row = len(rows)
+
+            def row(method, us, err=None, at=None, **more):
                 r = {"pattern": pattern, "M": M, "N": N, "K": K, "shape": label, "method": method, "us": us,
                      "TFLOPs_per_rank": flops / us / 1e6 if us else None}
                 r.update(more)
                 if err is not None:
                     r["max_rel_err"] = err
-                rows.append(r)
+                rows.insert(len(rows) if at is None else at, r)
                 return r
 
             base_fn, base_out = _baseline(ctx, pattern, a, b, M, N)
-            bsp = measure_us(ctx, base_fn, opts.iters, opts.warmup)
             expected = base_out().float()
-            row("torch_bsp", bsp, speedup=1.0)
-            ga = torch.randn(m, k, device=ctx.device, dtype=a.dtype)  # the GEMM one rank runs
+            ga = torch.randn(m, k, device=ctx.device, dtype=a.dtype) / k ** 0.5  # the GEMM one rank runs
             gb = torch.randn(k, n, device=ctx.device, dtype=a.dtype)
-            cublas = measure_us(ctx, lambda i: torch.matmul(ga, gb), opts.iters, opts.warmup)
-            del ga, gb
-            row("gemm_alone_cublas", cublas, speedup=bsp / cublas)
             cfg, times, _ = _tune_gemm(ctx, opts, m, n, k, opts.log)
-            row("gemm_alone_triton", times[cfg], speedup=bsp / times[cfg], config=_cfg(cfg),
-                pct_of_cublas=100 * cublas / times[cfg])
+            pairs = {"torch_bsp": [], "gemm_alone_cublas": []}
+            configs = {}  # id(row) -> GemmConfig  # the references, per interleaved measurement
+
+            def measure(method, fn, **more):
+                """``fn`` interleaved with the BSP baseline and the cuBLAS GEMM alone."""
+                t = measure_interleaved(ctx, {"bsp": base_fn, "cublas": lambda i: torch.matmul(ga, gb), "fn": fn},
+                                        opts.iters, opts.warmup)
+                pairs["torch_bsp"].append(t["bsp"])
+                pairs["gemm_alone_cublas"].append(t["cublas"])
+                return row(method, t["fn"], speedup=t["bsp"] / t["fn"], vs_gemm_alone=t["fn"] / t["cublas"],
+                           bsp_us=t["bsp"], cublas_us=t["cublas"], **more)
+
+            triton_row = measure("gemm_alone_triton", lambda i: matmul(ga, gb, config=cfg), config=_cfg(cfg))
+            triton_row["pct_of_cublas"] = 100 / triton_row["vs_gemm_alone"]
             if symm is not None and pattern in ("all_gather_gemm", "gemm_reduce_scatter"):
                 fn = _symm_mem_op(pattern, a, b, symm)
                 try:
-                    us = measure_us(ctx, fn, opts.iters, opts.warmup)
-                    row("torch_symm_mem", us, speedup=bsp / us)
+                    fn(0)
+                    measure("torch_symm_mem", fn)
                 except Exception as exc:
                     opts.log(f"  symm_mem {pattern}: {type(exc).__name__}: {str(exc)[:160]}")
                     ctx.barrier()
+            comm_first = ctx.registries.pattern.get(pattern).comm_first
             for sched in SCHEDULERS:
-                two_role = sched in ("producer_consumer", "wg_specialized")
-                variants = [None]
-                if two_role and gpu and not opts.quick:
-                    variants = list(COMM_SMS)
+                if sched == "copy_engine" and not comm_first:
+                    continue  # it moves a communicate-first pattern's operand chunks only
                 results = []
-                for comm in variants:
+                for comm, config in _variants(ctx, opts, sched, cfg, m, n, k):
                     method = sched if comm is None else f"{sched} comm_sms={comm}"
+                    method += "" if config == cfg else f" {_cfg(config)}"
                     try:
-                        op = ops.plan(pattern, a, b, scheduler=sched, config=cfg, comm_sms=comm)
-                        us = measure_us(ctx, lambda i: op(a, b), opts.iters, opts.warmup)
+                        op = ops.plan(pattern, a, b, scheduler=sched, config=config, comm_sms=comm)
                         got = op(a, b).float()
                         ctx.synchronize()
                         err = ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
                         err = max(ctx.bootstrap.all_gather(err))
-                        results.append(row(method, us, err, scheduler=sched, speedup=bsp / us,
-                                           vs_gemm_alone=us / cublas, config=_cfg(cfg), plot=False))
-                        opts.log(f"{label} {method}: {us:.1f} us ({bsp / us:.2f}x BSP, {us / cublas:.3f}x cuBLAS "
-                                 f"GEMM), max rel err {err:.2e}")
-                        del op, got
+                        r = measure(method, lambda i: op(a, b), scheduler=sched, comm_sms=comm, config=_cfg(config),
+                                    max_rel_err=err, plot=False)
+                        results.append((r, config))
+                        configs[id(r)] = config
+                        opts.log(f"{label} {method}: {r['us']:.1f} us ({r['speedup']:.2f}x BSP, "
+                                 f"{r['vs_gemm_alone']:.3f}x cuBLAS GEMM), max rel err {err:.2e}")
+                        op = got = None  # free the op's heap buffers before the next
                     except Exception as exc:
                         import traceback
 
                         opts.log(f"{label} {method}: FAILED " + "".join(traceback.format_exception(exc)[-4:])[-1500:])
                         row(method, None, scheduler=sched, error=f"{type(exc).__name__}: {str(exc)[:200]}", plot=False)
-                        ctx.barrier()
-                if results:  # the plot shows each scheduler at its best split
-                    min(results, key=lambda r: r["us"])["plot"] = True
-            best = min((r for r in rows if r["shape"] == label and r.get("scheduler") and r["us"]),
-                       key=lambda r: r["us"], default=None)
+                    ctx.barrier()
+                if results:  # the plot shows each scheduler at its best variant
+                    max(results, key=lambda rc: rc[0]["speedup"])[0]["plot"] = True
+            bsp = statistics.median(pairs["torch_bsp"])
+            cublas = statistics.median(pairs["gemm_alone_cublas"])
+            row("torch_bsp", bsp, speedup=1.0, at=first_row)  # (medians of the interleaved measurements)
+            row("gemm_alone_cublas", cublas, speedup=bsp / cublas, at=first_row + 1)
+            best = max((r for r in rows if r["shape"] == label and r.get("scheduler") and r["us"]),
+                       key=lambda r: r["speedup"], default=None)
             if best:
                 opts.log(f"{label}: best {best['method']} {best['us']:.1f} us = {best['speedup']:.2f}x BSP "
-                         f"(BSP {bsp:.1f}, cuBLAS GEMM {cublas:.1f}, Triton GEMM {times[cfg]:.1f})")
-            del a, b, expected
+                         f"(paired BSP {best['bsp_us']:.1f}, cuBLAS GEMM {best['cublas_us']:.1f}); "
+                         f"auto entry: ({pattern!r}, {world}, {M}, {N}, {K}): ({best['scheduler']!r}, "
+                         f"{best['comm_sms']!r}, {configs[id(best)]!r})")
+            a = b = expected = ga = gb = None
             ctx.barrier()
         return rows
 

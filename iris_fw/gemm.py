@@ -53,21 +53,36 @@ HOPPER_SMALL = GemmConfig(128, 128, 64, 8, 8, 4)
 FP32_CONFIG = GemmConfig(64, 64, 32, 8, 4, 3)
 
 
-def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemmConfig:
-    """The tile configuration for a local ``[m, k] @ [k, n]`` product: the tile shape that
-    measured best of six configurations at the taxonomy's seven local shapes on H200
-    (docs/performance.md, taxonomy section; 3 vs 4 stages were within run-to-run noise)."""
+#: The 16-bit tile shapes :func:`default_config` chooses between, with the tensor-core
+#: efficiency of each relative to the 128x256 tile (time of a tile ~ its area / efficiency):
+#: 128x256 tiles took 1425.5 µs and 128x128 tiles 1491.6 µs on 8192x8192x7168 (H200, one run;
+#: docs/performance.md, per-configuration table).
+HOPPER_TILES = ((HOPPER_LARGE, 1.0), (HOPPER_SMALL, 0.95))
+
+
+def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
+                   programs: int | None = None) -> GemmConfig:
+    """The tile configuration for a local ``[m, k] @ [k, n]`` product computed by ``programs``
+    persistent programs (default: one per SM).
+
+    16-bit inputs on GPUs: of :data:`HOPPER_TILES`, the one with the least estimated time,
+    waves x tile time, where waves = ceil(tiles / programs) counts a partly filled last wave
+    (or a partly filled last column of tiles) in full. That picks 128x256 tiles for large
+    shapes and 128x128 where wide tiles leave SMs idle (few tiles, or ``n`` not a multiple of
+    256), as measured at the taxonomy's local shapes (docs/performance.md)."""
     if device.type == "cpu":
         return CPU_CONFIG
     if dtype == torch.float32:
         return FP32_CONFIG
-    big = HOPPER_LARGE
-    tiles = triton.cdiv(m, big.block_m) * triton.cdiv(n, big.block_n)
-    if tiles < num_sms(device):
-        return HOPPER_SMALL  # too few wide tiles to fill the SMs
-    if n % big.block_n and n % HOPPER_SMALL.block_n == 0:
-        return HOPPER_SMALL  # wide tiles would waste part of the last column of tiles
-    return big
+    if programs is None:
+        programs = num_sms(device)
+
+    def estimate(choice):
+        cfg, efficiency = choice
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        return triton.cdiv(tiles, programs) * cfg.block_m * cfg.block_n / efficiency
+
+    return min(HOPPER_TILES, key=estimate)[0]
 
 
 def exact(dtype: torch.dtype) -> bool:

@@ -8,8 +8,9 @@ rank's result::
     c = iris_fw.ops.gemm_reduce_scatter(a_local, b_local)     # [M, K/W] @ [K/W, N] summed -> [M/W, N]
 
 ``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
-``fused_sequential``, ``wg_specialized``, or a plugin's) or ``"auto"``: the schedule measured
-fastest for the shape (:data:`AUTO`), else the default for the pattern's kind. ``comm_sms``
+``fused_sequential``, ``wg_specialized``, or a plugin's) or ``"auto"``: the schedule (with its
+SM split and tile configuration) measured fastest for the shape (:data:`AUTO`), else the
+default for the pattern's kind. ``comm_sms``
 sets the SM split of the two-role schedules; ``config`` a :class:`~iris_fw.gemm.GemmConfig`.
 
 The functions allocate their workspace per call. In a loop, make an :class:`Op` once with
@@ -21,25 +22,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from . import context as _context
 from .gemm import GemmConfig, matmul
-from .overlap import Scheduler
+from .overlap import PatternError, Scheduler
 
 __all__ = ["AUTO", "Op", "all_gather_gemm", "gemm_all_scatter", "gemm_reduce_scatter", "matmul", "plan"]
 
 #: Scheduler per (pattern, world size, global M, N, K) measured fastest on 4x H200, bf16
 #: (docs/performance.md, "Taxonomy"; docs/results/2026-11-21_4xH200_taxonomy*). Shapes not
-#: listed use :data:`DEFAULT_SCHEDULER`.
-#: A value is ``(scheduler, comm_sms)``; ``comm_sms`` None means the default estimate.
-AUTO: dict[tuple, tuple[str, int | None]] = {
-    ("gemm_all_scatter", 4, 8192, 28672, 8192): ("wg_specialized", None),
-    ("gemm_all_scatter", 4, 4096, 8192, 8192): ("producer_consumer", None),
-    ("gemm_all_scatter", 4, 1024, 8192, 8192): ("fused_sequential", None),
-    ("gemm_all_scatter", 4, 8192, 4608, 36864): ("producer_consumer", 16),
-    ("all_gather_gemm", 4, 8192, 28672, 8192): ("producer_consumer", 8),
-    ("all_gather_gemm", 4, 16384, 14336, 4096): ("producer_consumer", 8),
-    ("gemm_reduce_scatter", 4, 8192, 8192, 28672): ("wg_specialized", 8),
+#: listed use :data:`DEFAULT_SCHEDULER`. A value is ``(scheduler, comm_sms, config)``:
+#: ``comm_sms`` None means the default estimate, ``config`` None the default tile configuration.
+AUTO: dict[tuple, tuple[str, int | None, GemmConfig | None]] = {
+    ("gemm_all_scatter", 4, 8192, 28672, 8192): ("wg_specialized", None, None),
+    ("gemm_all_scatter", 4, 4096, 8192, 8192): ("producer_consumer", None, None),
+    ("gemm_all_scatter", 4, 1024, 8192, 8192): ("fused_sequential", None, None),
+    ("gemm_all_scatter", 4, 8192, 4608, 36864): ("producer_consumer", 16, None),
+    ("all_gather_gemm", 4, 8192, 28672, 8192): ("producer_consumer", 8, None),
+    ("all_gather_gemm", 4, 16384, 14336, 4096): ("producer_consumer", 8, None),
+    ("gemm_reduce_scatter", 4, 8192, 8192, 28672): ("wg_specialized", 8, None),
 }
+
+#: The input dtypes :data:`AUTO` was measured for (16-bit: the same tensor-core rate).
+TUNED_DTYPES = (torch.bfloat16, torch.float16)
 
 #: Default when a shape was not measured (the schedules that won most often on 4x H200):
 #: compute-first patterns send each tile from registers as soon as it exists; communicate-first
@@ -64,21 +70,25 @@ class Op:
         if not isinstance(scheduler, str):
             raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
         if scheduler == "auto":
-            scheduler, tuned_sms = self._auto()
+            scheduler, tuned_sms, tuned_config = self._auto(getattr(inputs[0], "dtype", None) if inputs else None)
             comm_sms = tuned_sms if comm_sms is None else comm_sms
+            config = tuned_config if config is None else config
         self.scheduler: Scheduler = regs.scheduler.require_available(scheduler)
         self.comm_sms = comm_sms
         self.buffers = self.pattern.setup(self.ctx, self.shape, config, self.scheduler.uses_stash)
         first = self.pattern.bind(self.ctx, self.buffers, *inputs)
+        ok, why = self.scheduler.supports(first)
+        if not ok:
+            raise PatternError(f"scheduler {self.scheduler.name!r} cannot run {self.pattern.name}: {why}")
         self.workspace = self.scheduler.workspace(self.ctx, first.num_chunks or first.num_tiles)
         if comm_sms is not None:
             self.scheduler.split(self.ctx, first, comm_sms)  # validate now, not at the first call
 
-    def _auto(self) -> tuple[str, int | None]:
+    def _auto(self, dtype) -> tuple[str, int | None, GemmConfig | None]:
         key = (self.pattern.name, self.ctx.world_size, *self.pattern.global_shape(self.shape, self.ctx.world_size))
-        if key in AUTO and self.ctx.device.type == "cuda":
+        if key in AUTO and self.ctx.device.type == "cuda" and dtype in TUNED_DTYPES:
             return AUTO[key]
-        return DEFAULT_SCHEDULER[self.pattern.comm_first], None
+        return DEFAULT_SCHEDULER[self.pattern.comm_first], None, None
 
     def __call__(self, *inputs: Any):
         shape = self.pattern.shape(self.ctx, *inputs)

@@ -223,6 +223,18 @@ class Pieces:
     depends: Any = no_depends
 
 
+@dataclass(frozen=True)
+class Copy:
+    """A host-side copy that feeds a communicate-first plan's chunks (for schedulers that move
+    data with the copy engine instead of ``fetch``): ``dst.copy_(src)``, where ``src`` may be a
+    peer's tensor (:meth:`~iris_fw.Context.peer_view`). Once it and every earlier copy of
+    :attr:`Plan.copies` are done, chunks ``0 .. ready-1`` are complete."""
+
+    dst: torch.Tensor
+    src: torch.Tensor
+    ready: int
+
+
 @dataclass
 class Plan:
     """One call of a pattern, ready for a scheduler.
@@ -230,7 +242,9 @@ class Plan:
     ``args`` (runtime tuple) and ``cfg`` (constexpr tuple) go to every piece. ``num_chunks``
     is 0 for compute-first patterns. ``comm_bytes`` (bytes this rank moves to or from peers)
     and ``flops`` feed the default SM split. ``finish`` (optional) runs on the host after the
-    closing barrier (a local reduction, …). ``result`` is what the op returns.
+    closing barrier (a local reduction, …). ``result`` is what the op returns. ``copies``
+    (optional, communicate-first): the same chunks as ``fetch`` delivers, as :class:`Copy`
+    steps in order.
     """
 
     pattern: str
@@ -245,6 +259,7 @@ class Plan:
     flops: int
     result: Any
     finish: Callable[[], Any] | None = None
+    copies: list[Copy] | None = None
 
     @property
     def comm_first(self) -> bool:
@@ -308,6 +323,11 @@ class Scheduler:
     uses_stash = False
 
     def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, plan: Plan) -> tuple[bool, str]:
+        """Whether this scheduler can run ``plan`` (and if not, why): all built-in ones run
+        every pattern except ``copy_engine``, which needs :attr:`Plan.copies`."""
         return True, ""
 
     def workspace(self, ctx, num_items: int) -> Workspace:

@@ -18,10 +18,12 @@ from iris_fw import device as dv
 from iris_fw import tiles
 from iris_fw.gemm import check_operands, default_config, plan_operands
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Pieces, Plan
+from iris_fw.overlap import Copy, Pieces, Plan
 
 #: Columns of ``A`` one fetch step copies (GPU); the CPU uses the GEMM's ``block_k``.
 FETCH_BLOCK_K = 256
+#: Copy-engine schedules copy each rank's shard in this many pieces (whole row blocks).
+COPY_PIECES = 4
 
 # args: 0 a_full as operand, 1 b operand, 2 a_shard (heap), 3 a_full (staging), 4 c, 5 M, 6 M/W,
 # 7 N/W, 8 K, 9 a_shard stride 0, 10 a_shard stride 1, 11 a_full stride 0, 12 b stride 0,
@@ -138,7 +140,7 @@ class AllGatherGemm:
     def bind(self, ctx, ws, a_shard, b) -> Plan:
         Ms, NL, K, dtype = self.shape(ctx, a_shard, b)
         cfg, c, a_full = ws["config"], ws["out"], ws["staging"]
-        if not ctx.is_symmetric(a_shard):  # peers read it: it must be on the heap
+        if not (ctx.is_symmetric(a_shard) and a_shard.is_contiguous()):  # peers read it: on the heap, dense
             a_shard = ws["a_heap"].copy_(a_shard)
         M = Ms * ctx.world_size
         # Staged: the GEMM reads the local staging buffer (TMA where aligned); fused: the shard
@@ -151,9 +153,36 @@ class AllGatherGemm:
         fetch_bk = cfg.block_k if ctx.device.type == "cpu" else FETCH_BLOCK_K
         cfg_t = cfg_head + (fetch_bk,)
         tiles_m = triton.cdiv(M, cfg.block_m)
+        copies = self._copies(ctx, ws, a_shard, a_full, Ms, cfg.block_m, shift) if ws["staged"] else None
         return Plan(self.name, self.pieces, args, cfg_t, tiles_m * triton.cdiv(NL, cfg.block_n), tiles_m,
                     cfg.num_warps, cfg.num_stages, comm_bytes=(M - Ms) * K * a_shard.element_size(),
-                    flops=2 * M * NL * K, result=c)
+                    flops=2 * M * NL * K, result=c, copies=copies)
+
+    @staticmethod
+    def _copies(ctx, ws, a_shard, a_full, Ms, BM, shift):
+        """Shards into staging, this rank's first, then the next ranks' (the order tiles are
+        computed in), each in :data:`COPY_PIECES` pieces so the first tiles start early; each
+        step completes the chunks (``BM``-row blocks, numbered from this rank's first block, as
+        ``depends`` numbers them) its rows finish."""
+        W, M = ctx.world_size, Ms * ctx.world_size
+        key = (a_shard.data_ptr(), tuple(a_shard.shape))
+        if ws.get("peer_shards", (None,))[0] != key:  # peer views cost a mapping each: keep them
+            ws["peer_shards"] = (key, [ctx.peer_view(a_shard, r) for r in range(W)])
+        views = ws["peer_shards"][1]
+        start, tiles_m, ready, covered, out = ctx.rank * Ms, triton.cdiv(M, BM), 0, 0, []
+        piece = triton.cdiv(triton.cdiv(Ms, COPY_PIECES), BM) * BM
+        for i in range(W):
+            owner = (ctx.rank + i) % W
+            for lo in range(0, Ms, piece):
+                hi = min(lo + piece, Ms)
+                covered += hi - lo  # rows start … start + covered (cyclically) are in staging
+                while ready < tiles_m:
+                    r0 = ((ready + shift) % tiles_m) * BM
+                    if covered < M and (r0 - start) % M + min(BM, M - r0) > covered:
+                        break
+                    ready += 1
+                out.append(Copy(a_full[owner * Ms + lo:owner * Ms + hi], views[owner][lo:hi], ready))
+        return out
 
     @staticmethod
     def reference(rank, world_size, inputs):

@@ -94,6 +94,11 @@ def test_scheduler_x_pattern(world, pattern, scheduler):
     world.run(_run, pattern, scheduler, torch.bfloat16)
 
 
+def test_copy_engine_all_gather_gemm(world):
+    """The copy-engine scheduler (communicate-first patterns with copies only)."""
+    world.run(_run, "all_gather_gemm", "copy_engine", torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_dtypes_auto_scheduler(world, pattern, dtype):
@@ -153,6 +158,9 @@ def _bad_inputs(ctx):
         (lambda: ops.gemm_all_scatter(a, b, scheduler="nope"), "no scheduler named 'nope'; registered: bulk_sync"),
         (lambda: ops.gemm_all_scatter(a, b, scheduler="wg_specialized", comm_sms=0), "comm_sms must be an int in"),
         (lambda: ops.gemm_all_scatter(a, b, config=(128, 128)), "config must be an iris_fw.gemm.GemmConfig"),
+        (lambda: ops.gemm_all_scatter(a, b, scheduler="copy_engine"),
+         "scheduler 'copy_engine' cannot run gemm_all_scatter: it runs communicate-first patterns"),
+        (lambda: ops.all_gather_gemm(a, b, scheduler="copy_engine", comm_sms=4), "comm_sms does not apply to copy_engine"),
         (lambda: GemmConfig(100, 128, 64, 8, 8, 3), "GemmConfig.block_m must be a power of two"),
     ]
     cases.append((lambda: ops.plan("all_gather_gemm", a, b)(a[:4], b), "was planned for inputs of shape"))
@@ -203,8 +211,10 @@ def _auto_choice(ctx):
     for pattern, expected in defaults.items():
         op = ops.plan(pattern, a, a)
         key = (pattern, ctx.world_size, *op.pattern.global_shape(op.shape, ctx.world_size))
-        tuned = ops.AUTO.get(key, (expected, None)) if ctx.device.type == "cuda" else (expected, None)
-        assert (op.scheduler.name, op.comm_sms) == tuned, (pattern, op.scheduler.name, op.comm_sms)
+        tuned = ops.AUTO.get(key, (expected, None, None)) if ctx.device.type == "cuda" else (expected, None, None)
+        assert (op.scheduler.name, op.comm_sms) == tuned[:2], (pattern, op.scheduler.name, op.comm_sms)
+        if tuned[2] is not None:
+            assert op.buffers["config"] == tuned[2], (pattern, op.buffers["config"])
         del op
     ctx.barrier()
 
@@ -254,3 +264,48 @@ def _current_context(ctx):
 
 def test_current_context_after_another_closes(iris_pool):
     iris_pool(2).run(_current_context)
+
+
+def test_default_config_counts_waves():
+    """The tile rule at the taxonomy's local shapes (what measured best on H200, 132 SMs) and
+    with fewer programs (a two-role schedule's compute side)."""
+    from iris_fw.gemm import CPU_CONFIG, FP32_CONFIG, HOPPER_LARGE, HOPPER_SMALL, default_config
+
+    gpu, bf16 = torch.device("cuda"), torch.bfloat16
+    expected = {(8192, 7168, 8192): HOPPER_LARGE, (4096, 2048, 8192): HOPPER_LARGE, (1024, 2048, 8192): HOPPER_SMALL,
+                (8192, 1152, 36864): HOPPER_SMALL, (16384, 3584, 4096): HOPPER_LARGE, (8192, 8192, 7168): HOPPER_LARGE}
+    for (m, n, k), cfg in expected.items():
+        assert default_config(m, n, k, bf16, gpu, programs=132) == cfg, (m, n, k)
+    # 256 wide tiles on 116 compute programs take 3 waves; 512 narrow ones take 5 (cheaper)
+    assert default_config(4096, 2048, 8192, bf16, gpu, programs=116) == HOPPER_SMALL
+    assert default_config(4096, 2048, 8192, torch.float32, gpu, programs=116) == FP32_CONFIG
+    assert default_config(4096, 2048, 8192, bf16, torch.device("cpu")) == CPU_CONFIG
+
+
+def test_copy_engine_chunks_ready_only_when_copied():
+    """all_gather_gemm's copy steps: a chunk (row block) is declared ready only once every one
+    of its rows has been copied, and all are ready after the last step (ragged shards too)."""
+    import triton
+
+    from iris_fw.plugins.all_gather_gemm import AllGatherGemm
+
+    class Ctx:
+        def __init__(self, rank, world):
+            self.rank, self.world_size = rank, world
+
+        def peer_view(self, t, r):
+            return torch.arange(t.shape[0]) + r * t.shape[0]  # row numbers of rank r's shard
+
+    for world, Ms, BM in ((1, 37, 16), (2, 64, 16), (3, 13, 16), (4, 100, 32), (4, 2048, 128)):
+        M, tiles_m = Ms * world, triton.cdiv(Ms * world, BM)
+        for rank in range(world):
+            shift = (rank * Ms) // BM
+            staged = set()
+            steps = AllGatherGemm._copies(Ctx(rank, world), {}, torch.empty(Ms, 1), torch.arange(M), Ms, BM, shift)
+            for step in steps:
+                assert torch.equal(step.dst, step.src), "a step copies a shard's rows to the same rows of staging"
+                staged.update(step.src.tolist())
+                for seq in range(step.ready):
+                    pm = (seq + shift) % tiles_m
+                    assert set(range(pm * BM, min(M, pm * BM + BM))) <= staged, (world, Ms, rank, seq)
+            assert steps[-1].ready == tiles_m and staged == set(range(M))

@@ -1,0 +1,124 @@
+"""``copy_engine``: communicate-first patterns only. The GPU's copy engine moves the operand
+chunks (the pattern's :attr:`~iris_fw.overlap.Plan.copies`, read from the peers' heaps) on a
+side stream and publishes each completed chunk with a stream memory write
+(``cuStreamWriteValue32``: ordered after the copy, no kernel, no SM); one persistent kernel
+on every SM computes tiles from the dynamic queue, acquiring each tile's chunk flag. No SM
+is spent on communication — the way torch symmetric memory's fused all-gather matmul feeds
+cuBLAS.
+
+On the CPU (host shared memory) the copies run first and the flags are set by the host, then
+the compute kernel runs: same flags, same kernel."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from iris_fw.errors import IrisError
+from iris_fw.hookspecs import hookimpl
+from iris_fw.overlap import FIRST_ITEM_SLOT, Scheduler, launch_consumer
+
+#: cuStreamWriteValue32 / hipStreamWriteValue32 flags: 0 = the write is ordered after all
+#: earlier work of the stream, with a memory barrier before it (a release).
+_WRITE_VALUE_DEFAULT = 0
+
+
+class _StreamWriter:
+    """``write(stream, address, value)``: a 32-bit store executed by ``stream`` in order."""
+
+    def __init__(self):
+        if torch.version.hip:
+            names, symbols = ["libamdhip64.so"], ["hipStreamWriteValue32"]
+        else:
+            names, symbols = ["libcuda.so.1", "libcuda.so"], ["cuStreamWriteValue32_v2", "cuStreamWriteValue32"]
+        lib = None
+        for name in names:
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                pass
+        if lib is None:
+            raise IrisError(f"copy_engine: cannot load the GPU driver library (tried {names})")
+        for symbol in symbols:
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+                self._fn, self._name = fn, symbol
+                return
+        raise IrisError(f"copy_engine: the GPU driver library has none of {symbols}")
+
+    def write(self, stream: torch.cuda.Stream, address: int, value: int) -> None:
+        rc = self._fn(stream.cuda_stream, address, value, _WRITE_VALUE_DEFAULT)
+        if rc != 0:
+            raise IrisError(f"copy_engine: {self._name} failed with error {rc}")
+
+
+class CopyEngine(Scheduler):
+    name = "copy_engine"
+    description = ("communicate-first: the copy engine fetches chunks on a side stream, one kernel on every SM "
+                   "computes as they arrive (per-chunk flags)")
+    uses_stash = True  # patterns allocate their staging buffers
+
+    def __init__(self):
+        self._writer = None  # loaded on the first GPU launch
+
+    def supports(self, plan):
+        if not plan.comm_first or plan.copies is None:
+            return False, ("it runs communicate-first patterns that list their chunk copies (Plan.copies); "
+                           f"{plan.pattern} has none")
+        return True, ""
+
+    def split(self, ctx, plan, comm_sms):
+        """Every SM computes: ``comm_sms`` must be None."""
+        if comm_sms is not None:
+            raise ValueError(f"comm_sms does not apply to {self.name} (it uses no SM to communicate), got {comm_sms!r}")
+        return self.grid_for(ctx, plan.num_tiles), 0
+
+    def launch(self, ctx, plan, ws, comm_sms):
+        nprog, _ = self.split(ctx, plan, comm_sms)
+        if ws.epoch >= 2 ** 31:
+            raise IrisError(f"{self.name}: epoch {ws.epoch} no longer fits the 32-bit flag writes; plan a new op")
+        flags = ws.flags
+        slot_bytes = flags.element_size()
+        if ctx.device.type != "cuda":
+            self._copy(plan, lambda first, end: flags[FIRST_ITEM_SLOT.value + first:FIRST_ITEM_SLOT.value + end]
+                       .fill_(ws.epoch))
+            launch_consumer(ctx, plan, ws, nprog, sync=True, queue=True)
+        else:
+            if self._writer is None:
+                self._writer = _StreamWriter()
+            if ws.side_stream is None:
+                ws.side_stream = torch.cuda.Stream(device=ctx.device)
+            main, side = torch.cuda.current_stream(ctx.device), ws.side_stream
+            side.wait_stream(main)
+            base = flags.data_ptr() + FIRST_ITEM_SLOT.value * slot_bytes
+
+            def publish(first, end):  # the low 32 bits of each int64 flag (little-endian; epochs < 2**31)
+                for item in range(first, end):
+                    self._writer.write(side, base + item * slot_bytes, ws.epoch)
+
+            with torch.cuda.stream(side):
+                self._copy(plan, publish)
+            launch_consumer(ctx, plan, ws, nprog, sync=True, queue=True)
+            main.wait_stream(side)
+        ws.queue_base += plan.num_tiles + nprog
+
+    @staticmethod
+    def _copy(plan, publish):
+        done = 0
+        for step in plan.copies:
+            step.dst.copy_(step.src, non_blocking=True)
+            if step.ready > done:
+                publish(done, step.ready)
+                done = step.ready
+        if done < plan.num_chunks:
+            raise IrisError(f"{plan.pattern}: its copies complete {done} of {plan.num_chunks} chunks")
+
+
+@hookimpl
+def iris_fw_register_schedulers(registry):
+    registry.register(CopyEngine())
+

@@ -75,10 +75,13 @@ def measure_us(ctx, fn: Callable[[int], None], iters: int, warmup: int) -> float
 
 
 def measure_interleaved(ctx, fns: dict, iters: int, warmup: int) -> dict:
-    """Like :func:`measure_us` for several functions at once, called in turn (``a b c a b c
-    …``), so all of them run in the same stretch of time: comparisons between them are not
-    skewed by the GPU's clock drifting with its temperature and power (seen on H200: the same
-    cuBLAS GEMM took 1216 µs and 1459 µs a minute apart). Returns ``{name: µs}``."""
+    """Like :func:`measure_us` for several functions at once, called in turn, so all of them
+    run in the same stretch of time: comparisons between them are not skewed by the GPU's
+    clock drifting with its temperature and power (seen on H200: the same cuBLAS GEMM took
+    1216 µs and 1459 µs a minute apart). The order rotates every round (``a b c``, ``b c a``,
+    ``c a b``, …) so each function follows each other one equally often: a GEMM right after a
+    communication-bound function starts on a cooler chip (seen: 1224 µs after NCCL, 1353 µs
+    after another GEMM). Returns ``{name: µs}``."""
     import torch
 
     for i in range(warmup):
@@ -88,8 +91,10 @@ def measure_interleaved(ctx, fns: dict, iters: int, warmup: int) -> dict:
     times = {name: [] for name in fns}
     if ctx.device.type == "cuda":
         marks = []
+        names = list(fns)
         for i in range(iters):
-            for name, fn in fns.items():
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                fn = fns[name]
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn(warmup + i)
@@ -99,8 +104,10 @@ def measure_interleaved(ctx, fns: dict, iters: int, warmup: int) -> dict:
         for name, start, end in marks:
             times[name].append(start.elapsed_time(end) * 1000.0)
     else:
+        names = list(fns)
         for i in range(iters):
-            for name, fn in fns.items():
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                fn = fns[name]
                 t0 = time.perf_counter()
                 fn(warmup + i)
                 times[name].append((time.perf_counter() - t0) * 1e6)

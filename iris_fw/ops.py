@@ -35,13 +35,13 @@ __all__ = ["AUTO", "Op", "all_gather_gemm", "gemm_all_scatter", "gemm_reduce_sca
 #: listed use :data:`DEFAULT_SCHEDULER`. A value is ``(scheduler, comm_sms, config)``:
 #: ``comm_sms`` None means the default estimate, ``config`` None the default tile configuration.
 AUTO: dict[tuple, tuple[str, int | None, GemmConfig | None]] = {
-    ("gemm_all_scatter", 4, 8192, 28672, 8192): ("wg_specialized", None, None),
-    ("gemm_all_scatter", 4, 4096, 8192, 8192): ("producer_consumer", None, None),
+    ("gemm_all_scatter", 4, 8192, 28672, 8192): ("producer_consumer", None, None),
+    ("gemm_all_scatter", 4, 4096, 8192, 8192): ("producer_consumer", 16, GemmConfig(128, 128, 64, 8, 8, 4)),
     ("gemm_all_scatter", 4, 1024, 8192, 8192): ("fused_sequential", None, None),
     ("gemm_all_scatter", 4, 8192, 4608, 36864): ("producer_consumer", 16, None),
-    ("all_gather_gemm", 4, 8192, 28672, 8192): ("producer_consumer", 8, None),
+    ("all_gather_gemm", 4, 8192, 28672, 8192): ("copy_engine", None, None),
     ("all_gather_gemm", 4, 16384, 14336, 4096): ("producer_consumer", 8, None),
-    ("gemm_reduce_scatter", 4, 8192, 8192, 28672): ("wg_specialized", 8, None),
+    ("gemm_reduce_scatter", 4, 8192, 8192, 28672): ("producer_consumer", 8, None),
 }
 
 #: The input dtypes :data:`AUTO` was measured for (16-bit: the same tensor-core rate).

@@ -100,9 +100,10 @@ class CopyEngine(Scheduler):
                 for item in range(first, end):
                     self._writer.write(side, base + item * slot_bytes, ws.epoch)
 
+            # The kernel first: it must not wait for the host to queue every copy and flag write.
+            launch_consumer(ctx, plan, ws, nprog, sync=True, queue=True)
             with torch.cuda.stream(side):
                 self._copy(plan, publish)
-            launch_consumer(ctx, plan, ws, nprog, sync=True, queue=True)
             main.wait_stream(side)
         ws.queue_base += plan.num_tiles + nprog
 

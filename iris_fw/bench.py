@@ -89,28 +89,24 @@ def measure_interleaved(ctx, fns: dict, iters: int, warmup: int) -> dict:
             fn(i)
     ctx.barrier()
     times = {name: [] for name in fns}
+    names = list(fns)
+    rounds = [(i, name) for i in range(iters) for name in names[i % len(names):] + names[:i % len(names)]]
     if ctx.device.type == "cuda":
         marks = []
-        names = list(fns)
-        for i in range(iters):
-            for name in names[i % len(names):] + names[:i % len(names)]:
-                fn = fns[name]
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(warmup + i)
-                end.record()
-                marks.append((name, start, end))
+        for i, name in rounds:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name](warmup + i)
+            end.record()
+            marks.append((name, start, end))
         torch.cuda.synchronize()
         for name, start, end in marks:
             times[name].append(start.elapsed_time(end) * 1000.0)
     else:
-        names = list(fns)
-        for i in range(iters):
-            for name in names[i % len(names):] + names[:i % len(names)]:
-                fn = fns[name]
-                t0 = time.perf_counter()
-                fn(warmup + i)
-                times[name].append((time.perf_counter() - t0) * 1e6)
+        for i, name in rounds:
+            t0 = time.perf_counter()
+            fns[name](warmup + i)
+            times[name].append((time.perf_counter() - t0) * 1e6)
     ctx.synchronize()
     medians = [statistics.median(times[name]) for name in fns]
     worst = zip(*ctx.bootstrap.all_gather(medians))

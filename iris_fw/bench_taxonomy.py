@@ -181,8 +181,8 @@ class Taxonomy:
             ga = torch.randn(m, k, device=ctx.device, dtype=a.dtype) / k ** 0.5  # the GEMM one rank runs
             gb = torch.randn(k, n, device=ctx.device, dtype=a.dtype)
             cfg, times, _ = _tune_gemm(ctx, opts, m, n, k, opts.log)
-            pairs = {"torch_bsp": [], "gemm_alone_cublas": []}
-            configs = {}  # id(row) -> GemmConfig  # the references, per interleaved measurement
+            pairs = {"torch_bsp": [], "gemm_alone_cublas": []}  # the references, per interleaved measurement
+            configs = {}  # id(row) -> GemmConfig
 
             def measure(method, fn, **more):
                 """``fn`` interleaved with the BSP baseline and the cuBLAS GEMM alone."""
@@ -219,7 +219,7 @@ class Taxonomy:
                         err = max(ctx.bootstrap.all_gather(err))
                         r = measure(method, lambda i: op(a, b), scheduler=sched, comm_sms=comm, config=_cfg(config),
                                     max_rel_err=err, plot=False)
-                        results.append((r, config))
+                        results.append(r)
                         configs[id(r)] = config
                         opts.log(f"{label} {method}: {r['us']:.1f} us ({r['speedup']:.2f}x BSP, "
                                  f"{r['vs_gemm_alone']:.3f}x cuBLAS GEMM), max rel err {err:.2e}")
@@ -231,7 +231,7 @@ class Taxonomy:
                         row(method, None, scheduler=sched, error=f"{type(exc).__name__}: {str(exc)[:200]}", plot=False)
                     ctx.barrier()
                 if results:  # the plot shows each scheduler at its best variant
-                    max(results, key=lambda rc: rc[0]["speedup"])[0]["plot"] = True
+                    max(results, key=lambda r: r["speedup"])["plot"] = True
             bsp = statistics.median(pairs["torch_bsp"])
             cublas = statistics.median(pairs["gemm_alone_cublas"])
             row("torch_bsp", bsp, speedup=1.0, at=first_row)  # (medians of the interleaved measurements)

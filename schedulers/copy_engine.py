@@ -69,6 +69,9 @@ class CopyEngine(Scheduler):
         if not plan.comm_first or plan.copies is None:
             return False, ("it runs communicate-first patterns that list their chunk copies (Plan.copies); "
                            f"{plan.pattern} has none")
+        ready = max((step.ready for step in plan.copies), default=0)
+        if ready < plan.num_chunks:
+            return False, f"{plan.pattern}'s copies complete {ready} of its {plan.num_chunks} chunks"
         return True, ""
 
     def split(self, ctx, plan, comm_sms):
@@ -79,6 +82,9 @@ class CopyEngine(Scheduler):
 
     def launch(self, ctx, plan, ws, comm_sms):
         nprog, _ = self.split(ctx, plan, comm_sms)
+        ok, why = self.supports(plan)  # checked before anything is launched: no kernel waits in vain
+        if not ok:
+            raise IrisError(f"{self.name}: {why}")
         if ws.epoch >= 2 ** 31:
             raise IrisError(f"{self.name}: epoch {ws.epoch} no longer fits the 32-bit flag writes; plan a new op")
         flags = ws.flags
@@ -115,8 +121,6 @@ class CopyEngine(Scheduler):
             if step.ready > done:
                 publish(done, step.ready)
                 done = step.ready
-        if done < plan.num_chunks:
-            raise IrisError(f"{plan.pattern}: its copies complete {done} of {plan.num_chunks} chunks")
 
 
 @hookimpl

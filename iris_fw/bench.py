@@ -78,10 +78,10 @@ def measure_interleaved(ctx, fns: dict, iters: int, warmup: int) -> dict:
     """Like :func:`measure_us` for several functions at once, called in turn, so all of them
     run in the same stretch of time: comparisons between them are not skewed by the GPU's
     clock drifting with its temperature and power (seen on H200: the same cuBLAS GEMM took
-    1216 µs and 1459 µs a minute apart). The order rotates every round (``a b c``, ``b c a``,
-    ``c a b``, …) so each function follows each other one equally often: a GEMM right after a
-    communication-bound function starts on a cooler chip (seen: 1224 µs after NCCL, 1353 µs
-    after another GEMM). Returns ``{name: µs}``."""
+    1216 µs and 1459 µs within 30 s). The order rotates every round (``a b c``, ``b c a``,
+    ``c a b``, …) so each function follows each other one equally often; what runs around a
+    GEMM still sets its clock (4x H200: 1221 µs interleaved with NCCL work, 1348 µs with
+    another GEMM; docs/performance.md). Returns ``{name: µs}``."""
     import torch
 
     for i in range(warmup):

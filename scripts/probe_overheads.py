@@ -15,7 +15,7 @@ import torch
 import iris_fw
 from iris_fw import ops
 from iris_fw.bench import measure_us
-from iris_fw.bench_taxonomy import operands
+from iris_fw.bench.taxonomy import operands
 from iris_fw.gemm import GemmConfig, matmul
 
 ITERS, WARMUP = 20, 3

@@ -17,6 +17,7 @@ import triton.language as tl
 
 import iris_fw
 from iris_fw import device as _dv
+from iris_fw import devinfo as _devinfo
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 
@@ -57,7 +58,7 @@ class Iris:
     def get_cu_count(self) -> int:
         """Compute units (SMs) of this rank's GPU; CPU cores under the host transport."""
         if self.ctx.device.type == "cuda":
-            return torch.cuda.get_device_properties(self.ctx.device).multi_processor_count
+            return _devinfo.num_sms(self.ctx.device)
         return os.cpu_count() or 1
 
     # ---- synchronization -------------------------------------------------------------------------

@@ -18,10 +18,10 @@ import statistics
 
 import torch
 
-from .bench import measure_interleaved
-from .gemm import GemmConfig, default_config, matmul
-from .hookspecs import hookimpl
-from .overlap import num_sms
+from ..devinfo import num_sms
+from ..gemm import GemmConfig, default_config, matmul
+from ..hookspecs import hookimpl
+from .harness import measure_interleaved
 
 #: (pattern, M, N, K) global shapes of the issue's table (bf16).
 SHAPES = [
@@ -153,7 +153,7 @@ class Taxonomy:
             "skip": {"method": ("gemm_alone_cublas", "gemm_alone_triton")}, "only_flag": "plot"}
 
     def run(self, ctx, opts):
-        from . import ops
+        from .. import ops
 
         gpu = ctx.device.type == "cuda"
         world = ctx.world_size

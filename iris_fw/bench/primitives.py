@@ -18,9 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import device as dv
-from .bench import Rotation, fmt_bytes, measure_us
-from .hookspecs import hookimpl
+from .. import device as dv
+from .. import devinfo
+from ..hookspecs import hookimpl
+from .harness import Rotation, fmt_bytes, measure_us
 
 # Candidate kernel configurations (elements per block, warps, programs per SM, cache modifier
 # of the remote access: "" default, ".cg" L2 only for loads / ".cs" streaming for stores).
@@ -94,7 +95,7 @@ def _ping_pong_kernel(flag, base, rounds, rank, peer, heap_bases, SERVE: tl.cons
 
 def _sms(ctx) -> int:
     if ctx.device.type == "cuda":
-        return torch.cuda.get_device_properties(ctx.device).multi_processor_count
+        return devinfo.num_sms(ctx.device)
     return 2
 
 

@@ -1,5 +1,10 @@
 """``iris-fw bench`` (also ``python -m iris_fw.bench``): run benchmark plugins on N ranks.
 
+This module is the harness: options, timing (:func:`measure_us`, :func:`measure_interleaved`),
+input rotation (:class:`Rotation`), tables, plots and result files, and the command's ``main``.
+The benchmarks themselves are plugins (:mod:`iris_fw.bench.primitives`,
+:mod:`iris_fw.bench.taxonomy`, or a third party's).
+
 The parent process launches the ranks (one per GPU, or CPU ranks for a smoke run) with
 :func:`iris_fw.launch.launch`; every rank creates a context (reusing a torch.distributed
 group that has NCCL on GPUs, for the baselines) and runs each selected benchmark. Timing:
@@ -137,6 +142,8 @@ def environment(ctx) -> dict:
     import torch
     import triton
 
+    from .. import devinfo
+
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": os.environ.get("IRIS_FW_BENCH_COMMAND", " ".join(sys.argv)),
@@ -147,8 +154,8 @@ def environment(ctx) -> dict:
         "numpy": numpy.__version__,
     }
     if ctx.device.type == "cuda":
-        props = torch.cuda.get_device_properties(ctx.device)
-        info["device"] = f"{ctx.world_size}x {props.name} ({props.multi_processor_count} SMs, {props.total_memory >> 30} GiB)"
+        dev = devinfo.info(ctx.device)
+        info["device"] = f"{ctx.world_size}x {dev.name} ({dev.sms} SMs, {dev.memory_bytes >> 30} GiB)"
         info["cuda"] = torch.version.cuda
     else:
         info["device"] = f"{ctx.world_size} CPU ranks (Triton interpreter)"
@@ -255,7 +262,7 @@ def _bar_plot(plt, name: str, rows: list[dict], env: dict, out_dir: str, spec: d
 
 def replot(paths: list[str]) -> int:
     """Redraw ``<name>.png`` beside each recorded ``<name>.json`` with the benchmark's plot spec."""
-    from .registry import load_registries
+    from ..registry import load_registries
 
     regs = load_registries()
     for path in paths:
@@ -277,7 +284,7 @@ def _worker(args) -> int:
     import iris_fw
     from iris_fw.registry import load_registries
 
-    from .launch import gpu_count
+    from ..launch import gpu_count
 
     gpu = gpu_count() > 0
     if gpu:  # NCCL for the baselines; iris-fw's bootstrap reuses this group
@@ -331,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         return replot(args.replot)
 
-    from . import _choose_interpreter, interpreting
-    from .launch import default_world_size, launch
+    from .. import _choose_interpreter, interpreting
+    from ..launch import default_world_size, launch
 
     _choose_interpreter()
     cpu = interpreting()

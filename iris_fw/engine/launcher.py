@@ -1,0 +1,533 @@
+"""The lean launch path: a ``@triton.jit`` kernel bound once to its grid, constexprs and launch
+options, launched afterwards with fresh runtime arguments for a fraction of the host time.
+
+``kernel[grid](...)`` pays, on every call, for Triton's binder, argument specialization, cache
+key and launch metadata (on an H200 with Triton 3.6: 18 us for 5 arguments, 31 us for 20).
+:class:`KernelLauncher` pays for that once per *specialization*: the first call with a new
+specialization goes through ``kernel[grid](...)`` (the slow path), which compiles if needed,
+launches, and returns the ``CompiledKernel``; that kernel is cached under a cheap key of the
+runtime arguments (:func:`spec_key`, generated per launcher by :func:`make_key_fn`). Later
+calls with the same key launch it the way ``JITFunction.run`` ends, in 3.6 and >= 3.9::
+
+    kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata,
+               launch_metadata, launch_enter_hook, launch_exit_hook, *bound_args.values())
+
+(9.6 us and 16 us there). ``bound_args.values()`` are all of the kernel's parameters in
+declaration order, *nested* (tuples stay tuples), *constexprs included*, defaults applied: the
+driver's launcher, not ``JITFunction.run``, flattens tuples, drops constexprs and expands
+``TensorDescriptor`` s (3.6: a generated C launcher, descriptors at top level only; 3.9:
+``driver.c`` with argument annotations, descriptors at any depth). So the fast path passes that
+same list (:meth:`KernelLauncher.bound_args`). Where the NVIDIA ``CudaLauncher.__call__`` of
+3.6.x / 3.9.x only passes through (no scratch memory, no GSan), the fast path calls its
+``launch`` with the same arguments directly (:func:`launch_entry`). Empty launch-hook chains
+are passed as None, with None launch metadata, which is what they amount to. The stream is
+Triton's own (``driver.active.get_current_stream(device)``: torch's current stream of the
+current device), so launches inside ``torch.cuda.graph`` are captured.
+
+The key refines Triton's specialization (``specialize_impl`` in ``specialize.cc``, the same in
+3.6 and 3.9): tensors -> dtype and, unless the parameter is ``do_not_specialize`` /
+``do_not_specialize_on_alignment``, 16-byte alignment of ``data_ptr()``; ints -> i32/i64/u64
+range and (unless ``do_not_specialize``) ``== 1`` and divisibility by 16; bools, floats,
+``None`` -> their type; tuples and NamedTuples -> their type and, recursively, their elements
+(always specialized, as Triton does inside tuples); ``TensorDescriptor`` -> base dtype and
+block shape (what Triton keys on), plus rank, padding, tf32 rounding and base alignment. The
+key also holds the device and the values feeding Triton's compile options (the kernel's
+``debug``, ``knobs.runtime.debug``, ``knobs.compilation.instrumentation_mode``, and from 3.9
+``fpsan_homomorphic_casts``). Equal keys imply equal Triton cache keys, so the cached kernel
+is the one Triton would launch.
+
+The slow path is taken whenever equivalence is not proven: the interpreter, launch hooks set
+(``knobs.runtime.launch_enter_hook``/``launch_exit_hook`` with any hook), a stages-inspection
+hook, ``pre_run_hooks`` on the kernel, a changed global the kernel uses (Triton raises), an
+argument type the key does not know (JIT functions, ``constexpr`` objects, Gluon descriptors,
+numpy scalars, ...), a non-CUDA target (AMD specializes on more than the key covers), a Triton
+release whose launch path was not read here (< 3.6, 3.7, 3.8), or ``IRIS_FW_SLOW_LAUNCH=1``.
+
+Compiled kernels only: a NamedTuple *class* given as a constexpr is passed as
+``tl.constexpr(cls)``, because ``JITFunction.run``'s cache key (3.6 and 3.9) iterates
+anything ``is_namedtuple`` accepts, classes included, and raises on it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import os
+
+import torch
+
+import iris_fw
+
+__all__ = ["KernelLauncher", "bound_args_template", "fast_path_supported", "launch_entry", "make_key_fn", "spec_key"]
+
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_U64_MAX = (1 << 64) - 1
+_Tensor = torch.Tensor
+
+
+def _triton_version(version: str) -> tuple[int, int]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (2 - len(parts)))
+
+
+def fast_path_supported(version: str) -> bool:
+    """Whether the fast path is checked against this Triton release's launch code: 3.6 and
+    >= 3.9 (3.7 and 3.8 were not read here, so they keep the slow path)."""
+    v = _triton_version(version)
+    return v[0] == 3 and v[1] == 6 or v >= (3, 9)
+
+
+# ---------------------------------------------------------------------------------------------
+# The specialization key
+# ---------------------------------------------------------------------------------------------
+
+
+class _Unsupported(Exception):
+    """An argument the key does not model: the call takes the slow path."""
+
+
+def _int_item(a: int, spec: bool, align: bool) -> str:
+    # Triton: value 1 -> constexpr (when specialized); else i32 / i64 / u64 by range, "D" when
+    # (specialized and aligned and) divisible by 16. Beyond u64 Triton raises OverflowError.
+    if spec and a == 1:
+        return "one"
+    if _I32_MIN <= a <= _I32_MAX:
+        r = "i32"
+    elif _I64_MIN <= a <= _I64_MAX:
+        r = "i64"
+    elif 0 <= a <= _U64_MAX:
+        r = "u64"
+    else:
+        raise _Unsupported
+    return r + "D" if spec and align and not a & 15 else r
+
+
+def _desc_item(a) -> tuple:
+    base = a.base
+    return (type(a), base.dtype, tuple(a.block_shape), len(a.shape), a.padding,
+            getattr(a, "round_f32_to_tf32", False), not base.data_ptr() & 15)
+
+
+def _tensor_descriptor_cls():
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # pragma: no cover - every supported Triton has it
+        return ()
+    return TensorDescriptor
+
+
+def _item(a, spec: bool, align: bool, desc_cls):
+    """The key of one argument (used inside tuples and for the less common types)."""
+    t = type(a)
+    if t is _Tensor or isinstance(a, _Tensor):
+        return (t, a.dtype, not a.data_ptr() & 15) if spec and align else (t, a.dtype)
+    if t is int:
+        return _int_item(a, spec, align)
+    if t is float:
+        return "fp32"
+    if t is bool:
+        return "u1"
+    if a is None:
+        return "none"
+    if isinstance(a, tuple):
+        # Triton specializes tuple elements with specialize=True, align=True whatever the
+        # parameter says; the (named)tuple type is part of the specialization.
+        return (t,) + tuple(_item(x, True, True, desc_cls) for x in a)
+    if desc_cls and isinstance(a, desc_cls):
+        return _desc_item(a)
+    # Triton checks constexpr, TensorDescriptor, Gluon descriptors and JIT functions before
+    # falling back to "has data_ptr": those (and anything else) are not modelled here.
+    if type(a).__module__.startswith("triton") or not hasattr(a, "data_ptr"):
+        raise _Unsupported
+    return (t, a.dtype, not a.data_ptr() & 15) if spec and align else (t, a.dtype)
+
+
+def spec_key(args, flags, desc_cls=None):
+    """The specialization key of runtime arguments ``args`` as a tuple, or None when some
+    argument is of a type the key does not model. ``flags[i]`` is ``(specialize, align)`` of
+    the i-th runtime parameter: ``(not do_not_specialize, not do_not_specialize_on_alignment)``.
+    Equal keys imply equal Triton specializations (the converse need not hold)."""
+    if desc_cls is None:
+        desc_cls = _tensor_descriptor_cls()
+    out = []
+    app = out.append
+    try:
+        for a, (spec, align) in zip(args, flags):
+            t = type(a)
+            if t is _Tensor:
+                app(a.dtype)
+                app(not a.data_ptr() & 15 if spec and align else None)
+            elif t is int:
+                app(_int_item(a, spec, align))
+            elif t is float:
+                app("fp32")
+            elif t is bool:
+                app("u1")
+            elif a is None:
+                app("none")
+            else:
+                app(_item(a, spec, align, desc_cls))
+    except _Unsupported:
+        return None
+    return tuple(out)
+
+
+def make_key_fn(flags, sample_args, desc_cls=None):
+    """A key function ``key(args, device, opts)`` for one launcher, returning
+    ``(device, opts) + spec_key(args, flags)`` (or None where that is None).
+
+    Generated (like Triton's binder) for the argument types of ``sample_args``: while every
+    argument (and tuple element) has the type it had in the sample, the key is one inlined
+    tuple expression; any other call uses :func:`spec_key`, so both give the same key for the
+    same arguments."""
+    if desc_cls is None:
+        desc_cls = _tensor_descriptor_cls()
+    flags = tuple((bool(s), bool(a)) for s, a in flags)
+    ns = {"_T": _Tensor, "_int_item": _int_item, "_item": _item, "_desc_item": _desc_item,
+          "_spec_key": spec_key, "_Unsupported": _Unsupported, "_flags": flags, "_desc": desc_cls}
+    guards, items = [], []
+
+    def gen(e, a, spec, align, top):
+        # Appends guards on e's type and the key item(s) of e, equal to what spec_key (top
+        # level) or _item (inside tuples) returns for an e of a's type.
+        t = type(a)
+        if t is _Tensor:
+            guards.append(f"type({e}) is _T")
+            if top:
+                items.extend([f"{e}.dtype", f"(not {e}.data_ptr() & 15)" if spec and align else "None"])
+            else:
+                items.append(f"(_T, {e}.dtype, not {e}.data_ptr() & 15)")
+        elif t is int:
+            guards.append(f"type({e}) is int")
+            rng = f'("i32D" if not {e} & 15 else "i32")' if spec and align else '"i32"'
+            one = f'"one" if {e} == 1 else ' if spec else ""
+            items.append(f"({one}{rng} if {_I32_MIN} <= {e} <= {_I32_MAX} else _int_item({e}, {spec}, {align}))")
+        elif t is float:
+            guards.append(f"type({e}) is float")
+            items.append('"fp32"')
+        elif t is bool:
+            guards.append(f"type({e}) is bool")
+            items.append('"u1"')
+        elif a is None:
+            guards.append(f"{e} is None")
+            items.append('"none"')
+        elif isinstance(a, tuple):
+            name = f"_TT{len(ns)}"
+            ns[name] = t
+            guards.append(f"type({e}) is {name} and len({e}) == {len(a)}")
+            outer = items[:]
+            items.clear()
+            for j, x in enumerate(a):
+                gen(f"{e}[{j}]", x, True, True, False)
+            inner = ", ".join(items)
+            items[:] = outer + [f"({name}, {inner})" if inner else f"({name},)"]
+        elif desc_cls and t is desc_cls:
+            guards.append(f"type({e}) is _desc")
+            items.append(f"_desc_item({e})")
+        else:
+            items.append(f"_item({e}, {spec}, {align}, _desc)")
+
+    for i, ((spec, align), a) in enumerate(zip(flags, sample_args)):
+        gen(f"a{i}", a, spec, align, True)
+    n = len(flags)
+    unpack = f"    {', '.join(f'a{i}' for i in range(n))}, = args\n" if n else ""
+    src = (f"def key(args, device, opts):\n{unpack}"
+           f"    if {' and '.join(guards) or 'True'}:\n"
+           f"        try:\n"
+           f"            return (device, opts, {', '.join(items)})\n"
+           f"        except _Unsupported:\n"
+           f"            return None\n"
+           f"    k = _spec_key(args, _flags, _desc)\n"
+           f"    return None if k is None else (device, opts) + k\n")
+    exec(compile(src, f"<KernelLauncher key, {n} args>", "exec"), ns)
+    fn = ns["key"]
+    fn.source = src
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# What the fast path calls
+# ---------------------------------------------------------------------------------------------
+
+
+def launch_entry(kernel, version):
+    """``(launch, head, as_tuple)`` for one compiled kernel: the fast path calls
+    ``launch(grid_0, grid_1, grid_2, stream, *head, *kernel_args)`` (or ``..., kernel_args)``
+    when ``as_tuple``), ``kernel_args`` being what JITFunction.run passes after the hooks.
+
+    The default is ``kernel.run`` with ``head = (function, packed_metadata, launch_metadata=None,
+    enter_hook=None, exit_hook=None)``: JITFunction.run's own call (3.6 and 3.9), None for the
+    hooks and metadata being what an empty HookChain amounts to. Where the NVIDIA launcher's
+    ``__call__`` was read (3.6.x, 3.9.x) and only passes through, because the kernel needs no
+    global or profile scratch (and, 3.9, GSan is off), its ``launch`` is called directly:
+
+    * 3.6: ``launch(gx, gy, gz, stream, function, cooperative, pdl, global_scratch=None,
+      profile_scratch=None, packed_metadata, launch_metadata, enter, exit, *kernel_args)``; the
+      generated C launcher parses the args nested (tuples as ``(...)`` groups, constexprs as
+      ignored objects); ``launch`` wraps it to expand top-level TensorDescriptors.
+    * 3.9: ``launch(gx, gy, gz, stream, function, cooperative, pdl, packed_metadata,
+      launch_metadata, enter, exit, global_scratch=None, profile_scratch=None, arg_annotations,
+      kernel_signature, kernel_args)``; ``driver.c`` flattens tuples and drops constexprs along
+      the annotations; ``launch`` wraps it to expand TensorDescriptors at any depth.
+    """
+    run = kernel.run
+    default = (run, (kernel.function, kernel.packed_metadata, None, None, None), False)
+    cls = type(run)
+    if cls.__name__ != "CudaLauncher" or cls.__module__ != "triton.backends.nvidia.driver":
+        return default
+    need = ("launch", "global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "launch_pdl")
+    if not all(hasattr(run, a) for a in need) or run.global_scratch_size or run.profile_scratch_size:
+        return default
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    if version[:2] == (3, 6):
+        return (run.launch, (kernel.function, coop, pdl, None, None, kernel.packed_metadata, None, None, None), False)
+    if version[:2] == (3, 9) and not getattr(run, "gsan_enabled", True) and \
+            hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
+        return (run.launch, (kernel.function, coop, pdl, kernel.packed_metadata, None, None, None, None, None,
+                             run.arg_annotations, run.kernel_signature), True)
+    return default
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_namedtuple_class(v) -> bool:
+    return isinstance(v, type) and issubclass(v, tuple) and hasattr(v, "_fields")
+
+
+def _kernel_params(kernel):
+    """KernelParam-like objects (name, is_constexpr, do_not_specialize, ...) of a kernel."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return list(params)
+    from triton.runtime.jit import KernelParam
+
+    sig = inspect.signature(kernel.fn)
+    return [KernelParam(i, p, False, False) for i, p in enumerate(sig.parameters.values())]
+
+
+def bound_args_template(params, constexprs: dict):
+    """What ``JITFunction.run`` passes to the launcher, with holes for the runtime arguments.
+
+    Returns ``(template, runtime_positions)``: ``template`` has one entry per kernel parameter
+    in declaration order, the constexpr value (as given, or the parameter's default) where the
+    parameter is bound, None where a runtime argument goes; ``runtime_positions`` are the
+    indices of the holes. Raises TypeError for unknown or missing constexprs."""
+    names = [p.name for p in params]
+    unknown = [k for k in constexprs if k not in names]
+    if unknown:
+        raise TypeError(f"not parameters of the kernel: {unknown} (parameters: {names})")
+    template, runtime, missing = [], [], []
+    for i, p in enumerate(params):
+        if p.name in constexprs:
+            if not p.is_constexpr:
+                raise TypeError(f"parameter {p.name!r} is not a tl.constexpr; pass it at each call")
+            template.append(constexprs[p.name])
+        elif p.is_constexpr:
+            default = p.default
+            if default is inspect.Parameter.empty:
+                missing.append(p.name)
+            template.append(default)
+        else:
+            template.append(None)
+            runtime.append(i)
+    if missing:
+        raise TypeError(f"constexpr parameters without a value: {missing}")
+    return template, runtime
+
+
+class KernelLauncher:
+    """A @triton.jit kernel bound to its grid, constexprs and launch options; calling it launches.
+
+    ``launcher(*args)`` takes the runtime (non-constexpr) arguments, positional, in the
+    kernel's parameter order, and launches on the current stream of the current device.
+    Attributes for inspection: ``runtime_params`` (names), ``slow_calls`` (calls that went
+    through ``kernel[grid](...)``), :meth:`variants` (the cached compiled kernels)."""
+
+    def __init__(self, kernel, grid: tuple[int, ...], *, constexprs: dict, num_warps: int | None = None,
+                 num_stages: int | None = None):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        self.interpreted = isinstance(kernel, InterpretedFunction) or iris_fw.interpreting()
+        if not isinstance(kernel, (JITFunction, InterpretedFunction)):
+            raise TypeError(f"KernelLauncher needs a @triton.jit kernel, got {type(kernel).__name__}")
+        try:
+            grid = tuple(operator.index(g) for g in grid)
+        except TypeError:
+            raise TypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}") from None
+        if not 1 <= len(grid) <= 3:
+            raise TypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}")
+        self.kernel = kernel
+        self.name = kernel.fn.__name__
+        self.grid = grid
+        self.constexprs = dict(constexprs)
+        self.options = {}
+        if num_warps is not None:
+            self.options["num_warps"] = num_warps
+        if num_stages is not None:
+            self.options["num_stages"] = num_stages
+
+        params = _kernel_params(kernel)
+        bound = self.constexprs
+        if not self.interpreted:
+            # JITFunction.run's cache key (compute_cache_key, 3.6 and 3.9) iterates anything
+            # is_namedtuple() accepts, NamedTuple *classes* included, and fails on them; wrapped
+            # in tl.constexpr the class keys by its repr and is called the same in the kernel.
+            import triton.language as tl
+
+            bound = {k: tl.constexpr(v) if _is_namedtuple_class(v) else v for k, v in bound.items()}
+        template, runtime = bound_args_template(params, bound)
+        self.runtime_params = tuple(params[i].name for i in runtime)
+        self._n = len(runtime)
+        self._template = template
+        self._runtime_pos = tuple(runtime)
+        # The usual layout (runtime parameters first, constexprs last) launches with
+        # (*args, *tail); any other needs a fill-in.
+        self._prefix = tuple(runtime) == tuple(range(len(runtime)))
+        self._tail = tuple(template[len(runtime):])
+        self._flags = tuple((not params[i].do_not_specialize, not params[i].do_not_specialize_on_alignment)
+                            if hasattr(params[i], "do_not_specialize") else (True, True) for i in runtime)
+        g = grid + (1, 1)
+        self._g0, self._g1, self._g2 = g[0], g[1], g[2]
+
+        self.slow_calls = 0
+        self._cache = {}
+        self._state = None  # what the fast path needs; set by the first compiled launch
+        self._desc_cls = _tensor_descriptor_cls()
+        import triton
+
+        self._version = _triton_version(triton.__version__)
+        self._fast = (not self.interpreted and isinstance(kernel, JITFunction)
+                      and fast_path_supported(triton.__version__)
+                      and os.environ.get("IRIS_FW_SLOW_LAUNCH", "0") in ("", "0"))
+
+    def __repr__(self):
+        return (f"KernelLauncher({self.name}, grid={self.grid}, constexprs={self.constexprs}, "
+                f"options={self.options}, {'interpreted' if self.interpreted else 'compiled'})")
+
+    # -- arguments ------------------------------------------------------------------------
+
+    def _arity_error(self, got: int) -> TypeError:
+        return TypeError(f"{self.name}() takes {self._n} runtime argument(s) "
+                         f"({', '.join(self.runtime_params)}), got {got}")
+
+    def bound_args(self, args) -> tuple:
+        """All kernel parameters in order, runtime ``args`` in their places: the list that
+        ``JITFunction.run`` hands to ``CompiledKernel.run`` as ``*bound_args.values()``."""
+        if len(args) != self._n:
+            raise self._arity_error(len(args))
+        if self._prefix:
+            return tuple(args) + self._tail
+        full = list(self._template)
+        for i, a in zip(self._runtime_pos, args):
+            full[i] = a
+        return tuple(full)
+
+    # -- launching --------------------------------------------------------------------------
+
+    def __call__(self, *args) -> None:
+        if len(args) != self._n:
+            raise self._arity_error(len(args))
+        state = self._state
+        if state is None:  # interpreted, or no compiled launch yet
+            return self._slow(args)
+        rt, comp, fn, chain, fpsan, get_device, get_stream, key_fn, cache, g0, g1, g2, tail = state
+        # Launch hooks, a stages-inspection hook, pre-run hooks: Triton's own path.
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        if (enter is not None and (type(enter) is not chain or enter.calls)) or \
+                (leave is not None and (type(leave) is not chain or leave.calls)) or \
+                rt.add_stages_inspection_hook is not None or fn.pre_run_hooks:
+            return self._slow(args)
+        # Triton raises when a global the kernel reads has changed since it compiled: let it.
+        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
+            if globals_dict.get(name, _NOT_PRESENT) != val:
+                return self._slow(args)
+        device = get_device()
+        # = self._opts_key(), inlined
+        key = key_fn(args, device, (fn.debug, rt.debug, comp.instrumentation_mode,
+                                    comp.fpsan_homomorphic_casts if fpsan else None))
+        entry = cache.get(key) if key is not None else None
+        if entry is None:
+            return self._slow(args, key)
+        launch, head, as_tuple = entry[0], entry[1], entry[2]
+        if tail is None:
+            args, tail = self.bound_args(args), ()
+        if as_tuple:
+            launch(g0, g1, g2, get_stream(device), *head, args + tail)
+        else:
+            launch(g0, g1, g2, get_stream(device), *head, *args, *tail)
+
+    def _opts_key(self):
+        """The compile options JITFunction.run takes from the kernel and from knobs (3.6: debug,
+        instrumentation_mode; >= 3.9 also fpsan_homomorphic_casts)."""
+        rt, comp, fn, _, fpsan = self._state[:5]
+        return (fn.debug, rt.debug, comp.instrumentation_mode,
+                comp.fpsan_homomorphic_casts if fpsan else None)
+
+    def _slow(self, args, key=None):
+        """``kernel[grid](...)``; caches the compiled kernel it returns under the key."""
+        self.slow_calls += 1
+        kernel = self.kernel[self.grid](*self.bound_args(args), **self.options)
+        if not self._fast or kernel is None:
+            return None
+        if self._state is None and not self._init_fast(args):
+            self._fast = False
+            return None
+        if key is None:
+            key = self._state[7](args, self._state[5](), self._opts_key())
+            if key is None:
+                return None
+        if hasattr(kernel, "result"):
+            kernel = kernel.result()  # an async-compile future (3.9 returns it, 3.6 resolves it)
+        target = getattr(getattr(kernel, "metadata", None), "target", None)
+        if getattr(target, "backend", None) != "cuda":
+            self._fast = False  # e.g. AMD: specializes on pointer ranges the key does not see
+            self._state = None
+            return None
+        self._cache[key] = launch_entry(kernel, self._version) + (kernel,)
+        return None
+
+    def _driver(self):
+        import triton
+
+        return triton.runtime.driver.active
+
+    def _init_fast(self, sample_args):
+        from triton import knobs
+
+        try:
+            from triton.knobs import HookChain
+        except ImportError:  # pragma: no cover
+            HookChain = type(None)
+        drv = self._driver()
+        rt, comp = knobs.runtime, knobs.compilation
+        if not hasattr(rt, "add_stages_inspection_hook"):  # pragma: no cover - 3.6 and 3.9 have it
+            return False
+        fpsan = hasattr(type(comp), "fpsan_homomorphic_casts")
+        key_fn = make_key_fn(self._flags, sample_args, self._desc_cls)
+        self._state = (rt, comp, self.kernel, HookChain, fpsan, drv.get_current_device, drv.get_current_stream,
+                       key_fn, self._cache, self._g0, self._g1, self._g2, self._tail if self._prefix else None)
+        return True
+
+    def variants(self) -> dict:
+        """The compiled kernels the fast path uses, by key."""
+        return {k: v[3] for k, v in self._cache.items()}
+
+    def fast_levels(self) -> dict:
+        """How the fast path launches each variant: ``"launch"`` (the driver launcher's
+        ``launch``, bypassing ``CudaLauncher.__call__``) or ``"run"`` (``CompiledKernel.run``)."""
+        return {k: ("run" if v[0] is v[3].run else "launch") for k, v in self._cache.items()}
+
+
+_NOT_PRESENT = object()

@@ -1,0 +1,629 @@
+"""The lean launch path (iris_fw.engine.launcher).
+
+Kernels: a KernelLauncher gives the results of a direct ``kernel[grid](...)`` (pointers, ints,
+floats, tuples, a NamedTuple, None, constexprs between runtime parameters; on the CPU under the
+interpreter, on a GPU through the fast path). Pure Python: the specialization key against
+Triton's own ``native_specialize_impl`` and binder, the generated key function against
+``spec_key``, the argument list against hand-made lists and Triton's binder, and the fast path's
+decisions (which compiled kernel, when to fall back) with a stand-in for Triton's cache that
+keys exactly as ``JITFunction.run`` does.
+"""
+
+import itertools
+import random
+from typing import NamedTuple
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+from triton._C.libtriton import native_specialize_impl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+import iris_fw
+from iris_fw.engine import launcher as lmod
+from iris_fw.engine.launcher import KernelLauncher, bound_args_template, make_key_fn, spec_key
+
+DEVICE = "cpu" if iris_fw.interpreting() else "cuda"
+BLOCK = 16
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: launcher vs direct launch
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _axpy(x_ptr, y_ptr, out_ptr, bias_ptr, n, alpha, k, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = alpha * tl.load(x_ptr + offs, mask=m) + k * tl.load(y_ptr + offs, mask=m)
+    if bias_ptr is not None:
+        v += tl.load(bias_ptr + offs, mask=m)
+    tl.store(out_ptr + offs, v, mask=m)
+
+
+@triton.jit
+def _tuple_mix(ptrs, scales, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(ptrs[0] + offs, mask=m) * scales[0] + tl.load(ptrs[1] + offs, mask=m) * scales[1]
+    tl.store(out_ptr + offs, v, mask=m)
+
+
+class Operands(NamedTuple):
+    a: object
+    b: object
+    n: int
+
+
+@triton.jit
+def _named(ops, out_ptr, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < ops.n
+    tl.store(out_ptr + offs, (tl.load(ops.a + offs, mask=m) - tl.load(ops.b + offs, mask=m)) * SCALE, mask=m)
+
+
+@triton.jit
+def _rebuild(op0, op1, rest, ARGS: tl.constexpr, BLOCK: tl.constexpr):
+    args = ARGS(op0, op1, *rest)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < args.n
+    tl.store(args.out + offs, tl.load(args.a + offs, mask=m) * args.s + tl.load(args.b + offs, mask=m), mask=m)
+
+
+class RebuildArgs(NamedTuple):
+    a: object
+    b: object
+    out: object
+    n: int
+    s: float
+
+
+@triton.jit
+def _middle(x_ptr, SHIFT: tl.constexpr, out_ptr, n, BLOCK: tl.constexpr = 16):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) + SHIFT, mask=m)
+
+
+def _t(n=64, dtype=torch.float32, offset=0):
+    return torch.zeros(n + 8, dtype=dtype)[offset:offset + n]
+
+
+def _rand(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, generator=g) * 4).to(DEVICE)
+
+
+def _both(kernel, grid, constexprs, make_args, rounds=3, out_index=2, **opts):
+    """Launch through a KernelLauncher and directly, with fresh arguments each round."""
+    lau = KernelLauncher(kernel, grid, constexprs=constexprs, **opts)
+    for r in range(rounds):
+        args_l, out_l = make_args(r)
+        args_d, out_d = make_args(r)
+        lau(*args_l)
+        full = lau.bound_args(args_d)
+        kernel[grid](*full, **opts)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        assert torch.equal(out_l, out_d), f"{kernel}: round {r} differs"
+        assert out_l.abs().sum() > 0
+    return lau
+
+
+def test_pointers_ints_floats_none():
+    n = 37
+
+    def make(r):
+        x, y, b = _rand(n, r), _rand(n, r + 10), _rand(n, r + 20)
+        out = torch.zeros(n, device=DEVICE)
+        # n, the int k (1 in round 1: Triton's value-1 specialization) and a None pointer vary
+        return (x, y, out, b if r != 1 else None, n - r, 0.5 + r, 1 if r == 1 else 3 + r), out
+
+    lau = _both(_axpy, (triton.cdiv(n, BLOCK),), {"BLOCK": BLOCK}, make, rounds=4, num_warps=2)
+    assert lau.runtime_params == ("x_ptr", "y_ptr", "out_ptr", "bias_ptr", "n", "alpha", "k")
+
+
+def test_tuple_args():
+    n = 29
+
+    def make(r):
+        a, b = _rand(n, r), _rand(n, r + 1)
+        out = torch.zeros(n, device=DEVICE)
+        return ((a, b), (1.5 + r, -2.0), out, n), out
+
+    _both(_tuple_mix, (2,), {"BLOCK": BLOCK}, make)
+
+
+def test_namedtuple_arg():
+    n = 21
+
+    def make(r):
+        out = torch.zeros(n, device=DEVICE)
+        return (Operands(_rand(n, r), _rand(n, r + 5), n - r), out), out
+
+    _both(_named, (2,), {"SCALE": 3, "BLOCK": BLOCK}, make)
+
+
+def test_namedtuple_rebuilt_in_kernel():
+    n = 33
+
+    def make(r):
+        out = torch.zeros(n, device=DEVICE)
+        return (_rand(n, r), _rand(n, r + 3), (out, n, 0.25 * (r + 1))), out
+
+    _both(_rebuild, (3,), {"ARGS": RebuildArgs, "BLOCK": BLOCK}, make)
+
+
+def test_constexpr_between_runtime_params_and_default():
+    n = 19
+
+    def make(r):
+        out = torch.zeros(n, device=DEVICE)
+        return (_rand(n, r), out, n), out
+
+    lau = _both(_middle, (2,), {"SHIFT": 7}, make)
+    assert lau.runtime_params == ("x_ptr", "out_ptr", "n")
+
+
+def test_wrong_arity_names_kernel_and_params():
+    lau = KernelLauncher(_axpy, (1,), constexprs={"BLOCK": BLOCK})
+    names = "x_ptr, y_ptr, out_ptr, bias_ptr, n, alpha, k"
+    with pytest.raises(TypeError, match=rf"_axpy\(\) takes 7 runtime argument.*{names}"):
+        lau(1, 2, 3)
+    with pytest.raises(TypeError, match="_axpy"):
+        lau(*range(8))
+
+
+def test_bad_constexprs_and_grid():
+    with pytest.raises(TypeError, match="not parameters"):
+        KernelLauncher(_axpy, (1,), constexprs={"BLOCK": 16, "NOPE": 1})
+    with pytest.raises(TypeError, match="without a value.*BLOCK"):
+        KernelLauncher(_axpy, (1,), constexprs={})
+    with pytest.raises(TypeError, match="not a tl.constexpr"):
+        KernelLauncher(_axpy, (1,), constexprs={"BLOCK": 16, "n": 4})
+    with pytest.raises(TypeError, match="grid"):
+        KernelLauncher(_axpy, (1, 1, 1, 1), constexprs={"BLOCK": 16})
+    with pytest.raises(TypeError, match="grid"):
+        KernelLauncher(_axpy, (1.5,), constexprs={"BLOCK": 16})
+    assert KernelLauncher(_axpy, [torch.tensor(3)], constexprs={"BLOCK": 16}).grid == (3,)
+    with pytest.raises(TypeError, match="@triton.jit"):
+        KernelLauncher(lambda x: x, (1,), constexprs={})
+
+
+# ---------------------------------------------------------------------------------------------
+# The argument list (what JITFunction.run passes to CompiledKernel.run)
+# ---------------------------------------------------------------------------------------------
+
+
+def _plain_middle(x_ptr, SHIFT: tl.constexpr, out_ptr, n, BLOCK: tl.constexpr = 16):
+    pass
+
+
+def _plain_many(p0, p1, t, i0, f0, b0, nn, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr = "c"):
+    pass
+
+
+def _plain_dns(p, q, i, j, k, BLOCK: tl.constexpr):
+    pass
+
+
+def test_bound_args_hand_made():
+    """Both 3.6 and 3.9 hand ``*bound_args.values()`` to the launcher: every parameter in
+    declaration order, constexprs in place (the launcher skips them), defaults applied, tuples
+    nested (the launcher flattens them; TensorDescriptors stay objects and are expanded there)."""
+    lau = KernelLauncher(JITFunction(_plain_middle), (1,), constexprs={"SHIFT": 7})
+    assert lau.bound_args(("X", "O", 5)) == ("X", 7, "O", 5, 16)
+    lau = KernelLauncher(JITFunction(_plain_middle), (1,), constexprs={"SHIFT": 7, "BLOCK": 32})
+    assert lau.bound_args(("X", "O", 5)) == ("X", 7, "O", 5, 32)
+    lau = KernelLauncher(JITFunction(_plain_many), (1,), constexprs={"A": 1, "B": None})
+    t = ("T0", (3, None), "T2")
+    assert lau.bound_args(("P0", "P1", t, 4, 2.5, True, None)) == ("P0", "P1", t, 4, 2.5, True, None, 1, None, "c")
+    assert lau._tail == (1, None, "c") and lau._prefix
+    template, runtime = bound_args_template(JITFunction(_plain_middle).params, {"SHIFT": 1})
+    assert template == [None, 1, None, None, 16] and runtime == [0, 2, 3]
+
+
+@pytest.mark.parametrize("fn,cx,args", [
+    (_plain_middle, {"SHIFT": 7}, (_t(), _t(), 5)),
+    (_plain_many, {"A": 1, "B": (2, 3)}, (_t(), _t(offset=1), (_t(), (1, None)), 4, 2.5, True, None)),
+])
+def test_bound_args_match_tritons_binder(fn, cx, args):
+    jf = JITFunction(fn)
+    lau = KernelLauncher(jf, (1,), constexprs=cx)
+    binder = create_function_from_signature(jf.signature, jf.params, CUDABackend)
+    kw = dict(zip(lau.runtime_params, args))
+    bound, _, _ = binder(**kw, **cx)
+    assert tuple(bound.values()) == lau.bound_args(args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The specialization key
+# ---------------------------------------------------------------------------------------------
+
+
+def test_spec_key_rules():
+    f = ((True, True),)
+    assert spec_key((1,), f) == ("one",)
+    assert spec_key((16,), f) == ("i32D",) and spec_key((-32,), f) == ("i32D",) and spec_key((17,), f) == ("i32",)
+    assert spec_key((2**31 - 1,), f) == ("i32",) and spec_key((2**31,), f) == ("i64D",)
+    assert spec_key((-2**31,), f) == ("i32D",) and spec_key((-2**31 - 1,), f) == ("i64",)
+    assert spec_key((2**63,), f) == ("u64D",) and spec_key((2**64 - 1,), f) == ("u64",)
+    assert spec_key((2**64,), f) is None and spec_key((-2**63 - 1,), f) is None  # Triton raises
+    assert spec_key((1,), ((False, True),)) == ("i32",)  # do_not_specialize: no value-1, no "D"
+    assert spec_key((16,), ((False, True),)) == ("i32",) and spec_key((16,), ((True, False),)) == ("i32",)
+    assert spec_key((True, 1.0, None), f * 3) == ("u1", "fp32", "none")
+    a, u = _t(), _t(offset=1)
+    assert spec_key((a,), f) == (torch.float32, True) and spec_key((u,), f) == (torch.float32, False)
+    assert spec_key((u,), ((True, False),)) == (torch.float32, None) == spec_key((a,), ((False, True),))
+    assert spec_key((_t(dtype=torch.bfloat16),), f) == (torch.bfloat16, True)
+    # inside tuples everything is specialized, whatever the parameter's flags
+    k = spec_key(((a, 1, 16, None, u),), ((False, False),))
+    assert k == ((tuple, (torch.Tensor, torch.float32, True), "one", "i32D", "none",
+                  (torch.Tensor, torch.float32, False)),)
+    k = spec_key((Operands(a, u, 3),), f)
+    assert k[0][0] is Operands
+    assert spec_key(((),), f) == ((tuple,),)
+    d = TensorDescriptor.from_tensor(torch.zeros(64, 64, dtype=torch.float16), [32, 16])
+    kd = spec_key((d,), f)[0]
+    assert kd[:4] == (TensorDescriptor, torch.float16, (32, 16), 2)
+    # types the key does not model: the slow path
+    assert spec_key((tl.constexpr(3),), f) is None
+    assert spec_key((object(),), f) is None
+    assert spec_key((JITFunction(_plain_dns),), f) is None
+
+
+def _samples():
+    """Values covering every specialization rule (and neighbours that must not collide)."""
+    ints = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 1, 2**31 - 16, 2**31, -2**31, -2**31 - 1, -2**31 - 16,
+            2**62, 2**63 - 1, 2**63, 2**64 - 16, 2**64 - 1]
+    tensors = [_t(), _t(offset=1), _t(offset=4), _t(dtype=torch.float16), _t(dtype=torch.float16, offset=8),
+               _t(dtype=torch.int32), _t(dtype=torch.bfloat16, offset=3)]
+    descs = [TensorDescriptor.from_tensor(torch.zeros(64, 64, dtype=torch.float16), [32, 16]),
+             TensorDescriptor.from_tensor(torch.zeros(64, 32, dtype=torch.float16), [32, 16]),
+             TensorDescriptor.from_tensor(torch.zeros(64, 64, dtype=torch.float16), [16, 16]),
+             TensorDescriptor.from_tensor(torch.zeros(64, 64, dtype=torch.float32), [32, 16])]
+    scalars = [True, False, 0.0, 1.0, 2.5, None]
+    tuples = [(1, 2), (16, 2), (tensors[0], 1), (tensors[1], 1), (None, 3), Operands(tensors[0], tensors[1], 16),
+              Operands(tensors[0], tensors[1], 17), ((1, (2, None)), 3.0), (), (descs[0],)]
+    return ints + tensors + descs + scalars + tuples
+
+
+def _triton_spec(v, spec, align):
+    try:
+        return repr(native_specialize_impl(CUDABackend, v, False, spec, align))
+    except Exception as e:  # noqa: BLE001  (Triton refuses: the launcher's slow path raises too)
+        return f"error {type(e).__name__}"
+
+
+@pytest.mark.parametrize("spec,align", [(True, True), (True, False), (False, True)])
+def test_spec_key_refines_tritons_specialization(spec, align):
+    """Equal keys imply equal Triton specializations, for every pair of samples."""
+    vals = _samples()
+    keys = [spec_key((v,), ((spec, align),)) for v in vals]
+    trit = [_triton_spec(v, spec, align) for v in vals]
+    for i, j in itertools.combinations(range(len(vals)), 2):
+        if keys[i] is not None and keys[i] == keys[j]:
+            assert trit[i] == trit[j], f"{vals[i]!r} and {vals[j]!r} share a key, not a specialization"
+    for k, t in zip(keys, trit):
+        if t.startswith("error"):
+            assert k is None
+
+
+def test_generated_key_fn_equals_spec_key():
+    vals = _samples()
+    rng = random.Random(0)
+    flags = ((True, True), (False, True), (True, False), (True, True), (True, True))
+    for _ in range(30):
+        sample = tuple(rng.choice(vals) for _ in flags)
+        fn = make_key_fn(flags, sample)
+        for _ in range(40):  # mostly other types than the sample: the fallback; sometimes the same
+            args = tuple(rng.choice(vals) if rng.random() < 0.5 else s for s in sample)
+            k = spec_key(args, flags)
+            assert fn(args, 3, "o") == (None if k is None else (3, "o") + k), fn.source
+    assert make_key_fn((), ())((), 0, None) == (0, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast path's decisions, with a stand-in for Triton's compiled-kernel cache
+# ---------------------------------------------------------------------------------------------
+
+
+class _Target:
+    def __init__(self, backend):
+        self.backend = backend
+
+
+class _Meta:
+    def __init__(self, backend):
+        self.target = _Target(backend)
+
+
+class FakeCompiled:
+    """Stands for a CompiledKernel: ``run`` records what it is given."""
+
+    def __init__(self, key, calls, backend="cuda"):
+        self.key, self.calls = key, calls
+        self.metadata = _Meta(backend)
+        self.function = object()
+        self.packed_metadata = (4, 1, 0)
+
+    def run(self, *a):
+        self.calls.append(("fast", self, a))
+
+
+class FakeJIT(JITFunction):
+    """A JITFunction whose ``kernel[grid](...)`` keys exactly as JITFunction.run (Triton's
+    binder on the CUDA backend, options, device) but returns a FakeCompiled instead of
+    compiling and launching."""
+
+    backend = "cuda"
+    device = 0
+
+    def setup(self):
+        self.binder = create_function_from_signature(self.signature, self.params, CUDABackend)
+        self.compiled, self.calls = {}, []
+        return self
+
+    def triton_kernel(self, args, opts):
+        _, specialization, options = self.binder(*args, **opts)
+        options = dict(options, debug=self.debug or triton.knobs.runtime.debug)
+        key = (self.device, str(specialization), str(sorted(options.items())))
+        if key not in self.compiled:
+            self.compiled[key] = FakeCompiled(key, self.calls, self.backend)
+        return self.compiled[key]
+
+    def __getitem__(self, grid):
+        def launch(*args, **opts):
+            k = self.triton_kernel(args, opts)
+            self.calls.append(("slow", k, args))
+            return k
+        return launch
+
+
+class _Driver:
+    def __init__(self, jit):
+        self.jit = jit
+
+    def get_current_device(self):
+        return self.jit.device
+
+    def get_current_stream(self, device):
+        return 1000 + device
+
+
+class _FakeDriverLauncher(KernelLauncher):
+    def _driver(self):
+        return _Driver(self.kernel)
+
+
+def _fake(fn, constexprs, monkeypatch, **kw):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read by the launcher's constructor only
+    monkeypatch.delenv("IRIS_FW_SLOW_LAUNCH", raising=False)
+    jit = FakeJIT(fn).setup()
+    return jit, _FakeDriverLauncher(jit, (5, 2), constexprs=constexprs, **kw)
+
+
+def _check_last(jit, lau, args, path):
+    """The last launch went ``path`` and used the kernel Triton would have used."""
+    how, k, got = jit.calls[-1]
+    assert how == path, jit.calls[-1]
+    full = lau.bound_args(args)
+    assert k is jit.triton_kernel(full, lau.options)
+    if how == "fast":
+        assert got == (5, 2, 1, 1000 + jit.device, k.function, k.packed_metadata, None, None, None, *full)
+    else:
+        assert got == full
+
+
+def test_fast_path_uses_tritons_kernel(monkeypatch):
+    jit, lau = _fake(_plain_many, {"A": 2, "B": None}, monkeypatch, num_warps=4)
+    vals = _samples()
+    a, u = _t(), _t(offset=1)
+    base = [a, u, (a, 3), 5, 1.5, False, None]
+    lau(*base)
+    _check_last(jit, lau, base, "slow")
+    lau(*base)
+    _check_last(jit, lau, base, "fast")
+    rng = random.Random(1)
+    pool = rng.sample(vals, 5)  # few values, so that specializations repeat
+    for i in range(1200):
+        args = list(base)
+        for j in rng.sample(range(len(args)), 2):
+            args[j] = rng.choice(pool)
+        seen = len(lau.variants())
+        try:
+            lau(*args)
+        except Exception:  # noqa: BLE001  (Triton's binder refuses, e.g. 2**64): the slow path raised
+            assert jit.calls[-1][0] != "fast"
+            continue
+        how = jit.calls[-1][0]
+        assert how == "slow" if len(lau.variants()) > seen or spec_key(args, lau._flags) is None else how == "fast"
+        _check_last(jit, lau, args, how)
+    assert len(jit.compiled) > 20 and sum(c[0] == "fast" for c in jit.calls) > 300
+
+
+def test_alignment_and_int_changes_make_variants(monkeypatch):
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    a, u = _t(), _t(offset=1)
+    seq = [(a, a, 16, 5, 7), (u, a, 16, 5, 7), (a, a, 1, 5, 7), (a, a, 17, 5, 7), (a, a, 2**40, 5, 7)]
+    for args in seq:
+        lau(*args)
+        _check_last(jit, lau, args, "slow")
+    assert len({id(k) for k in lau.variants().values()}) == len(seq) == lau.slow_calls
+    for args in seq * 3:  # alternating: each goes to its own variant, fast
+        lau(*args)
+        _check_last(jit, lau, args, "fast")
+    assert lau.slow_calls == len(seq)
+
+
+def test_do_not_specialize_shares_variants(monkeypatch):
+    jit = FakeJIT(_plain_dns, do_not_specialize=["i"], do_not_specialize_on_alignment=["q"]).setup()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    lau = _FakeDriverLauncher(jit, (5, 2), constexprs={"BLOCK": 64})
+    a, u = _t(), _t(offset=1)
+    lau(a, a, 16, 5, 7)
+    for args in [(a, u, 1, 5, 7), (a, a, 17, 5, 7), (a, u, 32, 5, 7)]:
+        lau(*args)
+        _check_last(jit, lau, args, "fast")
+    assert lau.slow_calls == 1
+
+
+def test_fallbacks(monkeypatch):
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    a = _t()
+    args = (a, a, 16, 5, 7)
+    lau(*args)
+    lau(*args)
+    _check_last(jit, lau, args, "fast")
+    rt = triton.knobs.runtime
+    for hook_name in ("launch_enter_hook", "launch_exit_hook"):
+        hook = getattr(rt, hook_name)
+        f = lambda meta: None  # noqa: E731
+        hook.add(f)
+        try:
+            lau(*args)
+            _check_last(jit, lau, args, "slow")
+        finally:
+            hook.remove(f)
+        lau(*args)
+        _check_last(jit, lau, args, "fast")
+    monkeypatch.setattr(rt, "add_stages_inspection_hook", lambda: ("k", "h"))
+    lau(*args)
+    _check_last(jit, lau, args, "slow")
+    monkeypatch.setattr(rt, "add_stages_inspection_hook", None)
+    jit.pre_run_hooks.append(lambda *a, **k: None)
+    lau(*args)
+    _check_last(jit, lau, args, "slow")
+    jit.pre_run_hooks.clear()
+    g = {"X": 1}
+    jit.used_global_vals = {("X", id(g)): (1, g)}
+    lau(*args)
+    _check_last(jit, lau, args, "fast")
+    g["X"] = 2  # Triton would raise; the launcher lets it
+    lau(*args)
+    _check_last(jit, lau, args, "slow")
+    jit.used_global_vals = {}
+    # an argument type the key does not model: always slow
+    for _ in range(2):
+        odd = (a, a, tl.constexpr(16), 5, 7)
+        lau(*odd)
+        assert jit.calls[-1][0] == "slow"
+    # the debug knob is part of Triton's options: a new variant
+    monkeypatch.setattr(rt, "debug", True)
+    lau(*args)
+    _check_last(jit, lau, args, "slow")
+    lau(*args)
+    _check_last(jit, lau, args, "fast")
+    monkeypatch.setattr(rt, "debug", False)
+    lau(*args)
+    _check_last(jit, lau, args, "fast")
+    # another device: its own variant
+    jit.device = 1
+    lau(*args)
+    _check_last(jit, lau, args, "slow")
+    lau(*args)
+    _check_last(jit, lau, args, "fast")
+
+
+def test_non_cuda_and_kill_switch_stay_slow(monkeypatch):
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    jit.backend = "hip"
+    a = _t()
+    for _ in range(3):
+        lau(a, a, 16, 5, 7)
+        assert jit.calls[-1][0] == "slow"
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    monkeypatch.setenv("IRIS_FW_SLOW_LAUNCH", "1")
+    lau = _FakeDriverLauncher(jit, (1,), constexprs={"BLOCK": 64})
+    for _ in range(3):
+        lau(a, a, 16, 5, 7)
+        assert jit.calls[-1][0] == "slow"
+
+
+def _cuda_launcher_like(scratch):
+    """An object of a class named like Triton's CudaLauncher, with its attributes, whose
+    ``launch`` records what it is given, and Triton's own ``CudaLauncher.__call__``."""
+    from triton.backends.nvidia import driver as nvd
+
+    class CudaLauncher:
+        __call__ = nvd.CudaLauncher.__call__
+
+    CudaLauncher.__module__ = nvd.__name__
+    fake = CudaLauncher()
+    fake.got = []
+    fake.launch = lambda *a: fake.got.append(a)
+    fake.global_scratch_size = fake.profile_scratch_size = scratch
+    fake.global_scratch_align = fake.profile_scratch_align = 16
+    fake.launch_cooperative_grid, fake.launch_pdl, fake.num_ctas, fake.gsan_enabled = False, True, 1, False
+    fake.arg_annotations, fake.kernel_signature = ["ann"], b"sig"
+    return fake
+
+
+@pytest.mark.parametrize("scratch", [0, 128])
+def test_launch_entry(scratch):
+    """The direct ``launch`` call gets, per version, what CudaLauncher.__call__ hands its
+    ``launch`` (hand-made lists from reading 3.6's and 3.9's driver.py); elsewhere, or when the
+    kernel needs scratch, the fast path calls ``run`` as JITFunction.run does."""
+    fake = _cuda_launcher_like(scratch)
+
+    class Compiled:
+        run, function, packed_metadata = fake, 77, (4, 1, 0)
+
+    full = (_t(), 3, (_t(), 1.5), None, 64)
+    for version in [(3, 6), (3, 9), (3, 10), (3, 7)]:
+        launch, head, as_tuple = lmod.launch_entry(Compiled(), version)
+        if scratch or version not in ((3, 6), (3, 9)):
+            assert launch is fake and head == (77, (4, 1, 0), None, None, None) and not as_tuple
+            continue
+        assert launch == fake.launch
+        fake.got.clear()
+        launch(5, 2, 1, 99, *head, full) if as_tuple else launch(5, 2, 1, 99, *head, *full)
+        if version == (3, 6):  # gx gy gz stream function coop pdl gscratch pscratch meta lmeta enter exit *args
+            assert fake.got == [(5, 2, 1, 99, 77, False, True, None, None, (4, 1, 0), None, None, None, *full)]
+        else:  # gx gy gz stream function coop pdl meta lmeta enter exit gscratch pscratch ann sig args
+            assert fake.got == [(5, 2, 1, 99, 77, False, True, (4, 1, 0), None, None, None, None, None,
+                                 ["ann"], b"sig", full)]
+    fake.gsan_enabled = True
+    assert lmod.launch_entry(Compiled(), (3, 9))[0] is fake
+
+
+def test_launch_entry_matches_this_tritons_cudalauncher():
+    """With this Triton's own CudaLauncher.__call__ (it needs an active driver: GPU hosts)."""
+    try:
+        triton.runtime.driver.active.get_current_device()
+    except Exception:  # noqa: BLE001
+        pytest.skip("no GPU driver: CudaLauncher.__call__ looks up the active driver")
+    fake = _cuda_launcher_like(0)
+
+    class Compiled:
+        run, function, packed_metadata = fake, 77, (4, 1, 0)
+
+    full = (3, (5, 1.5), None, 64)
+    launch, head, as_tuple = lmod.launch_entry(Compiled(), lmod._triton_version(triton.__version__))
+    if launch is fake:
+        pytest.skip(f"Triton {triton.__version__}: the fast path calls run")
+    launch(5, 2, 1, 99, *head, full) if as_tuple else launch(5, 2, 1, 99, *head, *full)
+    type(fake).__call__(fake, 5, 2, 1, 99, 77, (4, 1, 0), None, None, None, *full)
+    assert len(fake.got) == 2 and fake.got[0] == fake.got[1]
+
+
+def test_namedtuple_class_constexpr_is_wrapped(monkeypatch):
+    jit, lau = _fake(_rebuild_plain, {"ARGS": RebuildArgs, "BLOCK": 16}, monkeypatch)
+    cx = lau.bound_args((1, 2, (3,)))[3]
+    assert isinstance(cx, tl.constexpr) and cx.value is RebuildArgs
+    assert lau.constexprs["ARGS"] is RebuildArgs
+
+
+def _rebuild_plain(op0, op1, rest, ARGS: tl.constexpr, BLOCK: tl.constexpr):
+    pass
+
+
+def test_fast_path_versions():
+    assert lmod.fast_path_supported("3.6.0") and lmod.fast_path_supported("3.9.0")
+    assert lmod.fast_path_supported("3.10.1+git") and lmod.fast_path_supported("4.0")
+    assert not lmod.fast_path_supported("3.5.1") and not lmod.fast_path_supported("3.7.0")
+    assert not lmod.fast_path_supported("3.8.0")

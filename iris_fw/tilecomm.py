@@ -1,0 +1,251 @@
+"""Tile-level communication: the ``@triton.jit`` exchanges every higher layer is built from.
+
+Fused GEMM + collective patterns, the host collectives and attention combines all move tiles
+between ranks with the functions below, so each exchange has one implementation. A leaf
+module like :mod:`iris_fw.device` (it imports Triton and ``iris_fw.device`` only).
+
+**Argument order** (the one of :mod:`iris_fw.device`): pointers and values first (sources
+before destinations; a stride between per-rank slots goes with them), then ``rank`` (the
+caller), then the peer rank (``peer``/``root``) or ``world_size``, then ``heap_bases``, then
+keyword options (``mask=None``, ``OP``)::
+
+    tile_reduce(ptrs, rank, world_size, heap_bases, mask=None, OP="sum") -> tile
+    tile_all_reduce(src, dst, rank, world_size, heap_bases, mask=None, OP="sum")
+    tile_reduce_broadcast(src, dst, rank, world_size, heap_bases, mask=None, OP="sum")
+    tile_store_all(ptrs, value, rank, world_size, heap_bases, mask=None)
+    tile_put_all(src, dst, rank, world_size, heap_bases, mask=None)
+    tile_gather(src, dst, stride, rank, world_size, heap_bases, mask=None)
+    tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None)
+    tile_broadcast(src, dst, rank, root, heap_bases, mask=None)
+    signal_peers(flag, value, rank, world_size, heap_bases)
+    arrive(slots, epoch, rank, world_size, heap_bases)
+    wait_flag(flag, epoch, rank, heap_bases) -> 1/0
+    wait_arrivals(slots, epoch, rank, world_size, heap_bases) -> 1/0
+    last_program(counter, nprog, epoch) -> bool
+
+A tile is a block of pointers, 1-D ``[BLOCK]`` or 2-D ``[BM, BN]`` (any pointer arithmetic),
+with an optional ``mask`` of the same shape as in ``tl.load``. Pointers that a peer's copy is
+read or written through point into the *caller's* heap (symmetric tensors) and are
+translated per peer; a purely local side (the ``dst`` of a reduction or a pull, the ``src``
+of a push) may be any pointer. Loops over ranks start at the caller's own rank and rotate
+(``rank, rank+1, …``), so the ranks use different links at the same time.
+
+Reductions: ``OP`` is ``"sum"``, ``"max"``, ``"min"`` or ``"prod"``. Floating inputs narrower
+than 32 bits (fp16, bf16, fp8) accumulate in fp32, wider ones in their own type; integers
+accumulate in their own type (wrapping). Results are cast to the destination's dtype when
+stored (round to nearest even on GPUs; Triton's CPU interpreter truncates fp32 -> bf16 and
+mis-rounds fp32 -> fp8 where rounding carries into the exponent, e.g. 1.96 -> 1.0).
+
+**Synchronization model.** These functions only move data; ordering is the caller's, with
+int64 flag slots on the heap whose values are *epochs*: a per-call counter that only grows
+(call ``e`` uses epoch ``e``, or ``2e-1``/``2e`` for an entry and an exit barrier on one slot
+array), kept on the device by the caller and passed as a runtime scalar — never a Python int
+baked into each launch — so kernels stay CUDA-graph safe and slots are never reset.
+Cross-rank flags are written with release and read with acquire order at scope ``"sys"``;
+every wait is :func:`iris_fw.device.wait_until` (bounded: a missing peer becomes a
+:class:`iris_fw.WaitTimeout` naming the flag, never a hang). A typical kernel::
+
+    # state: int64 [2] (epoch of the last call, program counter); slots: int64 [world_size]
+    epoch = tl.load(state) + 1                                         # every program
+    arrive(slots, 2 * epoch - 1, rank, world_size, heap_bases)        # entry: my inputs are
+    wait_arrivals(slots, 2 * epoch - 1, rank, world_size, heap_bases) # written, my outputs
+    ... exchanges ...                                                  # free; so are peers'
+    if last_program(state + 1, tl.num_programs(0), epoch):            # exit, once per rank
+        tl.store(state, epoch)                   # every other program has read it already
+        arrive(slots, 2 * epoch, rank, world_size, heap_bases)        # peers are done with
+        wait_arrivals(slots, 2 * epoch, rank, world_size, heap_bases) # my buffers, I with theirs
+
+No program may wait for something another program of the *same launch* does: programs are
+not guaranteed to run at the same time (Triton's CPU interpreter runs them one after
+another). So every program does its own entry arrival, and the cross-rank exit barrier is
+done by the last program of the rank to finish, found with :func:`last_program`.
+"""
+
+import triton
+import triton.language as tl
+
+from . import device as dv
+
+# String defaults of constexpr parameters are tl.constexpr objects (see iris_fw.device).
+_SUM = tl.constexpr("sum")
+_SET = tl.constexpr("set")
+
+
+# ---- synchronization ----------------------------------------------------------------------
+
+
+@triton.jit
+def signal_peers(flag, value, rank, world_size, heap_bases):
+    """Release-store ``value`` into the scalar ``flag`` (an int64 slot of a symmetric tensor)
+    on every rank's heap, the caller's own first (scope ``"sys"``): every store the calling
+    program made before is visible to whoever acquires the flag. E.g. a chunk's owner
+    announcing "chunk ready for epoch e" to every rank."""
+    for i in range(0, world_size):
+        dv.signal(flag, value, rank, (rank + i) % world_size, heap_bases, op=_SET)
+
+
+@triton.jit
+def arrive(slots, epoch, rank, world_size, heap_bases):
+    """Arrive at a barrier: release-store ``epoch`` into ``slots[rank]`` on every rank's heap
+    (scope ``"sys"``). ``slots``: an int64 ``[world_size]`` symmetric tensor, zero before its
+    first use. Pair with :func:`wait_arrivals`. Any program may arrive, any number of times
+    with the same epoch; an arrival must never be waited for by another program of the same
+    launch on the same rank."""
+    signal_peers(slots + rank, epoch, rank, world_size, heap_bases)
+
+
+@triton.jit
+def wait_flag(flag, epoch, rank, heap_bases):
+    """Bounded acquire-wait (scope ``"sys"``) until the scalar int64 ``flag`` on the caller's
+    own heap is ``>= epoch``. Returns 1, or 0 if the wait timed out (recorded in the heap
+    header; the host raises ``WaitTimeout`` naming the flag)."""
+    return dv.wait_until(flag, ">=", epoch, rank, rank, heap_bases)
+
+
+@triton.jit
+def wait_arrivals(slots, epoch, rank, world_size, heap_bases):
+    """Bounded acquire-wait until every ``slots[p] >= epoch`` (``p < world_size``, int64
+    ``[world_size]``) in the caller's own heap, i.e. every rank did
+    ``arrive(slots, epoch', …)`` with ``epoch' >= epoch``.
+
+    Returns 1, or 0 if a wait timed out; after the first timeout the remaining slots are not
+    waited for (one timeout is recorded and the caller is not held up ``world_size`` times).
+    """
+    ok = dv.wait_until(slots + rank, ">=", epoch, rank, rank, heap_bases)
+    for i in range(1, world_size):
+        if ok != 0:
+            ok = dv.wait_until(slots + (rank + i) % world_size, ">=", epoch, rank, rank, heap_bases)
+    return ok
+
+
+@triton.jit
+def last_program(counter, nprog, epoch):
+    """Count this program as finished with call ``epoch``; true for exactly the last of the
+    launch's ``nprog`` programs to do so.
+
+    Every program of the launch calls it once, at its end. ``counter``: a scalar integer
+    (int64) in local memory that only grows, 0 before the first call, advanced by ``nprog``
+    per call (so every call on one counter must use the same ``nprog``); ``epoch`` is 1 for
+    the first call. The add is acq_rel (scope ``"sys"``, so that peer-memory stores of the
+    other programs are ordered before the last program's cross-rank release): the last
+    program sees every store the others made before their call.
+    """
+    # Every thread of the program finished its stores before one of them releases.
+    tl.debug_barrier()
+    old = tl.atomic_add(counter, 1, sem="acq_rel", scope="sys")
+    tl.debug_barrier()
+    return old == epoch * nprog - 1
+
+
+# ---- reductions ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _widen(x):
+    """``x`` in its accumulator type: fp32 for floats narrower than 32 bits, else unchanged."""
+    if x.dtype.is_floating():
+        if x.dtype.primitive_bitwidth < 32:
+            x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _combine(acc, x, OP: tl.constexpr):
+    if OP == "sum":
+        out = acc + x
+    elif OP == "max":
+        out = tl.maximum(acc, x)
+    elif OP == "min":
+        out = tl.minimum(acc, x)
+    else:
+        out = acc * x
+    return out
+
+
+@triton.jit
+def tile_reduce(ptrs, rank, world_size, heap_bases, mask=None, OP: tl.constexpr = _SUM):
+    """The tile at ``ptrs`` (symmetric; ``[BLOCK]`` or ``[BM, BN]``) reduced with ``OP`` over
+    every rank's copy, read from ``rank``, ``rank+1``, …; returned as a register tile of the
+    same shape in the accumulator type (fp32 for 16/8-bit floats). Lanes outside ``mask``
+    hold unspecified values."""
+    tl.static_assert(OP == "sum" or OP == "max" or OP == "min" or OP == "prod",
+                     "tile_reduce: OP must be 'sum', 'max', 'min' or 'prod'")
+    acc = _widen(tl.load(ptrs, mask=mask))
+    for i in range(1, world_size):
+        x = dv.load(ptrs, rank, (rank + i) % world_size, heap_bases, mask=mask)
+        acc = _combine(acc, _widen(x), OP)
+    return acc
+
+
+@triton.jit
+def tile_all_reduce(src, dst, rank, world_size, heap_bases, mask=None, OP: tl.constexpr = _SUM):
+    """``dst`` = ``src`` reduced with ``OP`` over every rank. ``src``: symmetric, ``dst``: any
+    local pointers (its dtype may differ from ``src``'s), both ``[BLOCK]`` or ``[BM, BN]``.
+
+    One-shot all-reduce of a tile when every rank calls it for every tile; the reduce-scatter
+    piece when only a chunk's owner calls it for the tiles of its chunk.
+    """
+    acc = tile_reduce(src, rank, world_size, heap_bases, mask=mask, OP=OP)
+    tl.store(dst, acc.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def tile_reduce_broadcast(src, dst, rank, world_size, heap_bases, mask=None, OP: tl.constexpr = _SUM):
+    """``src`` reduced with ``OP`` over every rank, stored into ``dst`` on every rank. ``src``,
+    ``dst``: symmetric, ``[BLOCK]`` or ``[BM, BN]``.
+
+    The owner's step of a two-shot all-reduce: each tile has one owner rank, which calls this
+    for it; ``dst`` may be ``src`` only if no rank reads this tile of ``src`` afterwards.
+    """
+    acc = tile_reduce(src, rank, world_size, heap_bases, mask=mask, OP=OP)
+    tile_store_all(dst, acc, rank, world_size, heap_bases, mask=mask)
+
+
+# ---- data movement ------------------------------------------------------------------------
+
+
+@triton.jit
+def tile_store_all(ptrs, value, rank, world_size, heap_bases, mask=None):
+    """Store the register tile ``value`` (cast to ``ptrs``' dtype) at ``ptrs`` (symmetric) on
+    every rank, ``[BLOCK]`` or ``[BM, BN]`` alike: what a fused producer does with a tile
+    every rank needs."""
+    out = value.to(ptrs.dtype.element_ty)
+    for i in range(0, world_size):
+        dv.store(ptrs, out, rank, (rank + i) % world_size, heap_bases, mask=mask)
+
+
+@triton.jit
+def tile_put_all(src, dst, rank, world_size, heap_bases, mask=None):
+    """Push: copy the caller's tile at ``src`` (any local pointers) to ``dst`` (symmetric) on
+    every rank; both ``[BLOCK]`` or ``[BM, BN]``. All-gather by push (``dst`` = the caller's
+    slot of the output), and the root's side of a push broadcast."""
+    tile_store_all(dst, tl.load(src, mask=mask), rank, world_size, heap_bases, mask=mask)
+
+
+@triton.jit
+def tile_gather(src, dst, stride, rank, world_size, heap_bases, mask=None):
+    """Pull: for every rank ``p``, copy ``p``'s tile at ``src`` (symmetric) into the local
+    ``dst + p * stride``; both ``[BLOCK]`` or ``[BM, BN]``, ``stride`` in elements between
+    the per-rank slots of the output. All-gather by pull."""
+    for i in range(0, world_size):
+        p = (rank + i) % world_size
+        tl.store(dst + p * stride, dv.load(src, rank, p, heap_bases, mask=mask), mask=mask)
+
+
+@triton.jit
+def tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None):
+    """All-to-all by push: for every rank ``p``, the caller's tile for ``p`` at
+    ``src + p * stride`` (any local pointers) goes to ``p``'s slot for the caller,
+    ``dst + rank * stride`` in ``p``'s heap (``dst`` symmetric). ``src``, ``dst``: the
+    ``[BLOCK]`` or ``[BM, BN]`` tile of slot 0; ``stride``: elements between per-rank slots."""
+    for i in range(0, world_size):
+        p = (rank + i) % world_size
+        dv.store(dst + rank * stride, tl.load(src + p * stride, mask=mask), rank, p, heap_bases, mask=mask)
+
+
+@triton.jit
+def tile_broadcast(src, dst, rank, root, heap_bases, mask=None):
+    """Broadcast by pull: ``dst`` (any local pointers) = ``root``'s tile at ``src``
+    (symmetric); both ``[BLOCK]`` or ``[BM, BN]``. The root copies its own tile (a no-op
+    copy when ``dst`` is ``src``)."""
+    tl.store(dst, dv.load(src, rank, root, heap_bases, mask=mask), mask=mask)

@@ -150,6 +150,10 @@ class Context:
             on_alloc=self._check_alloc_symmetric if debug else None,
         )
         self._polls_per_s = self._calibrate_wait()
+        from .engine.op import OpCache
+
+        #: ops of ``iris_fw.ops.<name>(...)`` calls, by their arguments (bounded; see OpCache)
+        self.op_cache = OpCache()
         self.wait_timeout = wait_timeout
         self.barrier()
         _created.append(weakref.ref(self))
@@ -161,6 +165,7 @@ class Context:
             return
         self._closed = True
         self._exit_cleanup.detach()
+        self.op_cache.clear()
         try:
             self.transport.synchronize()
             self.bootstrap.barrier()
@@ -347,6 +352,36 @@ class Context:
                     for r, row in enumerate(rows)
                 ]
                 raise SymmetryError(f"live allocation #{i} differs across ranks:\n  " + "\n  ".join(lines))
+
+    # ---- collective validation -------------------------------------------------------------------
+    def agree(self, label: str, fields: dict, error: BaseException | None = None) -> None:
+        """Collective, one small exchange: every rank's ``fields`` (name → a comparable value, e.g.
+        shapes and dtypes of a collective call) must be equal, and no rank may have rejected
+        its arguments (``error``). Otherwise every rank raises: the rank that rejected its
+        arguments re-raises ``error``, the others :class:`~iris_fw.engine.contract.CollectiveMismatch`
+        naming the ranks and the argument that differ. The same exchange reclaims heap blocks
+        freed on every rank (as :meth:`barrier` does), so loops of collective calls do not
+        accumulate freed memory."""
+        from .engine.contract import CollectiveMismatch
+
+        self._check_open()
+        rejected = None if error is None else f"{type(error).__name__}: {error}"
+        reports = self.bootstrap.all_gather((rejected, fields, self.heap.pending_offsets()))
+        self.heap.reclaim(set.intersection(*(set(pending) for _, _, pending in reports)))
+        failed = [(r, why) for r, (why, _, _) in enumerate(reports) if why]
+        if failed:
+            if error is not None:
+                raise error
+            raise CollectiveMismatch(f"{label}: " + "; ".join(f"rank {r} rejected its arguments ({why})"
+                                                               for r, why in failed))
+        for name in fields:
+            values = [f.get(name) for _, f, _ in reports]
+            if any(v != values[0] for v in values[1:]):
+                groups: dict = {}
+                for r, v in enumerate(values):
+                    groups.setdefault(repr(v), []).append(r)
+                detail = "; ".join(f"ranks {', '.join(map(str, ranks))}: {v}" for v, ranks in groups.items())
+                raise CollectiveMismatch(f"{label}: argument {name!r} differs across ranks ({detail})")
 
     # ---- host collectives ----------------------------------------------------------------------
     def broadcast(self, value: Any, src: int = 0) -> Any:

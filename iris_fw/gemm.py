@@ -6,6 +6,7 @@ tile loop as a plain local GEMM (the "GEMM alone" of the benchmarks).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -13,10 +14,28 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tiles
-from .overlap import check_tensor, num_sms, persistent_programs
+from .devinfo import num_sms, persistent_programs
+from .engine.contract import PatternError, check_tensor
 
 #: TMA needs 16-byte aligned base addresses and row strides.
 TMA_ALIGN_BYTES = 16
+
+
+#: Input dtypes of the GEMM (the result has the inputs' dtype).
+GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class GemmCfg(NamedTuple):
+    """The constexpr configuration every GEMM pattern's ``CFG`` starts from (block sizes, tile
+    order, whether each operand is a TMA descriptor, exact fp32 products)."""
+
+    BM: int
+    BN: int
+    BK: int
+    GROUP_M: int
+    A_DESC: bool
+    B_DESC: bool
+    EXACT: bool
 
 
 @dataclass(frozen=True)
@@ -110,21 +129,20 @@ def check_operands(a, b, device, a_label: str = "a [M, K]", b_label: str = "b [K
     """``(a, b)`` checked as the two operands of a product on ``device`` (2-D, same supported
     dtype, inner dimensions equal); errors name them with their labels (``"a [M, K]"``)."""
     a_name, b_name = a_label.split()[0], b_label.split()[0]
-    a = check_tensor(a, a_name, 2, device)
+    a = check_tensor(a, a_name, 2, device, dtypes=GEMM_DTYPES)
     b = check_tensor(b, b_name, 2, device, a.dtype)
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"{a_label} and {b_label} must agree on {k}, got {a_name} {list(a.shape)} and {b_name} {list(b.shape)}")
+        raise PatternError(f"{a_label} and {b_label} must agree on {k}, got {a_name} {list(a.shape)} and {b_name} {list(b.shape)}")
     return a, b
 
 
 def plan_operands(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, *, a_tma: bool = True):
-    """``(a source, b source, CFG head)`` for a pattern's plan: each operand as a TMA
-    descriptor where :func:`tma_ok` (``a_tma=False`` keeps ``a`` a pointer), and the constexpr
-    tuple every GEMM pattern's ``CFG`` starts with:
-    ``(BM, BN, BK, GROUP_M, A_DESC, B_DESC, EXACT)``."""
+    """``(a source, b source, GemmCfg)`` for a pattern's plan: each operand as a TMA descriptor
+    where :func:`tma_ok` (``a_tma=False`` keeps ``a`` a pointer), and the constexpr
+    configuration every GEMM pattern's ``CFG`` starts from."""
     a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k]) if a_tma else (a, False)
     b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
-    return a_src, b_src, (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(a.dtype))
+    return a_src, b_src, GemmCfg(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(a.dtype))
 
 
 @triton.jit

@@ -56,8 +56,8 @@ def iris_fw_register_schedulers(registry):
     :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"scheduler"``; call
         ``registry.register(obj)`` with an object that has a ``name`` attribute and,
         optionally, an ``available()`` method returning ``(bool, reason)``. To run the
-        built-in patterns it follows :class:`iris_fw.overlap.Scheduler` (``uses_stash``,
-        ``workspace``, ``run``; docs/taxonomy.md).
+        built-in patterns it follows :class:`iris_fw.engine.scheduler.Scheduler` (``uses_stash``,
+        ``grids``, ``launch``; docs/architecture.md).
     :return: nothing.
     """
 
@@ -71,9 +71,9 @@ def iris_fw_register_patterns(registry):
     :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"pattern"``; call
         ``registry.register(obj)`` with an object that has a ``name`` attribute and,
         optionally, an ``available()`` method returning ``(bool, reason)``. To run under the
-        schedulers it provides the pieces and host methods of :mod:`iris_fw.overlap`
-        (``pieces``, ``comm_first``, ``shape``, ``global_shape``, ``setup``, ``bind``,
-        ``reference``; docs/taxonomy.md).
+        schedulers it provides the pieces and host methods of :class:`iris_fw.engine.contract.Pattern`
+        (``pieces``, ``Args``, ``Config``, ``comm_first``, ``signature``, ``tuning_key``,
+        ``default_config``, ``setup``, ``bind``, ``reference``; docs/architecture.md).
     :return: nothing.
     """
 

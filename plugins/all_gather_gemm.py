@@ -6,9 +6,16 @@ pulls it from its owner(s) into local staging and ``produce(STAGED=True)`` multi
 rows; ``produce(STAGED=False)`` (the fused schedule) reads every row straight from its owner's
 heap inside the K loop. Row blocks are visited starting with this rank's own rows, so compute
 starts on local data while the rest arrives.
+
+Peers read ``a_shard`` from the op's own heap buffer (``op.buffers["a_heap"]``): a call copies
+its input there unless the input *is* that buffer (write your shard into it to skip the copy).
+A tensor the caller placed on the heap is not read in place, because nothing checks per call
+that every rank placed its shard at the same offset.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -16,53 +23,79 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
-from iris_fw.gemm import check_operands, default_config, plan_operands
+from iris_fw.engine.contract import Copy, Pattern, Pieces, Plan
+from iris_fw.gemm import GemmConfig, check_operands, default_config, plan_operands
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Copy, Pieces, Plan
 
 #: Columns of ``A`` one fetch step copies (GPU); the CPU uses the GEMM's ``block_k``.
 FETCH_BLOCK_K = 256
 #: Copy-engine schedules copy each rank's shard in this many pieces (whole row blocks).
 COPY_PIECES = 4
 
-# args: 0 a_full as operand, 1 b operand, 2 a_shard (heap), 3 a_full (staging), 4 c, 5 M, 6 M/W,
-# 7 N/W, 8 K, 9 a_shard stride 0, 10 a_shard stride 1, 11 a_full stride 0, 12 b stride 0,
-# 13 b stride 1, 14 c stride 0, 15 rank, 16 world size, 17 heap_bases, 18 row-block rotation
-# CFG: BM, BN, BK, GROUP_M, A_DESC, B_DESC, EXACT, FETCH_BK
+
+class Args(NamedTuple):
+    """Runtime arguments of the pieces (``a``/``b``: TMA descriptors or pointers)."""
+
+    a: Any  # the gathered A as the GEMM reads it (staging) or the shard (fused schedules)
+    b: Any
+    a_shard: Any  # [M/W, K] on the heap
+    a_full: Any  # [M, K] staging
+    c: Any  # [M, N/W]
+    M: int
+    Ms: int  # M/W
+    NL: int  # N/W
+    K: int
+    stride_sm: int  # a_shard strides
+    stride_sk: int
+    stride_fm: int  # a_full row stride
+    stride_bk: int
+    stride_bn: int
+    stride_cm: int
+    rank: int
+    world_size: int
+    heap_bases: Any
+    shift: int  # row-block rotation
+    TOP = 2
+
+
+class AgCfg(NamedTuple):
+    """Constexpr configuration: the GEMM's plus the columns one fetch step copies."""
+
+    BM: int
+    BN: int
+    BK: int
+    GROUP_M: int
+    A_DESC: bool
+    B_DESC: bool
+    EXACT: bool
+    FETCH_BK: int
 
 
 @triton.jit
 def _coords(args, tile, CFG: tl.constexpr):
     """``(row-block sequence number, off_m, off_n)`` of ``tile``."""
-    M, NL, shift = args[5], args[7], args[18]
-    BM: tl.constexpr = CFG[0]
-    BN: tl.constexpr = CFG[1]
-    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(M, BM), tl.cdiv(NL, BN), shift, CFG[3])
-    return seq, pm * BM, pn * BN
+    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.NL, CFG.BN), args.shift, CFG.GROUP_M)
+    return seq, pm * CFG.BM, pn * CFG.BN
 
 
 @triton.jit
 def _owner_rows(args, off_m, BM: tl.constexpr):
     """For rows ``off_m …``: ``(rows, owner rank, pointer to the row in the owner's shard)``,
     as ``[BM, 1]`` blocks (rows past ``M`` clamp to the last rank; callers mask them)."""
-    a_shard, Ms, stride_am, world = args[2], args[6], args[9], args[16]
     r = off_m + tl.arange(0, BM)
-    owner = tl.minimum(r // Ms, world - 1)
-    return r[:, None], owner[:, None], a_shard + ((r - owner * Ms) * stride_am)[:, None]
+    owner = tl.minimum(r // args.Ms, args.world_size - 1)
+    return r[:, None], owner[:, None], args.a_shard + ((r - owner * args.Ms) * args.stride_sm)[:, None]
 
 
 @triton.jit
 def fetch(args, chunk, CFG: tl.constexpr):
-    a_full, M, K, stride_ak, stride_fm = args[3], args[5], args[8], args[10], args[11]
-    rank, heap_bases, shift = args[15], args[17], args[18]
-    BM: tl.constexpr = CFG[0]
-    FBK: tl.constexpr = CFG[7]
-    off_m = ((chunk + shift) % tl.cdiv(M, BM)) * BM
-    r, owner, src = _owner_rows(args, off_m, BM)
-    for k0 in range(0, K, FBK):
-        col = k0 + tl.arange(0, FBK)[None, :]
-        mask = (r < M) & (col < K)
-        tl.store(a_full + r * stride_fm + col, dv.load(src + col * stride_ak, rank, owner, heap_bases, mask=mask), mask=mask)
+    off_m = ((chunk + args.shift) % tl.cdiv(args.M, CFG.BM)) * CFG.BM
+    r, owner, src = _owner_rows(args, off_m, CFG.BM)
+    for k0 in range(0, args.K, CFG.FETCH_BK):
+        col = k0 + tl.arange(0, CFG.FETCH_BK)[None, :]
+        mask = (r < args.M) & (col < args.K)
+        tl.store(args.a_full + r * args.stride_fm + col,
+                 dv.load(src + col * args.stride_sk, args.rank, owner, args.heap_bases, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -73,24 +106,23 @@ def depends(args, tile, CFG: tl.constexpr):
 
 @triton.jit
 def produce(args, tile, CFG: tl.constexpr, STAGED: tl.constexpr):
-    b, c, M, NL, K = args[1], args[4], args[5], args[7], args[8]
-    BM: tl.constexpr = CFG[0]
     seq, off_m, off_n = _coords(args, tile, CFG)
     if STAGED:
-        acc = tiles.matmul_tile(args[0], b, off_m, off_n, M, NL, K, args[11], 1, args[12], args[13],
-                                BM, CFG[1], CFG[2], CFG[4], CFG[5], CFG[6])
+        acc = tiles.matmul_tile(args.a, args.b, off_m, off_n, args.M, args.NL, args.K, args.stride_fm, 1,
+                                args.stride_bk, args.stride_bn, CFG.BM, CFG.BN, CFG.BK, CFG.A_DESC, CFG.B_DESC,
+                                CFG.EXACT)
     else:
-        r, owner, src = _owner_rows(args, off_m, BM)
-        rows = dv.translate(src, args[15], owner, args[17])
-        acc = tiles.matmul_tile_rows(rows, b, off_n, NL, K, args[10], args[12], args[13], r < M,
-                                     BM, CFG[1], CFG[2], CFG[5], CFG[6])
-    return acc.to(c.dtype.element_ty)
+        r, owner, src = _owner_rows(args, off_m, CFG.BM)
+        rows = dv.translate(src, args.rank, owner, args.heap_bases)
+        acc = tiles.matmul_tile_rows(rows, args.b, off_n, args.NL, args.K, args.stride_sk, args.stride_bk,
+                                     args.stride_bn, r < args.M, CFG.BM, CFG.BN, CFG.BK, CFG.B_DESC, CFG.EXACT)
+    return acc.to(args.c.dtype.element_ty)
 
 
 @triton.jit
 def consume(args, tile, value, CFG: tl.constexpr, FROM_STASH: tl.constexpr):
     seq, off_m, off_n = _coords(args, tile, CFG)
-    tiles.store_block(args[4], value, off_m, off_n, args[5], args[7], args[14], 1, CFG[0], CFG[1])
+    tiles.store_block(args.c, value, off_m, off_n, args.M, args.NL, args.stride_cm, 1, CFG.BM, CFG.BN)
 
 
 @triton.jit
@@ -100,63 +132,67 @@ def stash(args, tile, value, CFG: tl.constexpr):
 
 @triton.jit
 def reload(args, tile, CFG: tl.constexpr):
-    BM: tl.constexpr = CFG[0]
-    BN: tl.constexpr = CFG[1]
     seq, off_m, off_n = _coords(args, tile, CFG)
-    r = off_m + tl.arange(0, BM)
-    col = off_n + tl.arange(0, BN)
-    return tl.load(args[4] + r[:, None] * args[14] + col[None, :], mask=(r[:, None] < args[5]) & (col[None, :] < args[7]))
+    r = off_m + tl.arange(0, CFG.BM)
+    col = off_n + tl.arange(0, CFG.BN)
+    return tl.load(args.c + r[:, None] * args.stride_cm + col[None, :],
+                   mask=(r[:, None] < args.M) & (col[None, :] < args.NL))
 
 
-class AllGatherGemm:
+class AllGatherGemm(Pattern):
     """``C[M, N/W] = all_gather(a_shard[M/W, K]) @ b_local[K, N/W]``."""
 
     name = "all_gather_gemm"
     description = "A_shard[M/W,K] gathered from every rank, times b_local[K,N/W] -> C[M,N/W]"
     pieces = Pieces(produce, consume, stash, reload, fetch, depends)
     comm_first = True
+    Args = Args
+    Config = GemmConfig
 
-    def shape(self, ctx, a_shard, b):
-        """Validate; return ``(M/W, N_local, K, dtype)``."""
+    def signature(self, ctx, a_shard, b):
+        """Validate; return ``(M/W, N/W, K, dtype)``."""
         a_shard, b = check_operands(a_shard, b, ctx.device, "a_shard [M/W, K]", "b [K, N/W]")
         return a_shard.shape[0], b.shape[1], a_shard.shape[1], a_shard.dtype
 
-    @staticmethod
-    def global_shape(shape, world_size):
-        """``(M, N, K)`` of the whole product (the benchmark tables' shape)."""
-        Ms, NL, K, _ = shape
+    def tuning_key(self, signature, world_size):
+        """The global ``(M, N, K)``."""
+        Ms, NL, K, _ = signature
         return Ms * world_size, NL * world_size, K
 
-    def setup(self, ctx, shape, config, uses_stash):
-        """The output, the staging buffer for the gathered ``A`` (unfused schedules) and a heap
-        copy of ``a_shard`` for inputs that are not on the heap."""
-        Ms, NL, K, dtype = shape
+    def default_config(self, ctx, signature, programs=None):
+        Ms, NL, K, dtype = signature
+        return default_config(Ms * ctx.world_size, NL, K, dtype, ctx.device, programs)
+
+    def setup(self, ctx, signature, config, uses_stash):
+        """The output, the staging buffer for the gathered ``A`` (unfused schedules) and the heap
+        buffer peers read the shard from."""
+        Ms, NL, K, dtype = signature
         M = Ms * ctx.world_size
-        cfg = config or default_config(M, NL, K, dtype, ctx.device)
         staging = torch.empty(M if uses_stash else 1, K, dtype=dtype, device=ctx.device)
-        return {"config": cfg, "out": torch.empty(M, NL, dtype=dtype, device=ctx.device),
+        return {"config": config, "out": torch.empty(M, NL, dtype=dtype, device=ctx.device),
                 "staging": staging, "staged": uses_stash, "a_heap": ctx.empty(Ms, K, dtype=dtype)}
 
-    def bind(self, ctx, ws, a_shard, b) -> Plan:
-        Ms, NL, K, dtype = self.shape(ctx, a_shard, b)
-        cfg, c, a_full = ws["config"], ws["out"], ws["staging"]
-        if not (ctx.is_symmetric(a_shard) and a_shard.is_contiguous()):  # peers read it: on the heap, dense
-            a_shard = ws["a_heap"].copy_(a_shard)
+    def bind(self, ctx, buffers, a_shard, b) -> Plan:
+        Ms, K = a_shard.shape
+        NL = b.shape[1]
+        cfg, c, a_full, a_heap = buffers["config"], buffers["out"], buffers["staging"], buffers["a_heap"]
+        if a_shard.data_ptr() != a_heap.data_ptr() or a_shard.stride() != a_heap.stride():
+            a_heap.copy_(a_shard)
         M = Ms * ctx.world_size
         # Staged: the GEMM reads the local staging buffer (TMA where aligned); fused: the shard
         # pointer stands in (produce(STAGED=False) reads every row from its owner instead).
-        a_src, b_src, cfg_head = plan_operands(cfg, a_full if ws["staged"] else a_shard, b, a_tma=ws["staged"])
+        a_src, b_src, gcfg = plan_operands(cfg, a_full if buffers["staged"] else a_heap, b, a_tma=buffers["staged"])
         shift = (ctx.rank * Ms) // cfg.block_m
-        args = (a_src, b_src, a_shard, a_full, c, M, Ms, NL, K, a_shard.stride(0), a_shard.stride(1),
-                a_full.stride(0), b.stride(0), b.stride(1), c.stride(0), ctx.rank, ctx.world_size,
-                ctx.heap_bases, shift)
+        args = Args(a_src, b_src, a_heap, a_full, c, M, Ms, NL, K, a_heap.stride(0), a_heap.stride(1),
+                    a_full.stride(0), b.stride(0), b.stride(1), c.stride(0), ctx.rank, ctx.world_size,
+                    ctx.heap_bases, shift)
         fetch_bk = cfg.block_k if ctx.device.type == "cpu" else FETCH_BLOCK_K
-        cfg_t = cfg_head + (fetch_bk,)
         tiles_m = triton.cdiv(M, cfg.block_m)
-        copies = self._copies(ctx, ws, a_shard, a_full, Ms, cfg.block_m, shift) if ws["staged"] else None
-        return Plan(self.name, self.pieces, args, cfg_t, tiles_m * triton.cdiv(NL, cfg.block_n), tiles_m,
-                    cfg.num_warps, cfg.num_stages, comm_bytes=(M - Ms) * K * a_shard.element_size(),
-                    flops=2 * M * NL * K, result=c, copies=copies)
+        copies = self._copies(ctx, buffers, a_heap, a_full, Ms, cfg.block_m, shift) if buffers["staged"] else None
+        return Plan(pattern=self.name, pieces=self.pieces, args=args, cfg=AgCfg(*gcfg, fetch_bk),
+                    num_tiles=tiles_m * triton.cdiv(NL, cfg.block_n), num_chunks=tiles_m,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                    comm_bytes=(M - Ms) * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies)
 
     @staticmethod
     def _copies(ctx, ws, a_shard, a_full, Ms, BM, shift):

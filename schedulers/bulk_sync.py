@@ -1,10 +1,12 @@
 """``bulk_sync``: the bulk-synchronous schedule. Compute-first patterns: a kernel computes and
 stashes every tile, then a kernel sends every tile. Communicate-first: a kernel fetches every
-chunk, then a kernel computes every tile from staging. One stream, no flags: stream order is
-the synchronization (the way torch + NCCL code overlaps nothing)."""
+chunk, then a kernel computes every tile from staging. One stream, no item flags: stream order
+is the synchronization (the way torch + NCCL code overlaps nothing). The communicating kernel
+carries the cross-rank entry and exit barriers."""
 
+from iris_fw.engine.scheduler import Scheduler, launch_consumer, launch_producer
+from iris_fw.devinfo import persistent_programs
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Scheduler, launch_consumer, launch_producer
 
 
 class BulkSync(Scheduler):
@@ -12,10 +14,15 @@ class BulkSync(Scheduler):
     description = "all compute, then all communication (or all fetches, then all compute); stream-ordered"
     uses_stash = True
 
-    def launch(self, ctx, plan, ws, comm_sms):
-        items = plan.num_chunks if plan.comm_first else plan.num_tiles
-        launch_producer(ctx, plan, ws, self.grid_for(ctx, items), sync=False)
-        launch_consumer(ctx, plan, ws, self.grid_for(ctx, plan.num_tiles), sync=False, queue=False)
+    def grids(self, ctx, plan, comm_sms):
+        self.no_split(comm_sms, self.name)
+        return {"producer": persistent_programs(ctx.device, plan.num_items),
+                "consumer": persistent_programs(ctx.device, plan.num_tiles)}
+
+    def launch(self, ctx, plan, ws):
+        fetches = plan.comm_first  # the producer communicates (fetch) or the consumer does (send)
+        launch_producer(ctx, plan, ws, sync=False, entry=fetches, exit=fetches)
+        launch_consumer(ctx, plan, ws, sync=False, queue=False, entry=not fetches, exit=not fetches)
 
 
 @hookimpl

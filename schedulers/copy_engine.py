@@ -1,5 +1,5 @@
 """``copy_engine``: communicate-first patterns only. The GPU's copy engine moves the operand
-chunks (the pattern's :attr:`~iris_fw.overlap.Plan.copies`, read from the peers' heaps) on a
+chunks (the pattern's :attr:`~iris_fw.engine.contract.Plan.copies`, read from the peers' heaps) on a
 side stream and publishes each completed chunk with a stream memory write
 (``cuStreamWriteValue32``: ordered after the copy, no kernel, no SM); one persistent kernel
 on every SM computes tiles from the dynamic queue, acquiring each tile's chunk flag. No SM
@@ -17,11 +17,14 @@ import torch
 
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import FIRST_ITEM_SLOT, Scheduler, launch_consumer
+from iris_fw.devinfo import persistent_programs
+from iris_fw.engine.scheduler import Scheduler, launch_consumer, side_stream
 
 #: cuStreamWriteValue32 / hipStreamWriteValue32 flags: 0 = the write is ordered after all
 #: earlier work of the stream, with a memory barrier before it (a release).
 _WRITE_VALUE_DEFAULT = 0
+#: The value a stream write publishes a chunk with.
+_PUBLISHED = 1
 
 
 class _StreamWriter:
@@ -74,44 +77,43 @@ class CopyEngine(Scheduler):
             return False, f"{plan.pattern}'s copies complete {ready} of its {plan.num_chunks} chunks"
         return True, ""
 
-    def split(self, ctx, plan, comm_sms):
+    def grids(self, ctx, plan, comm_sms):
         """Every SM computes: ``comm_sms`` must be None."""
         if comm_sms is not None:
             raise ValueError(f"comm_sms does not apply to {self.name} (it uses no SM to communicate), got {comm_sms!r}")
-        return self.grid_for(ctx, plan.num_tiles), 0
+        return {"consumer": persistent_programs(ctx.device, plan.num_tiles)}
 
-    def launch(self, ctx, plan, ws, comm_sms):
-        nprog, _ = self.split(ctx, plan, comm_sms)
+    def launch(self, ctx, plan, ws):
         ok, why = self.supports(plan)  # checked before anything is launched: no kernel waits in vain
         if not ok:
             raise IrisError(f"{self.name}: {why}")
-        if ws.epoch >= 2 ** 31:
-            raise IrisError(f"{self.name}: epoch {ws.epoch} no longer fits the 32-bit flag writes; plan a new op")
         flags = ws.flags
-        slot_bytes = flags.element_size()
+        # Chunk flags are published with the constant 1 (a stream write carries no device-side
+        # epoch) and the kernel's last program resets them: replays of a captured call work.
         if ctx.device.type != "cuda":
-            self._copy(plan, lambda first, end: flags[FIRST_ITEM_SLOT.value + first:FIRST_ITEM_SLOT.value + end]
-                       .fill_(ws.epoch))
-            launch_consumer(ctx, plan, ws, nprog, sync=True, queue=True)
-        else:
-            if self._writer is None:
-                self._writer = _StreamWriter()
-            if ws.side_stream is None:
-                ws.side_stream = torch.cuda.Stream(device=ctx.device)
-            main, side = torch.cuda.current_stream(ctx.device), ws.side_stream
-            side.wait_stream(main)
-            base = flags.data_ptr() + FIRST_ITEM_SLOT.value * slot_bytes
+            ctx.device_barrier()  # entry: every rank's shard is ready
+            self._copy(plan, lambda first, end: flags[first:end].fill_(_PUBLISHED))
+            launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
+            ctx.device_barrier()  # exit: every rank is done reading our shard
+            return
+        if self._writer is None:
+            self._writer = _StreamWriter()
+        main = torch.cuda.current_stream(ctx.device)
+        ctx.device_barrier()  # entry: every rank's shard is ready (the copies below wait for it)
+        side = side_stream(ctx, ws)
+        slot_bytes = flags.element_size()
+        base = flags.data_ptr()
 
-            def publish(first, end):  # the low 32 bits of each int64 flag (little-endian; epochs < 2**31)
-                for item in range(first, end):
-                    self._writer.write(side, base + item * slot_bytes, ws.epoch)
+        def publish(first, end):  # the low 32 bits of each int64 flag (little-endian; reset to 0)
+            for item in range(first, end):
+                self._writer.write(side, base + item * slot_bytes, _PUBLISHED)
 
-            # The kernel first: it must not wait for the host to queue every copy and flag write.
-            launch_consumer(ctx, plan, ws, nprog, sync=True, queue=True)
-            with torch.cuda.stream(side):
-                self._copy(plan, publish)
-            main.wait_stream(side)
-        ws.queue_base += plan.num_tiles + nprog
+        # The kernel first: it must not wait for the host to queue every copy and flag write.
+        launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
+        with torch.cuda.stream(side):
+            self._copy(plan, publish)
+        main.wait_stream(side)
+        ctx.device_barrier()  # exit: every rank is done reading our shard
 
     @staticmethod
     def _copy(plan, publish):

@@ -1,9 +1,11 @@
 """``fused_sequential``: one persistent kernel; each program computes a tile and delivers it at
 once, the tile never leaving registers. Communicate-first patterns read remote operands
-straight from their owners' heaps inside the tile's K loop."""
+straight from their owners' heaps inside the tile's K loop. The kernel carries the cross-rank
+entry and exit barriers."""
 
+from iris_fw.devinfo import persistent_programs
+from iris_fw.engine.scheduler import Scheduler, launch_fused
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Scheduler, _fused_kernel, launch_options, kernel_args
 
 
 class FusedSequential(Scheduler):
@@ -11,10 +13,12 @@ class FusedSequential(Scheduler):
     description = "one persistent kernel: compute a tile, send it from registers, next tile"
     uses_stash = False
 
-    def launch(self, ctx, plan, ws, comm_sms):
-        nprog = self.grid_for(ctx, plan.num_tiles)
-        _fused_kernel[(nprog,)](*kernel_args(plan), plan.num_tiles, ws.flags, PRODUCE=plan.pieces.produce,
-                                CONSUME=plan.pieces.consume, CFG=plan.cfg, NPROG=nprog, **launch_options(plan))
+    def grids(self, ctx, plan, comm_sms):
+        self.no_split(comm_sms, self.name)
+        return {"fused": persistent_programs(ctx.device, plan.num_tiles)}
+
+    def launch(self, ctx, plan, ws):
+        launch_fused(ctx, plan, ws)
 
 
 @hookimpl

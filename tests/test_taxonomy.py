@@ -9,7 +9,7 @@ import torch
 from helpers import fresh_seed
 from iris_fw import ops
 from iris_fw.gemm import GemmConfig, matmul
-from iris_fw.overlap import num_sms
+from iris_fw.devinfo import num_sms
 
 PATTERNS = ["gemm_all_scatter", "all_gather_gemm", "gemm_reduce_scatter"]
 SCHEDULERS = ["bulk_sync", "producer_consumer", "fused_sequential", "wg_specialized"]
@@ -150,20 +150,21 @@ def _bad_inputs(ctx):
     cases = [
         (lambda: ops.gemm_all_scatter(a, torch.randn(5, 4, device=dev, dtype=torch.bfloat16)), "must agree on K"),
         (lambda: ops.gemm_all_scatter(a, b.float()), "b must have dtype torch.bfloat16"),
-        (lambda: ops.gemm_all_scatter(a.int(), b), "a must have dtype float16, bfloat16 or float32"),
+        (lambda: ops.gemm_all_scatter(a.int(), b), "a must have dtype float16, bfloat16, float32"),
         (lambda: ops.gemm_all_scatter(a[0], b), "a must have 2 dimensions"),
         (lambda: ops.gemm_all_scatter(a, "b"), "b must be a torch.Tensor"),
         (lambda: ops.gemm_reduce_scatter(torch.randn(ctx.world_size * 3 + 1, 6, device=dev, dtype=torch.bfloat16), b),
          "must divide evenly over the"),
         (lambda: ops.gemm_all_scatter(a, b, scheduler="nope"), "no scheduler named 'nope'; registered: bulk_sync"),
         (lambda: ops.gemm_all_scatter(a, b, scheduler="wg_specialized", comm_sms=0), "comm_sms must be an int in"),
+        (lambda: ops.gemm_all_scatter(a, b, scheduler="fused_sequential", comm_sms=2), "comm_sms does not apply to fused_sequential"),
         (lambda: ops.gemm_all_scatter(a, b, config=(128, 128)), "config must be an iris_fw.gemm.GemmConfig"),
         (lambda: ops.gemm_all_scatter(a, b, scheduler="copy_engine"),
          "scheduler 'copy_engine' cannot run gemm_all_scatter: it runs communicate-first patterns"),
         (lambda: ops.all_gather_gemm(a, b, scheduler="copy_engine", comm_sms=4), "comm_sms does not apply to copy_engine"),
         (lambda: GemmConfig(100, 128, 64, 8, 8, 3), "GemmConfig.block_m must be a power of two"),
     ]
-    cases.append((lambda: ops.plan("all_gather_gemm", a, b)(a[:4], b), "was planned for inputs of shape"))
+    cases.append((lambda: ops.plan("all_gather_gemm", a, b)(a[:4], b), "was planned for inputs"))
     for fn, message in cases:
         with pytest.raises((ValueError, TypeError, KeyError)) as info:
             fn()
@@ -178,18 +179,14 @@ def test_bad_inputs_name_the_argument(iris_pool):
 def _lost_producer(ctx):
     """A consumer kernel whose producer never runs gives WaitTimeout naming the flags."""
     import iris_fw
-    from iris_fw.overlap import _consumer_kernel, kernel_args
+    from iris_fw.engine.scheduler import launch_consumer
 
     a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
     op = ops.plan("gemm_all_scatter", a, a, scheduler="producer_consumer")
     plan = op.pattern.bind(ctx, op.buffers, a, a)
-    ws = op.workspace
     old, ctx.wait_timeout = ctx.wait_timeout, 0.5
     try:
-        p = plan.pieces
-        _consumer_kernel[(1,)](*kernel_args(plan), plan.num_tiles, ws.flags, ws.epoch + 1, 0, ctx.rank, ctx.heap_bases,
-                               PRODUCE=p.produce, CONSUME=p.consume, RELOAD=p.reload, DEPENDS=p.depends,
-                               CFG=plan.cfg, NPROG=1, COMM_FIRST=False, SYNC=True, QUEUE=False)
+        launch_consumer(ctx, plan, op.workspace, sync=True, queue=False)
         with pytest.raises(iris_fw.WaitTimeout) as info:
             ctx.synchronize()
     finally:
@@ -205,16 +202,19 @@ def test_lost_producer_times_out_naming_the_flag(iris_pool):
 
 
 def _auto_choice(ctx):
+    from iris_fw.engine.tuning import lookup
+
     a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
     defaults = {"gemm_all_scatter": "fused_sequential", "all_gather_gemm": "producer_consumer",
                 "gemm_reduce_scatter": "fused_sequential"}
     for pattern, expected in defaults.items():
         op = ops.plan(pattern, a, a)
-        key = (pattern, ctx.world_size, *op.pattern.global_shape(op.shape, ctx.world_size))
-        tuned = ops.AUTO.get(key, (expected, None, None)) if ctx.device.type == "cuda" else (expected, None, None)
-        assert (op.scheduler.name, op.comm_sms) == tuned[:2], (pattern, op.scheduler.name, op.comm_sms)
-        if tuned[2] is not None:
-            assert op.buffers["config"] == tuned[2], (pattern, op.buffers["config"])
+        tuned = lookup(op.pattern, op.signature, ctx, torch.bfloat16)
+        if ctx.device.type != "cuda":
+            assert tuned.scheduler == expected
+        assert (op.scheduler.name, op.comm_sms) == (tuned.scheduler, tuned.comm_sms), (pattern, op.scheduler.name)
+        if tuned.config is not None:
+            assert op.config == op.pattern.Config(**tuned.config), (pattern, op.config)
         del op
     ctx.barrier()
 
@@ -240,10 +240,12 @@ def test_local_matmul(iris_pool):
 
 
 def test_default_split_bounds():
-    from iris_fw.overlap import Plan, Pieces, default_comm_sms
+    from iris_fw.engine.contract import Pieces, Plan
+    from iris_fw.engine.scheduler import default_comm_sms
 
     def plan(comm_bytes, flops):
-        return Plan("p", Pieces(None, None, None, None), (), (), 1, 0, 4, 1, comm_bytes, flops, None)
+        return Plan(pattern="p", pieces=Pieces(None, None, None, None), args=(), cfg=(), num_tiles=1, num_warps=4,
+                    num_stages=1, comm_bytes=comm_bytes, flops=flops, result=None)
 
     assert default_comm_sms(plan(0, 10**12), 132) == 1
     assert default_comm_sms(plan(10**12, 1), 132) == 66

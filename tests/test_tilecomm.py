@@ -221,6 +221,7 @@ def _reference(parts, op, dtype):
 
 def _same(a, b):
     """Bitwise equality (NaN-safe) of two tensors of one dtype, 1-byte floats included."""
+    a, b = a.cpu(), b.cpu()
     if a.dtype.is_floating_point:
         view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
         return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
@@ -233,6 +234,9 @@ def _poisoned(t, poison):
 
 def _check(got, n, ref, bound, poison, what):
     """got[:n] matches the reference (exactly where ``bound`` is None), got[n:] is poison."""
+    got, ref = got.cpu(), ref.cpu()
+    if isinstance(bound, torch.Tensor):
+        bound = bound.cpu()
     if got.dtype.is_floating_point:
         err = (got[:n].to(torch.float64) - ref).abs()
     else:

@@ -4,16 +4,21 @@ It registers a transport (``private_shm``: host shared memory under its own segm
 prefix, built on the built-in ``host_shm``), a pattern (``scale_all_gather``: every rank ends
 with ``alpha * x_r`` of every rank ``r``) and a scheduler (``reverse_fused``: tiles in reverse
 order, each sent from registers). The pattern runs under the built-in schedulers and the
-scheduler runs the built-in patterns: both only speak the contract in ``iris_fw.overlap``.
+scheduler runs the built-in patterns: both only speak the contract in ``iris_fw.engine``.
 """
+
+from typing import Any, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from iris_fw import device as dv
+from iris_fw.devinfo import persistent_programs
+from iris_fw.engine.contract import Pattern, Pieces, Plan, check_tensor, split_args
+from iris_fw.engine.scheduler import Scheduler, bind_kernel
+from iris_fw.engine.skeletons import begin_call, end_call, entry_barrier, rebuild_args
 from iris_fw.hookspecs import hookimpl
-from iris_fw.overlap import Pieces, Plan, Scheduler, check_tensor, kernel_args, launch_options, release_fence
 from iris_fw.transports.host_shm import HostShmTransport
 
 
@@ -25,71 +30,92 @@ class PrivateShmTransport(HostShmTransport):
 
 
 # ---- a pattern: y[r, :] = alpha * x_r on every rank ------------------------------------------
-# args: 0 x, 1 y (heap [W, n]), 2 n, 3 alpha, 4 rank, 5 world size, 6 heap_bases; CFG: (BLOCK,)
+
+
+class Args(NamedTuple):
+    x: Any
+    y: Any  # heap [W, n]
+    n: int
+    alpha: float
+    rank: int
+    world_size: int
+    heap_bases: Any
+
+
+class Cfg(NamedTuple):
+    BLOCK: int
 
 
 @triton.jit
 def _offsets(args, tile, CFG: tl.constexpr):
-    BLOCK: tl.constexpr = CFG[0]
-    offs = tile * BLOCK + tl.arange(0, BLOCK)
-    return offs, offs < args[2]
+    offs = tile * CFG.BLOCK + tl.arange(0, CFG.BLOCK)
+    return offs, offs < args.n
 
 
 @triton.jit
 def _produce(args, tile, CFG: tl.constexpr, STAGED: tl.constexpr):
     offs, mask = _offsets(args, tile, CFG)
-    return tl.load(args[0] + offs, mask=mask) * args[3]
+    return tl.load(args.x + offs, mask=mask) * args.alpha
 
 
 @triton.jit
 def _consume(args, tile, value, CFG: tl.constexpr, FROM_STASH: tl.constexpr):
     offs, mask = _offsets(args, tile, CFG)
-    rank, world = args[4], args[5]
     if FROM_STASH:
         first: tl.constexpr = 1
     else:
         first: tl.constexpr = 0
-    for i in range(first, world):
-        dv.store(args[1] + rank * args[2] + offs, value, rank, (rank + i) % world, args[6], mask=mask)
+    for i in range(first, args.world_size):
+        dv.store(args.y + args.rank * args.n + offs, value, args.rank, (args.rank + i) % args.world_size,
+                 args.heap_bases, mask=mask)
 
 
 @triton.jit
 def _stash(args, tile, value, CFG: tl.constexpr):
     offs, mask = _offsets(args, tile, CFG)
-    tl.store(args[1] + args[4] * args[2] + offs, value, mask=mask)
+    tl.store(args.y + args.rank * args.n + offs, value, mask=mask)
 
 
 @triton.jit
 def _reload(args, tile, CFG: tl.constexpr):
     offs, mask = _offsets(args, tile, CFG)
-    return tl.load(args[1] + args[4] * args[2] + offs, mask=mask)
+    return tl.load(args.y + args.rank * args.n + offs, mask=mask)
 
 
-class ScaleAllGather:
+class ScaleConfig(NamedTuple):
+    block: int = 64
+
+
+class ScaleAllGather(Pattern):
     """``y[W, n]``: row ``r`` is ``alpha * x_r``; ``x`` is ``[n]`` on every rank."""
 
     name = "scale_all_gather"
     description = "y[r] = alpha * x_r gathered on every rank"
     pieces = Pieces(_produce, _consume, _stash, _reload)
     comm_first = False
-    BLOCK = 64
+    Args = Args
+    Config = ScaleConfig
 
-    def shape(self, ctx, x, alpha):
+    def signature(self, ctx, x, alpha):
         x = check_tensor(x, "x", 1, ctx.device)
+        if not isinstance(alpha, (int, float)):
+            raise TypeError(f"alpha must be a number, got {type(alpha).__name__}")
         return x.shape[0], x.dtype
 
-    @staticmethod
-    def global_shape(shape, world_size):
-        return shape[0], world_size, 1
+    def tuning_key(self, signature, world_size):
+        return signature[0], world_size
 
-    def setup(self, ctx, shape, config, uses_stash):
-        return {"out": ctx.empty(ctx.world_size, shape[0], dtype=shape[1])}
+    def default_config(self, ctx, signature, programs=None):
+        return ScaleConfig()
 
-    def bind(self, ctx, ws, x, alpha):
-        n = x.shape[0]
-        y = ws["out"]
-        args = (x, y, n, float(alpha), ctx.rank, ctx.world_size, ctx.heap_bases)
-        return Plan(self.name, self.pieces, args, (self.BLOCK,), triton.cdiv(n, self.BLOCK), 0, 4, 1,
+    def setup(self, ctx, signature, config, uses_stash):
+        return {"config": config, "out": ctx.empty(ctx.world_size, signature[0], dtype=signature[1])}
+
+    def bind(self, ctx, buffers, x, alpha):
+        n, y, block = x.shape[0], buffers["out"], buffers["config"].block
+        args = Args(x, y, n, float(alpha), ctx.rank, ctx.world_size, ctx.heap_bases)
+        return Plan(pattern=self.name, pieces=self.pieces, args=args, cfg=Cfg(block),
+                    num_tiles=triton.cdiv(n, block), num_warps=4, num_stages=1,
                     comm_bytes=n * x.element_size() * (ctx.world_size - 1), flops=n, result=y)
 
     @staticmethod
@@ -101,13 +127,16 @@ class ScaleAllGather:
 
 
 @triton.jit
-def _reverse_kernel(op0, op1, rest, num_tiles, flags, PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
-                    CFG: tl.constexpr, NPROG: tl.constexpr):
-    args = (op0, op1) + rest
-    for i in range(tl.program_id(0), num_tiles, NPROG):
-        tile = num_tiles - 1 - i
-        CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
-    release_fence(flags)
+def _reverse_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
+                    ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                    PRODUCE: tl.constexpr, CONSUME: tl.constexpr, NPROG: tl.constexpr):
+    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+    epoch = begin_call(st, world_size)
+    if entry_barrier(st, epoch, rank, world_size, heap_bases):
+        for i in range(tl.program_id(0), num_tiles, NPROG):
+            tile = num_tiles - 1 - i
+            CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, True, False)
 
 
 class ReverseFused(Scheduler):
@@ -115,12 +144,19 @@ class ReverseFused(Scheduler):
     description = "fused sequential with the tiles in reverse order"
     uses_stash = False
 
-    def launch(self, ctx, plan, ws, comm_sms):
+    def supports(self, plan):
         if plan.comm_first:
-            raise ValueError(f"reverse_fused runs compute-first patterns only; {plan.pattern} fetches operands first")
-        nprog = self.grid_for(ctx, plan.num_tiles)
-        _reverse_kernel[(nprog,)](*kernel_args(plan), plan.num_tiles, ws.flags, PRODUCE=plan.pieces.produce,
-                                  CONSUME=plan.pieces.consume, CFG=plan.cfg, NPROG=nprog, **launch_options(plan))
+            return False, f"it runs compute-first patterns only; {plan.pattern} fetches operands first"
+        return True, ""
+
+    def grids(self, ctx, plan, comm_sms):
+        self.no_split(comm_sms, self.name)
+        return {"reverse": persistent_programs(ctx.device, plan.num_tiles)}
+
+    def launch(self, ctx, plan, ws):
+        launcher = bind_kernel(ws, "reverse", _reverse_kernel, plan, {"NPROG": ws.grids["reverse"]})
+        launcher(*split_args(plan.args), ws.state["reverse"], ws.flags, plan.num_tiles, ctx.rank,
+                 ctx.world_size, ctx.heap_bases)
 
 
 @hookimpl

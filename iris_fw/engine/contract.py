@@ -1,0 +1,195 @@
+"""The contract between *pattern* plugins and *scheduler* plugins.
+
+A **pattern** (GEMM + all-scatter, all-gather + GEMM, a collective, …) is a set of tile-level
+``@triton.jit`` *pieces* plus host methods; a **scheduler** runs any pattern's pieces with its
+kernel skeletons (:mod:`iris_fw.engine.skeletons`) and decides streams, SM split and where the
+cross-rank synchronization goes. Neither knows the other's internals.
+
+Pieces (every one takes the pattern's named runtime arguments ``args`` — an instance of the
+pattern's :attr:`Pattern.Args` ``NamedTuple``, read as ``args.field`` — and its constexpr
+configuration ``CFG``, a ``NamedTuple`` of the pattern's own choosing):
+
+============================================  =================================================
+``produce(args, tile, CFG, STAGED) -> value``  compute output tile ``tile`` (a register tile).
+                                               ``STAGED``: operands owned by peers were already
+                                               fetched into local staging by ``fetch``;
+                                               otherwise read them from the peers directly.
+``consume(args, tile, value, CFG, FROM_STASH)`` deliver the tile: the communication of
+                                               compute-first patterns (stores into peers), the
+                                               local epilogue of communicate-first ones.
+``stash(args, tile, value, CFG)``              keep a produced tile in memory (unfused schedules).
+``reload(args, tile, CFG) -> value``           read a stashed tile back.
+``fetch(args, chunk, CFG)``                    communicate-first: bring operand chunk ``chunk``
+                                               from its owner into local staging.
+``depends(args, tile, CFG) -> chunk``          the chunk ``produce(STAGED=True)`` of a tile needs.
+============================================  =================================================
+
+Host side, a pattern implements :class:`Pattern`: ``signature`` (validate one rank's inputs and
+describe them — the description is compared across ranks once and keys the op cache),
+``tuning_key``, ``default_config``, ``setup`` (buffers living with an op), ``bind`` (a
+:class:`Plan` for one call) and a float64 ``reference``.
+
+**Why ``Args`` has ``TOP``.** Triton 3.6's launcher accepts TMA tensor descriptors only as
+top-level kernel parameters, never inside a tuple. The first ``Args.TOP`` fields (at most 2) of
+a pattern's ``Args`` therefore travel as their own kernel parameters and the skeleton rebuilds
+``args = Args(top0, top1, *rest)`` inside the kernel (:func:`split_args`); pieces only ever see
+the named tuple.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, NamedTuple
+
+import torch
+
+from ..errors import IrisError
+
+#: Kernel parameters that may carry TMA descriptors (see the module docstring).
+MAX_TOP = 2
+
+
+class PatternError(IrisError, ValueError):
+    """Inputs a pattern cannot run on, or a scheduler that cannot run a pattern (the message names
+    the argument and what was expected)."""
+
+
+class CollectiveMismatch(IrisError, ValueError):
+    """Ranks called one collective operation with different arguments (the message names the
+    ranks and the argument that differ). Raised on every rank."""
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A pattern's ``@triton.jit`` pieces (signatures in the module docstring)."""
+
+    produce: Any
+    consume: Any
+    stash: Any
+    reload: Any
+    fetch: Any = None
+    depends: Any = None
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A host-side copy that feeds a communicate-first plan's chunks (for schedulers that move
+    data with the copy engine instead of ``fetch``): ``dst.copy_(src)``, where ``src`` may be a
+    peer's tensor (:meth:`~iris_fw.Context.peer_view`). Once it and every earlier copy of
+    :attr:`Plan.copies` are done, chunks ``0 .. ready-1`` are complete."""
+
+    dst: torch.Tensor
+    src: torch.Tensor
+    ready: int
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """One call of a pattern, ready for a scheduler. Built with keywords only.
+
+    ``args``: the pattern's ``Args`` named tuple (runtime values); ``cfg``: its constexpr named
+    tuple. ``num_tiles`` output tiles; ``num_chunks`` operand chunks (0 for compute-first
+    patterns). ``comm_bytes`` (bytes this rank moves to or from peers) and ``flops`` feed the
+    default SM split. ``finish`` (optional) runs on the host after the kernels (a local
+    reduction, …) and must only enqueue device work. ``result`` is what the op returns.
+    ``copies`` (optional, communicate-first): the chunks ``fetch`` delivers, as :class:`Copy`
+    steps in order."""
+
+    pattern: str
+    pieces: Pieces
+    args: NamedTuple
+    cfg: NamedTuple
+    num_tiles: int
+    num_chunks: int = 0
+    num_warps: int
+    num_stages: int
+    comm_bytes: int
+    flops: int
+    result: Any
+    finish: Callable[[], Any] | None = None
+    copies: list[Copy] | None = None
+
+    @property
+    def comm_first(self) -> bool:
+        return self.num_chunks > 0
+
+    @property
+    def num_items(self) -> int:
+        """What a producer releases: chunks (communicate-first) or tiles (compute-first)."""
+        return self.num_chunks if self.comm_first else self.num_tiles
+
+
+def split_args(args: NamedTuple) -> tuple[Any, Any, tuple]:
+    """``(top0, top1, rest)``: how a pattern's ``args`` reach a skeleton kernel (its first
+    ``TOP`` fields on their own, ``None`` for unused top slots, the rest as one tuple)."""
+    top = getattr(type(args), "TOP", 0)
+    if not 0 <= top <= MAX_TOP:
+        raise PatternError(f"{type(args).__name__}.TOP must be 0..{MAX_TOP}, got {top}")
+    head = tuple(args[:top]) + (None,) * (MAX_TOP - top)
+    return head[0], head[1], tuple(args[top:])
+
+
+class Pattern:
+    """Base class of patterns: documents the host half of the contract. Subclasses set the class
+    attributes and implement the methods; see :mod:`iris_fw.plugins` for three of them."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: whether the pattern communicates first (fetches operand chunks) or computes first
+    comm_first: ClassVar[bool] = False
+    #: the pattern's ``@triton.jit`` pieces
+    pieces: ClassVar[Pieces]
+    #: ``NamedTuple`` of the runtime kernel arguments (``TOP`` class attribute: see the module)
+    Args: ClassVar[type]
+    #: the pattern's configuration type (``config=`` of an op; a frozen dataclass)
+    Config: ClassVar[type]
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def signature(self, ctx, *inputs) -> tuple:
+        """Validate this rank's ``inputs`` (raise naming the argument and what was expected) and
+        return a hashable description of everything that must agree across ranks (shapes,
+        dtypes, devices). Host only, no device synchronization."""
+        raise NotImplementedError
+
+    def tuning_key(self, signature: tuple, world_size: int) -> tuple:
+        """The key of this pattern's rows in the tuning tables (e.g. the global ``(M, N, K)``)."""
+        raise NotImplementedError
+
+    def default_config(self, ctx, signature: tuple, programs: int | None = None):
+        """The configuration to use when neither the caller nor a tuning table gives one;
+        ``programs``: how many programs will compute."""
+        raise NotImplementedError
+
+    def setup(self, ctx, signature: tuple, config, uses_stash: bool) -> dict:
+        """Buffers that live as long as the op (symmetric ones allocated with ``ctx``)."""
+        raise NotImplementedError
+
+    def bind(self, ctx, buffers: dict, *inputs) -> Plan:
+        """A :class:`Plan` for one call on ``inputs`` (already validated by :meth:`signature`).
+        Enqueues nothing that synchronizes the host."""
+        raise NotImplementedError
+
+    @staticmethod
+    def reference(rank: int, world_size: int, inputs: list) -> torch.Tensor:
+        """Float64 torch result of rank ``rank`` given every rank's ``inputs[r]``."""
+        raise NotImplementedError
+
+
+def check_tensor(t: Any, name: str, ndim: int, device: torch.device, dtype: torch.dtype | None = None,
+                 dtypes: tuple = ()) -> torch.Tensor:
+    """``t`` as a torch tensor with ``ndim`` dims on ``device`` (and ``dtype``, one of ``dtypes``),
+    else a ``ValueError``/``TypeError`` naming ``name`` and what was expected."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise PatternError(f"{name} must have {ndim} dimensions, got shape {list(t.shape)}")
+    if t.device != device:
+        raise PatternError(f"{name} must be on {device} (this rank's device), got {t.device}")
+    if dtype is not None and t.dtype != dtype:
+        raise PatternError(f"{name} must have dtype {dtype} like the other operand, got {t.dtype}")
+    if dtypes and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise PatternError(f"{name} must have dtype {names}, got {t.dtype}")
+    return t

@@ -1,0 +1,121 @@
+"""Ops: a pattern bound to a scheduler, input shapes and a workspace, validated across ranks once.
+
+Creating an :class:`Op` is collective and is the only moment ranks talk on the host: one small
+exchange compares pattern, scheduler, shapes, dtypes, device type, configuration and SM split
+(a mismatch, or a rank whose inputs are invalid, raises on every rank naming the ranks and the
+argument) and reclaims heap blocks every rank has freed. Afterwards a call validates its inputs
+locally, binds them and enqueues the kernels — no host synchronization, and every per-call
+counter lives on the device, so calls can be captured in a CUDA graph.
+
+:class:`OpCache` keeps the ops of ``iris_fw.ops.<name>(...)`` calls by their arguments, so a
+loop plans (and allocates) once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any
+
+from .. import context as _context
+from .contract import PatternError
+from .scheduler import Scheduler
+from .tuning import lookup
+
+#: Ops an :class:`OpCache` keeps (``IRIS_FW_OP_CACHE_SIZE`` overrides).
+DEFAULT_OP_CACHE_SIZE = 32
+
+
+class Op:
+    """A pattern bound to a scheduler, input shapes and a workspace on ``ctx``'s heap.
+
+    Creating one is collective (it validates across ranks and allocates symmetric buffers); so
+    is every call. A call returns the op's output buffer, overwritten by the next call.
+    ``buffers`` holds the pattern's buffers (e.g. ``"out"``)."""
+
+    def __init__(self, pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=None,
+                 comm_sms: int | None = None):
+        self.ctx = ctx if ctx is not None else _context.current()
+        label = f"iris_fw.ops {pattern}"
+        fields, error = {}, None
+        try:
+            self.pattern = self.ctx.registries.pattern.require_available(pattern)
+            self.signature = self.pattern.signature(self.ctx, *inputs)
+            if not isinstance(scheduler, str):
+                raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
+            requested = scheduler
+            if scheduler == "auto":
+                choice = lookup(self.pattern, self.signature, self.ctx, self.signature[-1])
+                scheduler = choice.scheduler
+                comm_sms = choice.comm_sms if comm_sms is None else comm_sms
+                if config is None and choice.config is not None:
+                    config = self.pattern.Config(**choice.config)
+            if config is not None and not isinstance(config, self.pattern.Config):
+                raise TypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
+                                f"or None, got {type(config).__name__}")
+            self.scheduler: Scheduler = self.ctx.registries.scheduler.require_available(scheduler)
+            fields = {"pattern": pattern, "scheduler": (requested, scheduler), "inputs": self.signature,
+                      "config": config, "comm_sms": comm_sms, "device": self.ctx.device.type}
+        except Exception as exc:  # every rank must hear of it, or the others would wait for this one
+            error = exc
+        self.ctx.agree(label, fields, error)
+        self.comm_sms = comm_sms
+        if config is None:
+            config = self.pattern.default_config(self.ctx, self.signature)
+        self.config = config
+        self.buffers = self.pattern.setup(self.ctx, self.signature, config, self.scheduler.uses_stash)
+        first = self.pattern.bind(self.ctx, self.buffers, *inputs)
+        ok, why = self.scheduler.supports(first)
+        if not ok:
+            raise PatternError(f"scheduler {self.scheduler.name!r} cannot run {self.pattern.name}: {why}")
+        self.workspace = self.scheduler.workspace(self.ctx, first, comm_sms)
+
+    def __call__(self, *inputs: Any):
+        signature = self.pattern.signature(self.ctx, *inputs)
+        if signature != self.signature:
+            raise PatternError(f"this {self.pattern.name} op was planned for inputs {self.signature}, got {signature}")
+        plan = self.pattern.bind(self.ctx, self.buffers, *inputs)
+        return self.scheduler.run(self.ctx, plan, self.workspace)
+
+    def __repr__(self) -> str:
+        return f"<iris_fw.ops.Op {self.pattern.name} via {self.scheduler.name} inputs={self.signature}>"
+
+
+class OpCache:
+    """Ops by ``(pattern, scheduler, config, comm_sms, input signature)``, least recently used
+    dropped beyond ``capacity`` (default :data:`DEFAULT_OP_CACHE_SIZE`, or
+    ``IRIS_FW_OP_CACHE_SIZE``). A dropped op's heap blocks are reclaimed at the next collective
+    point (the next op created, or a barrier). Every rank makes the same calls, so every rank
+    keeps and drops the same ops."""
+
+    def __init__(self, capacity: int | None = None):
+        if capacity is None:
+            capacity = int(os.environ.get("IRIS_FW_OP_CACHE_SIZE", DEFAULT_OP_CACHE_SIZE))
+        if capacity < 1:
+            raise ValueError(f"op cache capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._ops: OrderedDict = OrderedDict()
+
+    def get(self, ctx, pattern: str, inputs: tuple, scheduler: str, config, comm_sms) -> Op:
+        """The cached op for these arguments, planned (collectively) on a miss."""
+        try:
+            signature = ctx.registries.pattern.get(pattern).signature(ctx, *inputs)
+        except Exception:  # planning repeats the check inside the exchange, so every rank raises
+            return Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)
+        key = (pattern, scheduler, config, comm_sms, signature)
+        op = self._ops.get(key)
+        if op is None:
+            op = Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)
+            self._ops[key] = op
+            while len(self._ops) > self.capacity:
+                self._ops.popitem(last=False)
+        else:
+            self._ops.move_to_end(key)
+        return op
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def clear(self) -> None:
+        """Drop every op (local; every rank does it at the same point)."""
+        self._ops.clear()

@@ -1,0 +1,290 @@
+"""Kernel skeletons: the ``@triton.jit`` roles and persistent kernels the built-in schedulers
+are assembled from, and the device-side per-call state that makes them graph-safe.
+
+**Per-call state lives on the device.** Every skeleton kernel gets a *state region* of int64
+slots on the heap (:func:`state_slots` long, zeroed once when the op is created)::
+
+    [ST_QUEUE]   dynamic tile queue: a ticket counter that only grows
+    [ST_DONE]    programs finished, over all calls (finds the last program of a call)
+    [ST_ARRIVE + p]            cross-rank barrier: rank p's arrival (in every rank's heap)
+    [ST_ARRIVE + W + pid]      program ``pid``'s call counter (its epoch)
+
+Each program advances its own counter once per call, so every program of every kernel of an
+op agrees on the call's *epoch* ``e`` (1, 2, …) without any host integer: a captured CUDA graph
+replays correctly. Items are released as ``flag = e`` and acquired as ``flag >= e``; the
+queue's base is ``(e-1) * (tiles + programs)`` (every call draws exactly that many tickets);
+the cross-rank barrier writes ``2e-1`` on entry and ``2e`` on exit.
+
+**Barriers folded into kernels.** ``ENTRY``: program 0 announces this rank's arrival on every
+peer and every program waits (bounded) until every rank arrived — inputs are ready and outputs
+free to overwrite. ``EXIT``: each program fences its stores; the last program of the rank to
+finish announces and waits for every rank — deliveries are complete when the kernel ends. The
+scheduler chooses which of its kernels carries them (the one that communicates). A failed wait
+(a timeout, reported by the host at the next synchronization) makes programs skip their work
+rather than send stale data.
+
+Under Triton's interpreter the programs of one launch run one after another, so nothing here
+makes a program wait for a later program of the same launch: entry waits are for other ranks,
+and the exit wait is done by the last program.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import device as dv
+from .. import tilecomm as tc
+
+# ---- state region layout (int64 slots) -----------------------------------------------------------
+ST_QUEUE = tl.constexpr(0)
+ST_DONE = tl.constexpr(1)
+ST_ARRIVE = tl.constexpr(8)
+
+_GPU = tl.constexpr("gpu")
+
+
+def state_slots(world_size: int, nprog: int) -> int:
+    """int64 slots of one kernel's state region."""
+    return ST_ARRIVE.value + world_size + nprog
+
+
+# ---- per-call state ------------------------------------------------------------------------------
+
+
+@triton.jit
+def begin_call(st, world_size):
+    """This program's epoch for the current call (1 for the first call); advances its counter."""
+    slot = st + ST_ARRIVE + world_size + tl.program_id(0)
+    epoch = tl.load(slot) + 1
+    tl.store(slot, epoch)
+    return epoch
+
+
+@triton.jit
+def entry_barrier(st, epoch, rank, world_size, heap_bases):
+    """Program 0 announces this rank; every program waits for every rank. Returns 1, or 0 if a
+    wait gave up."""
+    if tl.program_id(0) == 0:
+        tc.arrive(st + ST_ARRIVE, 2 * epoch - 1, rank, world_size, heap_bases)
+    return tc.wait_arrivals(st + ST_ARRIVE, 2 * epoch - 1, rank, world_size, heap_bases)
+
+
+@triton.jit
+def finish_program(st, epoch, NPROG: tl.constexpr):
+    """Every program calls this once at its end: orders its stores (system-scope release) and
+    returns whether it is the last program of this call on this rank (which then sees every
+    other program's stores)."""
+    return tc.last_program(st + ST_DONE, NPROG, epoch)
+
+
+@triton.jit
+def exit_barrier(st, epoch, rank, world_size, heap_bases):
+    """Called by the last program of a call: announce and wait for every rank."""
+    tc.arrive(st + ST_ARRIVE, 2 * epoch, rank, world_size, heap_bases)
+    tc.wait_arrivals(st + ST_ARRIVE, 2 * epoch, rank, world_size, heap_bases)
+
+
+@triton.jit
+def release(flags, item, epoch, rank, heap_bases):
+    """Publish item ``item`` of this call: every store this program made before is visible to a
+    program of this rank that acquires it."""
+    dv.signal(flags + item, epoch, rank, rank, heap_bases, op="set", sem="release", scope=_GPU)
+
+
+@triton.jit
+def acquire(flags, item, target, rank, heap_bases):
+    """Wait (bounded) until item ``item`` reaches ``target``; returns 1, or 0 on timeout."""
+    return dv.wait_until(flags + item, ">=", target, rank, rank, heap_bases, sem="acquire", scope=_GPU)
+
+
+@triton.jit
+def next_tile(st, epoch, num_tiles, NPROG: tl.constexpr):
+    """The next tile of the dynamic queue (in order), as an int32. Every call draws exactly
+    ``num_tiles + NPROG`` tickets (each program one past the end), so the call's first ticket is
+    ``(epoch - 1) * (num_tiles + NPROG)``."""
+    base = (epoch - 1) * (num_tiles + NPROG)
+    return (tl.atomic_add(st + ST_QUEUE, 1, sem="relaxed", scope=_GPU) - base).to(tl.int32)
+
+
+@triton.jit
+def rebuild_args(top0, top1, rest, ARGS: tl.constexpr, NTOP: tl.constexpr):
+    """The pattern's named ``args`` from the kernel's top-level parameters and ``rest``."""
+    if NTOP == 2:
+        args = ARGS(top0, top1, *rest)
+    elif NTOP == 1:
+        args = ARGS(top0, *rest)
+    else:
+        args = ARGS(*rest)
+    return args
+
+
+# ---- roles ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def produce_role(args, first, count, step, flags, epoch, rank, heap_bases,
+                 PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr,
+                 COMM_FIRST: tl.constexpr, SYNC: tl.constexpr):
+    """Items ``first, first+step, …`` below ``count``: fetch chunks (communicate-first) or
+    produce and stash tiles (compute-first); with ``SYNC``, release each one."""
+    for item in range(first, count, step):
+        if COMM_FIRST:
+            FETCH(args, item, CFG)
+        else:
+            STASH(args, item, PRODUCE(args, item, CFG, False), CFG)
+        if SYNC:
+            release(flags, item, epoch, rank, heap_bases)
+
+
+@triton.jit
+def consume_tile(args, tile, flags, target, rank, heap_bases,
+                 PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
+                 CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr):
+    """The consumer's work on one tile: compute from staged operands and deliver it
+    (communicate-first), or reload a stashed tile and send it (compute-first). With ``SYNC`` it
+    first acquires the item it depends on, and skips the tile if that wait gave up."""
+    ok = 1
+    if COMM_FIRST:
+        if SYNC:
+            ok = acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases)
+        if ok:
+            CONSUME(args, tile, PRODUCE(args, tile, CFG, True), CFG, False)
+    else:
+        if SYNC:
+            ok = acquire(flags, tile, target, rank, heap_bases)
+        if ok:
+            CONSUME(args, tile, RELOAD(args, tile, CFG), CFG, True)
+
+
+@triton.jit
+def consume_role(args, first, num_tiles, step, st, flags, epoch, target, rank, heap_bases,
+                 PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
+                 CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, QUEUE: tl.constexpr,
+                 NPROG: tl.constexpr):
+    """Tiles ``first, first+step, …`` (or, with ``QUEUE``, whatever the dynamic queue hands out
+    to the kernel's ``NPROG`` programs) through :func:`consume_tile`."""
+    if QUEUE:
+        tile = next_tile(st, epoch, num_tiles, NPROG)
+        while tile < num_tiles:
+            consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG,
+                         COMM_FIRST, SYNC)
+            tile = next_tile(st, epoch, num_tiles, NPROG)
+    else:
+        for tile in range(first, num_tiles, step):
+            consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG,
+                         COMM_FIRST, SYNC)
+
+
+@triton.jit
+def end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases,
+              NPROG: tl.constexpr, EXIT: tl.constexpr, RESET_FLAGS: tl.constexpr):
+    """End of every program: the last one of the call does the exit barrier and, for flags
+    published with a fixed value (copy engine), resets them for the next call."""
+    last = finish_program(st, epoch, NPROG)
+    if last:
+        if RESET_FLAGS:
+            for item in range(0, num_flags):
+                tl.store(flags + item, 0)
+        if EXIT:
+            exit_barrier(st, epoch, rank, world_size, heap_bases)
+
+
+# ---- kernel skeletons ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
+                  ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
+                  NPROG: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr):
+    """Persistent: each program computes a tile and delivers it at once (it stays in registers)."""
+    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+    epoch = begin_call(st, world_size)
+    ok = 1
+    if ENTRY:
+        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+    if ok:
+        for tile in range(tl.program_id(0), num_tiles, NPROG):
+            CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+
+
+@triton.jit
+def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_bases,
+                     ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                     PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr,
+                     NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr,
+                     ENTRY: tl.constexpr, EXIT: tl.constexpr):
+    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+    epoch = begin_call(st, world_size)
+    ok = 1
+    if ENTRY:
+        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+    if ok:
+        produce_role(args, tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases,
+                     PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+
+
+@triton.jit
+def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_flag, rank, world_size, heap_bases,
+                     ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                     PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
+                     NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, QUEUE: tl.constexpr,
+                     FIXED: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr):
+    """Acquires items released with the epoch, or (``FIXED``) with the constant ``fixed_flag`` —
+    then the last program resets the ``num_flags`` flags for the next call."""
+    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+    epoch = begin_call(st, world_size)
+    target = epoch
+    if FIXED:
+        target = fixed_flag
+    ok = 1
+    if ENTRY:
+        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+    if ok:
+        consume_role(args, tl.program_id(0), num_tiles, NPROG, st, flags, epoch, target, rank, heap_bases,
+                     PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG)
+    end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases, NPROG, EXIT, FIXED)
+
+
+@triton.jit
+def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank, world_size, heap_bases,
+                        ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                        PRODUCE: tl.constexpr, CONSUME: tl.constexpr, STASH: tl.constexpr, RELOAD: tl.constexpr,
+                        FETCH: tl.constexpr, DEPENDS: tl.constexpr,
+                        NPROG: tl.constexpr, PRODUCERS: tl.constexpr, COMM_FIRST: tl.constexpr,
+                        ENTRY: tl.constexpr, EXIT: tl.constexpr):
+    """One kernel, two roles: programs below ``PRODUCERS`` produce and release, the others
+    acquire and consume. Communicate-first: the fetching programs join the (dynamic) compute
+    queue once their chunks are fetched."""
+    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+    epoch = begin_call(st, world_size)
+    pid = tl.program_id(0)
+    ok = 1
+    if ENTRY:
+        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+    if ok:
+        if pid < PRODUCERS:
+            produce_role(args, pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases,
+                         PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True)
+            if COMM_FIRST:
+                consume_role(args, 0, num_tiles, 1, st, flags, epoch, epoch, rank, heap_bases,
+                             PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, True, NPROG)
+        else:
+            consume_role(args, pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, epoch, epoch, rank,
+                         heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, COMM_FIRST, NPROG)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+
+
+@triton.jit
+def no_fetch(args, chunk, CFG: tl.constexpr):
+    """``fetch`` of a pattern with no operand chunks: does nothing."""
+    pass
+
+
+@triton.jit
+def no_depends(args, tile, CFG: tl.constexpr):
+    """``depends`` of a pattern with no operand chunks: chunk 0 (never waited for)."""
+    return 0

@@ -1,0 +1,46 @@
+"""Tuning tables as data: which scheduler, SM split and configuration measured fastest for a
+pattern at a shape, keyed by device name (:mod:`iris_fw.devinfo`) and world size. The table is
+``iris_fw/tuning/auto.json``; benchmarks produce the rows (docs/performance.md)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+
+from .. import devinfo
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A tuned choice: ``scheduler`` name, ``comm_sms`` (None: the scheduler's default), and the
+    pattern's config as keyword arguments (None: the pattern's default)."""
+
+    scheduler: str
+    comm_sms: int | None = None
+    config: dict | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def table() -> dict:
+    """The parsed ``auto.json``."""
+    return json.loads(resources.files("iris_fw.tuning").joinpath("auto.json").read_text())
+
+
+def lookup(pattern, signature: tuple, ctx, dtype: Any) -> Choice:
+    """The tuned :class:`Choice` for ``pattern`` at ``signature`` on ``ctx``'s device and world
+    size, else the default scheduler for the pattern's kind."""
+    data = table()
+    dtype_name = str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
+    if ctx.device.type == "cuda" and dtype_name in data["dtypes"]:
+        rows = (data["devices"].get(devinfo.info(ctx.device).name, {})
+                .get(str(ctx.world_size), {}).get(pattern.name, []))
+        key = list(pattern.tuning_key(signature, ctx.world_size))
+        for row in rows:
+            if row["key"] == key:
+                return Choice(row["scheduler"], row.get("comm_sms"), row.get("config"))
+    return Choice(data["defaults"]["comm_first" if pattern.comm_first else "compute_first"])

@@ -1,0 +1,1 @@
+"""Tuning tables (data files): see iris_fw.engine.tuning."""

@@ -1,0 +1,198 @@
+"""The op engine: graph-safe replays with fresh inputs for every scheduler x pattern, one
+cross-rank validation (mismatches raise on every rank within seconds), the op cache (loops
+allocate nothing, small heaps do not run out), named kernel arguments."""
+
+import time
+
+import pytest
+import torch
+
+import iris_fw
+from helpers import fresh_seed
+from iris_fw import ops
+from iris_fw.engine.contract import CollectiveMismatch
+from test_taxonomy import PATTERNS, SCHEDULERS, _check, _inputs, _poison
+
+ALL_SCHEDULERS = SCHEDULERS + ["copy_engine"]
+REPLAYS = 4
+
+
+def _pairs():
+    for pattern in PATTERNS:
+        for scheduler in ALL_SCHEDULERS:
+            if scheduler == "copy_engine" and pattern != "all_gather_gemm":
+                continue
+            yield pattern, scheduler
+
+
+def _host_args(plan):
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in plan.args)
+
+
+class _Replay:
+    """One captured call of ``op`` on static inputs, replayed: a CUDA graph on GPUs; on the CPU the
+    call issued again, checking that every host argument of its launches is the same as the
+    first call's (what a graph replay repeats)."""
+
+    def __init__(self, ctx, op, static):
+        self.ctx, self.op, self.static = ctx, op, static
+        if ctx.device.type == "cuda":
+            stream = torch.cuda.Stream(device=ctx.device)
+            stream.wait_stream(torch.cuda.current_stream(ctx.device))
+            with torch.cuda.stream(stream):
+                op(*static)  # warm-up outside the graph: compiles, creates side streams
+            torch.cuda.current_stream(ctx.device).wait_stream(stream)
+            ctx.barrier()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = op(*static)
+        else:
+            op(*static)
+            self.args = _host_args(op.pattern.bind(ctx, op.buffers, *static))
+            self.launchers = len(op.workspace.launchers)
+            self.out = op.buffers["out"]
+
+    def __call__(self):
+        if self.ctx.device.type == "cuda":
+            self.graph.replay()
+        else:
+            out = self.op(*self.static)
+            assert out is self.out and _host_args(self.op.pattern.bind(self.ctx, self.op.buffers, *self.static)) == self.args
+            assert len(self.op.workspace.launchers) == self.launchers, "a call bound new kernels"
+        return self.out
+
+
+def _replays(ctx, pattern, scheduler):
+    dtype = torch.bfloat16
+    for kind in ("ragged", "aligned"):
+        inputs = _inputs(ctx, pattern, kind, dtype, fresh_seed(ctx))
+        static = tuple(t.clone() for t in inputs[ctx.rank])
+        op = ops.plan(pattern, *static, ctx=ctx, scheduler=scheduler)
+        replay = _Replay(ctx, op, static)
+        for call in range(REPLAYS):
+            inputs = _inputs(ctx, pattern, kind, dtype, fresh_seed(ctx))
+            for dst, src in zip(static, inputs[ctx.rank]):
+                dst.copy_(src)
+            _poison(op)
+            out = replay()
+            ctx.synchronize()
+            want = op.pattern.reference(ctx.rank, ctx.world_size, inputs)
+            _check(out, want, dtype, f"{pattern}/{scheduler} {kind} replay {call} rank {ctx.rank}")
+            ctx.barrier()  # every rank checked before the next replay overwrites outputs
+        del op, replay, out
+        ctx.barrier()
+
+
+@pytest.mark.parametrize("pattern,scheduler", list(_pairs()))
+def test_replays_with_fresh_inputs(world, pattern, scheduler):
+    """Every scheduler x pattern replayed (CUDA graph on GPUs) with fresh inputs stays correct:
+    epochs, queue positions and flags advance on the device."""
+    if world.world_size == 1 and scheduler != "fused_sequential":
+        pytest.skip("one rank: the fused schedule covers the single-rank path")
+    world.run(_replays, pattern, scheduler)
+
+
+# ---- validation across ranks --------------------------------------------------------------------
+
+
+def _mismatch(ctx, case):
+    dev, r = ctx.device, ctx.rank
+    bf = torch.bfloat16
+    if case == "shape":
+        a, b = torch.randn(8 + r, 6, device=dev, dtype=bf), torch.randn(6, 4, device=dev, dtype=bf)
+        call = lambda: ops.gemm_all_scatter(a, b)  # noqa: E731
+    elif case == "dtype":
+        dt = torch.float16 if r == ctx.world_size - 1 else bf
+        a, b = torch.randn(8, 6, device=dev, dtype=dt), torch.randn(6, 4, device=dev, dtype=dt)
+        call = lambda: ops.all_gather_gemm(a, b)  # noqa: E731
+    elif case == "scheduler":
+        a, b = torch.randn(8, 6, device=dev, dtype=bf), torch.randn(6, 4, device=dev, dtype=bf)
+        sched = "bulk_sync" if r == 0 else "fused_sequential"
+        call = lambda: ops.gemm_all_scatter(a, b, scheduler=sched)  # noqa: E731
+    else:  # one rank's input is invalid locally: every rank must still raise
+        a = torch.randn(8, 6, device=dev, dtype=bf)
+        b = torch.randn(6 if r else 5, 4, device=dev, dtype=bf)
+        call = lambda: ops.gemm_reduce_scatter(torch.randn(8 * ctx.world_size, 6, device=dev, dtype=bf), b)  # noqa: E731
+    start = time.monotonic()
+    with pytest.raises((CollectiveMismatch, ValueError)) as info:
+        call()
+    elapsed = time.monotonic() - start
+    text = str(info.value)
+    assert elapsed < 10, f"took {elapsed:.1f}s to fail"
+    if case == "invalid" and r == 0:
+        assert "must agree on K/W" in text, text
+    elif case == "invalid":
+        assert "rank 0 rejected its arguments" in text and "must agree on K/W" in text, text
+    else:
+        assert "differs across ranks" in text and "ranks 0" in text, text
+        assert {"shape": "'inputs'", "dtype": "'inputs'", "scheduler": "'scheduler'"}[case] in text, text
+    ctx.barrier()
+    return elapsed
+
+
+@pytest.mark.parametrize("case", ["shape", "dtype", "scheduler", "invalid"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_mismatch_raises_on_every_rank(iris_pool, world_size, case):
+    times = iris_pool(world_size).run(_mismatch, case)
+    assert max(times) < 10
+
+
+# ---- op cache, heap reuse -----------------------------------------------------------------------
+
+LOOP_CALLS = 150  # the heap of the old per-call planning ran out at call 123 on a 1 MiB heap
+
+
+def _loop(ctx, calls):
+    transport = "host_shm" if ctx.device.type == "cpu" else None
+    dev, bf = ctx.device, torch.bfloat16
+    with iris_fw.init(heap_size=1 << 20, transport=transport) as small:
+        w = small.world_size
+        g = torch.Generator().manual_seed(fresh_seed(ctx))  # every rank: the same a and b
+        a, b = torch.randn(16, 16, generator=g).to(dev, bf), torch.randn(16, 8, generator=g).to(dev, bf)
+        want = {
+            "gemm_all_scatter": lambda: torch.cat([a.double() @ b.double()] * w, dim=1),
+            "all_gather_gemm": lambda: torch.cat([a.double()] * w) @ b.double(),
+            "gemm_reduce_scatter": lambda: w * (a.double() @ b.double()),  # every rank: the same a, b
+        }
+        fns = {"gemm_all_scatter": (ops.gemm_all_scatter, (a, b)),
+               "all_gather_gemm": (ops.all_gather_gemm, (a, b)),
+               "gemm_reduce_scatter": (ops.gemm_reduce_scatter, (torch.cat([a] * w), b))}
+        for name, (fn, args) in fns.items():
+            first = fn(*args, ctx=small)
+            used = small.heap.bytes_used
+            for _ in range(calls):
+                out = fn(*args, ctx=small)
+            assert small.heap.bytes_used == used, f"{name}: the loop allocated heap memory"
+            assert out.data_ptr() != first.data_ptr(), f"{name}: results alias each other"
+            small.synchronize()
+            ref = want[name]()
+            _check(out, ref, bf, f"{name} after {calls} calls")
+            _check(first, ref, bf, f"{name}'s first result after {calls} more calls")
+        assert len(small.op_cache) == 3
+        del first, out
+    ctx.barrier()
+
+
+def test_loop_of_ops_on_a_small_heap(iris_pool):
+    iris_pool(2).run(_loop, LOOP_CALLS)
+
+
+@pytest.mark.slow
+def test_thousand_calls_of_each_op(iris_pool):
+    iris_pool(2).run(_loop, 1000)
+
+
+def _cache_bound(ctx):
+    from iris_fw.engine.op import OpCache
+
+    cache = OpCache(capacity=2)
+    a = torch.randn(8, 8, device=ctx.device, dtype=torch.bfloat16)
+    for n in (8, 16, 24):
+        cache.get(ctx, "gemm_all_scatter", (a, a[:, :n // 8 * 4]), "auto", None, None)
+    assert len(cache) == 2
+    cache.clear()
+    ctx.barrier()
+
+
+def test_op_cache_is_bounded(iris_pool):
+    iris_pool(2).run(_cache_bound)

@@ -209,7 +209,7 @@ def _auto_choice(ctx):
                 "gemm_reduce_scatter": "fused_sequential"}
     for pattern, expected in defaults.items():
         op = ops.plan(pattern, a, a)
-        tuned = lookup(op.pattern, op.signature, ctx, torch.bfloat16)
+        tuned = lookup(op.pattern, op.signature, ctx)
         if ctx.device.type != "cuda":
             assert tuned.scheduler == expected
         assert (op.scheduler.name, op.comm_sms) == (tuned.scheduler, tuned.comm_sms), (pattern, op.scheduler.name)

@@ -45,7 +45,7 @@ class Op:
                 raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
             requested = scheduler
             if scheduler == "auto":
-                choice = lookup(self.pattern, self.signature, self.ctx, self.signature[-1])
+                choice = lookup(self.pattern, self.signature, self.ctx)
                 scheduler = choice.scheduler
                 comm_sms = choice.comm_sms if comm_sms is None else comm_sms
                 if config is None and choice.config is not None:

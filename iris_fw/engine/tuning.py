@@ -8,8 +8,6 @@ import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
-
 import torch
 
 from .. import devinfo
@@ -31,10 +29,12 @@ def table() -> dict:
     return json.loads(resources.files("iris_fw.tuning").joinpath("auto.json").read_text())
 
 
-def lookup(pattern, signature: tuple, ctx, dtype: Any) -> Choice:
+def lookup(pattern, signature: tuple, ctx) -> Choice:
     """The tuned :class:`Choice` for ``pattern`` at ``signature`` on ``ctx``'s device and world
-    size, else the default scheduler for the pattern's kind."""
+    size (rows are for the input dtypes the table lists: the signature's dtype), else the
+    default scheduler for the pattern's kind."""
     data = table()
+    dtype = next((x for x in signature if isinstance(x, torch.dtype)), None)
     dtype_name = str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
     if ctx.device.type == "cuda" and dtype_name in data["dtypes"]:
         rows = (data["devices"].get(devinfo.info(ctx.device).name, {})

@@ -273,7 +273,7 @@ class Context:
                 "finds the first difference):\n  " + "\n  ".join(lines)
             )
         # Blocks freed on every rank become reusable, identically everywhere (see heap.py).
-        self.heap.reclaim(set.intersection(*(set(pending) for _, pending, _, _ in reports)))
+        self.heap.reclaim_freed_everywhere(pending for _, pending, _, _ in reports)
         errors = [error for error, _, _, _ in reports if error]
         if errors:
             raise WaitTimeout("; ".join(errors))
@@ -367,7 +367,7 @@ class Context:
         self._check_open()
         rejected = None if error is None else f"{type(error).__name__}: {error}"
         reports = self.bootstrap.all_gather((rejected, fields, self.heap.pending_offsets()))
-        self.heap.reclaim(set.intersection(*(set(pending) for _, _, pending in reports)))
+        self.heap.reclaim_freed_everywhere(pending for _, _, pending in reports)
         failed = [(r, why) for r, (why, _, _) in enumerate(reports) if why]
         if failed:
             if error is not None:

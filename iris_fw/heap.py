@@ -170,6 +170,11 @@ class SymmetricHeap:
             block = self._pending.pop(offset)
             self._insert_free(block.offset, block.size)
 
+    def reclaim_freed_everywhere(self, per_rank_pending) -> None:
+        """:meth:`reclaim` the blocks that every rank has freed, given each rank's
+        :meth:`pending_offsets` (as gathered at a collective point)."""
+        self.reclaim(set.intersection(*(set(pending) for pending in per_rank_pending)))
+
     def _insert_free(self, start: int, size: int) -> None:
         i = bisect.bisect_left(self._free_offsets, start)
         # merge with the following free block

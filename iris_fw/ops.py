@@ -41,7 +41,7 @@ def plan(pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=N
 def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms):
     ctx = ctx if ctx is not None else _context.current()
     op = ctx.op_cache.get(ctx, pattern, inputs, scheduler, config, comm_sms)
-    return op(*inputs).clone()
+    return op.launch(*inputs).clone()  # the cache found the op by these inputs' signature
 
 
 def gemm_all_scatter(a, b, *, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,

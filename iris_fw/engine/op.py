@@ -74,6 +74,11 @@ class Op:
         signature = self.pattern.signature(self.ctx, *inputs)
         if signature != self.signature:
             raise PatternError(f"this {self.pattern.name} op was planned for inputs {self.signature}, got {signature}")
+        return self.launch(*inputs)
+
+    def launch(self, *inputs: Any):
+        """Enqueue a call on ``inputs`` already known to match the op's signature (what
+        :meth:`__call__` checks first; :class:`OpCache` found the op by that signature)."""
         plan = self.pattern.bind(self.ctx, self.buffers, *inputs)
         return self.scheduler.run(self.ctx, plan, self.workspace)
 

@@ -54,6 +54,32 @@ def _check_int(value: Any, name: str, low: int | None = None, high: int | None =
     return value
 
 
+def check_reports(label: str, reports: list, error: BaseException | None = None, ranks=None) -> None:
+    """Raise if the reports of a collective call's ranks disagree. ``reports``: per rank, in
+    order, ``(rejected, fields)``: why that rank rejected its arguments (or ``None``) and its
+    fields (name → comparable value); ``error``: the caller's own rejection, re-raised as it is;
+    ``ranks``: the ranks' names in messages (default ``0 … len-1``). Otherwise raises
+    :class:`~iris_fw.engine.contract.CollectiveMismatch` naming the ranks and the argument that
+    differ. Shared by :meth:`Context.agree` and the groups of :mod:`iris_fw.ccl`."""
+    from .engine.contract import CollectiveMismatch
+
+    ranks = list(range(len(reports))) if ranks is None else list(ranks)
+    failed = [(r, why) for r, (why, _) in zip(ranks, reports) if why]
+    if failed:
+        if error is not None:
+            raise error
+        raise CollectiveMismatch(f"{label}: " + "; ".join(f"rank {r} rejected its arguments ({why})"
+                                                           for r, why in failed))
+    for name in reports[0][1] if reports else ():
+        values = [f.get(name) for _, f in reports]
+        if any(v != values[0] for v in values[1:]):
+            groups: dict = {}
+            for r, v in zip(ranks, values):
+                groups.setdefault(repr(v), []).append(r)
+            detail = "; ".join(f"ranks {', '.join(map(str, rs))}: {v}" for v, rs in groups.items())
+            raise CollectiveMismatch(f"{label}: argument {name!r} differs across ranks ({detail})")
+
+
 def init(
     heap_size: int = DEFAULT_HEAP_SIZE,
     transport: str | None = None,
@@ -154,6 +180,8 @@ class Context:
 
         #: ops of ``iris_fw.ops.<name>(...)`` calls, by their arguments (bounded; see OpCache)
         self.op_cache = OpCache()
+        #: communication groups of :mod:`iris_fw.ccl` by their ranks (``ccl.new_group``)
+        self.comm_groups: dict = {}
         self.wait_timeout = wait_timeout
         self.barrier()
         _created.append(weakref.ref(self))
@@ -166,6 +194,7 @@ class Context:
         self._closed = True
         self._exit_cleanup.detach()
         self.op_cache.clear()
+        self.comm_groups.clear()
         try:
             self.transport.synchronize()
             self.bootstrap.barrier()
@@ -362,26 +391,11 @@ class Context:
         naming the ranks and the argument that differ. The same exchange reclaims heap blocks
         freed on every rank (as :meth:`barrier` does), so loops of collective calls do not
         accumulate freed memory."""
-        from .engine.contract import CollectiveMismatch
-
         self._check_open()
         rejected = None if error is None else f"{type(error).__name__}: {error}"
         reports = self.bootstrap.all_gather((rejected, fields, self.heap.pending_offsets()))
         self.heap.reclaim_freed_everywhere(pending for _, _, pending in reports)
-        failed = [(r, why) for r, (why, _, _) in enumerate(reports) if why]
-        if failed:
-            if error is not None:
-                raise error
-            raise CollectiveMismatch(f"{label}: " + "; ".join(f"rank {r} rejected its arguments ({why})"
-                                                               for r, why in failed))
-        for name in fields:
-            values = [f.get(name) for _, f, _ in reports]
-            if any(v != values[0] for v in values[1:]):
-                groups: dict = {}
-                for r, v in enumerate(values):
-                    groups.setdefault(repr(v), []).append(r)
-                detail = "; ".join(f"ranks {', '.join(map(str, ranks))}: {v}" for v, ranks in groups.items())
-                raise CollectiveMismatch(f"{label}: argument {name!r} differs across ranks ({detail})")
+        check_reports(label, [(why, f) for why, f, _ in reports], error)
 
     # ---- host collectives ----------------------------------------------------------------------
     def broadcast(self, value: Any, src: int = 0) -> Any:

@@ -253,8 +253,11 @@ def _cmp_code(cmp: tl.constexpr):
 
 
 @triton.jit
-def _record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, heap_bases):
-    """Write what a timed-out wait waited for into the caller's header (first writer wins)."""
+def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, heap_bases):
+    """Write what a timed-out wait waited for into the caller's header (first writer wins):
+    the flag at ``flag_ptr`` (an address in ``rank``'s heap; ``peer``'s copy was polled) did not
+    satisfy ``cmp value`` after ``spins`` polls, its last value ``seen``. For waits written
+    outside this module (e.g. :func:`iris_fw.tilecomm.lamport_wait`)."""
     hdr = heap_header(rank, heap_bases)
     tl.atomic_add(hdr + HDR_ERR_COUNT, 1, sem="relaxed", scope="sys")
     claimed = tl.atomic_cas(hdr + HDR_ERR_FLAG, tl.cast(0, tl.int64), tl.cast(-1, tl.int64), sem="acq_rel", scope="sys")
@@ -293,7 +296,7 @@ def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: 
         done = _compare(seen, value, cmp)
         spins += 1
     if done == 0:
-        _record_timeout(flag_ptr, cmp, value, seen, spins, rank, peer, heap_bases)
+        record_timeout(flag_ptr, cmp, value, seen, spins, rank, peer, heap_bases)
     # The rest of the program reads only after the acquiring thread saw the flag.
     tl.debug_barrier()
     return done

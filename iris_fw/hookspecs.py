@@ -79,6 +79,22 @@ def iris_fw_register_patterns(registry):
 
 
 @hookspec
+def iris_fw_register_algorithms(registry):
+    """Register collective algorithms: how one collective of :mod:`iris_fw.ccl` moves its data
+    (e.g. all-reduce one-shot, two-shot, Lamport, ring; all-gather push or pull).
+
+    Fires: once per plugin when the registries are loaded.
+
+    :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"algorithm"``; call
+        ``registry.register(obj)`` with an :class:`iris_fw.ccl.algorithm.Algorithm` instance.
+        Its registry name is ``"<collective>.<name>"`` (e.g. ``"all_reduce.one_shot"``), the
+        ``algorithm=`` a caller passes is ``name``; ``supports(call)`` says which calls it can
+        run and ``plan(group, call)`` returns the launch (docs/architecture.md, "add a collective").
+    :return: nothing.
+    """
+
+
+@hookspec
 def iris_fw_register_benchmarks(registry):
     """Register benchmarks that ``iris-fw bench`` can run.
 

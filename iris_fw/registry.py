@@ -1,7 +1,7 @@
 """Registries of plugins, and the pluggy plugin manager that fills them.
 
 A :class:`Registry` maps a name to an object (a transport class, a bootstrap class, a
-scheduler, a pattern, a benchmark) and remembers which plugin provided it. Names are unique
+scheduler, a pattern, a collective algorithm, a benchmark) and remembers which plugin provided it. Names are unique
 within a registry: a second registration of a name raises :class:`DuplicateNameError`
 naming both providers. Every entry can say whether it is usable here and, if not, why.
 """
@@ -16,12 +16,13 @@ import pluggy
 from . import hookspecs
 from .errors import IrisError
 
-KINDS = ("transport", "bootstrap", "scheduler", "pattern", "benchmark")
+KINDS = ("transport", "bootstrap", "scheduler", "pattern", "algorithm", "benchmark")
 _HOOKS = {
     "transport": "iris_fw_register_transports",
     "bootstrap": "iris_fw_register_bootstraps",
     "scheduler": "iris_fw_register_schedulers",
     "pattern": "iris_fw_register_patterns",
+    "algorithm": "iris_fw_register_algorithms",
     "benchmark": "iris_fw_register_benchmarks",
 }
 
@@ -141,10 +142,11 @@ class Registries:
     bootstrap: Registry
     scheduler: Registry
     pattern: Registry
+    algorithm: Registry
     benchmark: Registry
 
     def __iter__(self) -> Iterator[Registry]:
-        return iter((self.transport, self.bootstrap, self.scheduler, self.pattern, self.benchmark))
+        return iter((self.transport, self.bootstrap, self.scheduler, self.pattern, self.algorithm, self.benchmark))
 
 
 def plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:

@@ -68,6 +68,7 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
             result = fn(ctx, *args, **kwargs)
             ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
             ctx.op_cache.clear()  # ops cached by iris_fw.ops calls hold heap buffers
+            ctx.comm_groups.clear()  # so do the groups of iris_fw.ccl
             del fn, args, kwargs
             gc.collect()
             if ctx.heap.bytes_used != used:

@@ -22,6 +22,13 @@ keyword options (``mask=None``, ``OP``)::
     wait_flag(flag, epoch, rank, heap_bases) -> 1/0
     wait_arrivals(slots, epoch, rank, world_size, heap_bases) -> 1/0
     last_program(counter, nprog, epoch) -> bool
+    program_epoch(counters) -> epoch
+    tile_reduce_rows(ptrs, stride, world_size, mask=None, OP="sum") -> tile
+    widen(x) -> tile;  combine(acc, x, OP) -> tile
+    lamport_put_all(src, dst, rank, world_size, heap_bases, mask=None)
+    lamport_wait(ptrs, where, rank, heap_bases, mask=None) -> (tile, 1/0)
+    lamport_clear(ptrs, mask=None)
+    lamport_reduce(ptrs, stride, where, rank, world_size, heap_bases, mask=None, OP="sum") -> (tile, 1/0)
 
 A tile is a block of pointers, 1-D ``[BLOCK]`` or 2-D ``[BM, BN]`` (any pointer arithmetic),
 with an optional ``mask`` of the same shape as in ``tl.load``. Pointers that a peer's copy is
@@ -137,11 +144,23 @@ def last_program(counter, nprog, epoch):
     return old == epoch * nprog - 1
 
 
+@triton.jit
+def program_epoch(counters):
+    """This program's call number (1 for the first call), advanced: ``counters`` is an int64
+    ``[num_programs]`` array in local memory, zero before the first call, where each program
+    keeps its own count. Every launch of one kernel configuration uses the same grid, so the
+    ``p``-th program of every rank agrees on the epoch without a host integer or an atomic."""
+    slot = counters + tl.program_id(0)
+    epoch = tl.load(slot) + 1
+    tl.store(slot, epoch)
+    return epoch
+
+
 # ---- reductions ---------------------------------------------------------------------------
 
 
 @triton.jit
-def _widen(x):
+def widen(x):
     """``x`` in its accumulator type: fp32 for floats narrower than 32 bits, else unchanged."""
     if x.dtype.is_floating():
         if x.dtype.primitive_bitwidth < 32:
@@ -150,7 +169,8 @@ def _widen(x):
 
 
 @triton.jit
-def _combine(acc, x, OP: tl.constexpr):
+def combine(acc, x, OP: tl.constexpr):
+    """``acc`` combined with ``x`` (both in the accumulator type) by ``OP``."""
     if OP == "sum":
         out = acc + x
     elif OP == "max":
@@ -170,10 +190,10 @@ def tile_reduce(ptrs, rank, world_size, heap_bases, mask=None, OP: tl.constexpr 
     hold unspecified values."""
     tl.static_assert(OP == "sum" or OP == "max" or OP == "min" or OP == "prod",
                      "tile_reduce: OP must be 'sum', 'max', 'min' or 'prod'")
-    acc = _widen(tl.load(ptrs, mask=mask))
+    acc = widen(tl.load(ptrs, mask=mask))
     for i in range(1, world_size):
         x = dv.load(ptrs, rank, (rank + i) % world_size, heap_bases, mask=mask)
-        acc = _combine(acc, _widen(x), OP)
+        acc = combine(acc, widen(x), OP)
     return acc
 
 
@@ -199,6 +219,17 @@ def tile_reduce_broadcast(src, dst, rank, world_size, heap_bases, mask=None, OP:
     """
     acc = tile_reduce(src, rank, world_size, heap_bases, mask=mask, OP=OP)
     tile_store_all(dst, acc, rank, world_size, heap_bases, mask=mask)
+
+
+@triton.jit
+def tile_reduce_rows(ptrs, stride, world_size, mask=None, OP: tl.constexpr = _SUM):
+    """The local tiles ``ptrs + p * stride`` (``p = 0 … world_size-1``, e.g. the per-rank
+    slots of a receive buffer) reduced with ``OP``, combined in rank order so that every rank
+    computes bitwise the same result; returned in the accumulator type."""
+    acc = widen(tl.load(ptrs, mask=mask))
+    for p in range(1, world_size):
+        acc = combine(acc, widen(tl.load(ptrs + p * stride, mask=mask)), OP)
+    return acc
 
 
 # ---- data movement ------------------------------------------------------------------------
@@ -249,3 +280,99 @@ def tile_broadcast(src, dst, rank, root, heap_bases, mask=None):
     (symmetric); both ``[BLOCK]`` or ``[BM, BN]``. The root copies its own tile (a no-op
     copy when ``dst`` is ``src``)."""
     tl.store(dst, dv.load(src, rank, root, heap_bases, mask=mask), mask=mask)
+
+
+# ---- data as flag ("Lamport" exchange) ----------------------------------------------------
+#
+# A receive buffer is filled with an *empty* bit pattern (a float's negative zero: only the
+# sign bit set, see :func:`lamport_empty`); a sender stores its tile there with every negative
+# zero turned into a positive one, so the receiver knows a lane has arrived when it no longer
+# holds the pattern — no separate flag, no extra round trip. The receiver clears what it read
+# (:func:`lamport_clear`) for the buffer's next use, and alternates between two buffers (by
+# call parity): a peer can run at most one call ahead, because it cannot finish a call before
+# receiving this rank's data for it. Floating dtypes only (an integer has no spare pattern).
+
+
+def lamport_empty(bits: int) -> int:
+    """The empty pattern of a ``bits``-wide float, as the signed integer of the same width."""
+    return -(1 << (bits - 1))
+
+
+@triton.jit
+def _as_bits(ptrs):
+    BITS: tl.constexpr = ptrs.dtype.element_ty.primitive_bitwidth
+    tl.static_assert(BITS == 8 or BITS == 16 or BITS == 32 or BITS == 64, "lamport: 8/16/32/64-bit dtypes only")
+    if BITS == 8:
+        out = ptrs.to(tl.pointer_type(tl.int8), bitcast=True)
+    elif BITS == 16:
+        out = ptrs.to(tl.pointer_type(tl.int16), bitcast=True)
+    elif BITS == 32:
+        out = ptrs.to(tl.pointer_type(tl.int32), bitcast=True)
+    else:
+        out = ptrs.to(tl.pointer_type(tl.int64), bitcast=True)
+    return out
+
+
+@triton.jit
+def _empty_bits(ptrs):
+    BITS: tl.constexpr = ptrs.dtype.element_ty.primitive_bitwidth
+    EMPTY: tl.constexpr = -(1 << (BITS - 1))
+    return EMPTY
+
+
+@triton.jit
+def lamport_put_all(src, dst, rank, world_size, heap_bases, mask=None):
+    """Push the caller's floating tile at ``src`` (any local pointers) to ``dst`` (symmetric,
+    a buffer filled with the empty pattern) on every rank, the caller's own first; negative
+    zeros travel as positive zeros so no lane looks empty."""
+    bits = tl.load(_as_bits(src), mask=mask)
+    bits = tl.where(bits == _empty_bits(src), tl.zeros_like(bits), bits)
+    out = _as_bits(dst)
+    for i in range(0, world_size):
+        dv.store(out, bits, rank, (rank + i) % world_size, heap_bases, mask=mask)
+
+
+@triton.jit
+def lamport_wait(ptrs, where, rank, heap_bases, mask=None):
+    """Poll the caller's local tile at ``ptrs`` (volatile loads) until no lane inside ``mask``
+    holds the empty pattern; returns ``(tile, 1)``, or ``(tile, 0)`` after the header's wait
+    bound, when the timeout is recorded against the scalar pointer ``where`` (the buffer, for
+    the host's ``WaitTimeout`` message)."""
+    bits_ptrs = _as_bits(ptrs)
+    EMPTY = _empty_bits(ptrs)
+    bound = tl.load(dv.heap_header(rank, heap_bases) + dv.HDR_WAIT_BOUND)
+    bits = tl.load(bits_ptrs, mask=mask, other=0, volatile=True)
+    missing = tl.sum((bits == EMPTY).to(tl.int32))
+    spins = bound * 0
+    while (missing > 0) & (spins < bound):
+        bits = tl.load(bits_ptrs, mask=mask, other=0, volatile=True)
+        missing = tl.sum((bits == EMPTY).to(tl.int32))
+        spins += 1
+    ok = (missing == 0).to(tl.int32)
+    if missing > 0:
+        dv.record_timeout(where, "!=", EMPTY, EMPTY, spins, rank, rank, heap_bases)
+    return bits.to(ptrs.dtype.element_ty, bitcast=True), ok
+
+
+@triton.jit
+def lamport_clear(ptrs, mask=None):
+    """Refill the caller's local tile at ``ptrs`` with the empty pattern (after reading it)."""
+    bits_ptrs = _as_bits(ptrs)
+    tl.store(bits_ptrs, tl.cast(_empty_bits(ptrs), bits_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def lamport_reduce(ptrs, stride, where, rank, world_size, heap_bases, mask=None, OP: tl.constexpr = _SUM):
+    """The receiving side of a Lamport all-reduce: wait for the local tiles
+    ``ptrs + p * stride`` (``p = 0 … world_size-1``, one slot per sending rank), combine them in
+    rank order with ``OP`` and clear each after reading it. Returns ``(tile in the accumulator
+    type, 1)``, or ``(…, 0)`` if a wait timed out (recorded against ``where``)."""
+    x, ok = lamport_wait(ptrs, where, rank, heap_bases, mask=mask)
+    acc = widen(x)
+    lamport_clear(ptrs, mask=mask)
+    for p in range(1, world_size):
+        x, got = lamport_wait(ptrs + p * stride, where, rank, heap_bases, mask=mask)
+        ok = ok & got
+        acc = combine(acc, widen(x), OP)
+        lamport_clear(ptrs + p * stride, mask=mask)
+    return acc, ok

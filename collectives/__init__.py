@@ -1,0 +1,1 @@
+"""Built-in collective-algorithm plugins of :mod:`iris_fw.ccl` (installed as ``iris_fw.collectives``)."""

@@ -1,0 +1,222 @@
+"""The collective-algorithm contract: what a call is (:class:`Call`), what an algorithm plugin
+provides (:class:`Algorithm`), how ``algorithm="auto"`` picks one (a measured table,
+``iris_fw/tuning/ccl.json``), and the shared launch machinery (capacity classes, chunking).
+
+An algorithm is registered as ``"<collective>.<name>"`` (hook ``iris_fw_register_algorithms``).
+``plan(group, call)`` returns a function ``run(src, dst)`` on flat contiguous tensors that
+enqueues the whole call on the current stream: it carves its buffers from the group's workspace
+once per *kernel configuration* (:meth:`Group.config`) and launches through
+:class:`~iris_fw.engine.launcher.KernelLauncher`. Every per-call counter lives on the device
+(:func:`iris_fw.tilecomm.program_epoch`), so calls replay from CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Callable
+
+import torch
+import triton
+
+from .. import devinfo
+from ..engine.launcher import KernelLauncher
+from ..errors import IrisError
+
+#: Smallest capacity class (bytes of one rank's message per kernel configuration).
+MIN_CAPACITY = 4096
+#: Bytes of one tile: a program moves BLOCK = TILE_BYTES / element size elements at a time.
+TILE_BYTES = 4096
+#: Warps of a communication program.
+NUM_WARPS = 4
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+INT_DTYPES = (torch.int32, torch.int64)
+DTYPES = FLOAT_DTYPES + INT_DTYPES
+#: Reductions the kernels implement (``avg`` is a sum divided by the group size, floats only).
+REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call as the algorithms see it (validated across the group's members).
+
+    ``numel``: elements of one rank's *unit*: the tensor of all_reduce / broadcast / reduce,
+    the input of all_gather / gather, the output of reduce_scatter / scatter. ``op``: a
+    :data:`REDUCE_OPS` name or None; ``root``: a group rank or None; ``splits``: all_to_all's
+    ``[size][size]`` element counts (``splits[i][j]``: from rank i to rank j) or None;
+    ``src_offset``: the heap offset of the source when it lies on the heap at that same offset
+    on every member (zero-copy algorithms read it in place), else None."""
+
+    collective: str
+    dtype: torch.dtype
+    numel: int
+    world: int
+    op: str | None = None
+    root: int | None = None
+    splits: tuple | None = None
+    src_offset: int | None = None
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+
+class Algorithm:
+    """Base class of collective algorithms. Subclasses set ``collective`` and ``name`` and
+    implement :meth:`plan`; :meth:`supports` says which calls they take (default: any dtype
+    of :data:`DTYPES`)."""
+
+    collective: str = ""
+    name: str = ""
+    #: capacity-sized receive buffers one kernel configuration carves per rank, as a function
+    #: of the group size: bounds the largest chunk the workspace holds (see :func:`max_chunk`)
+    buffers_per_capacity: Callable[[int], int] = staticmethod(lambda world: 2 * world)
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, call: Call) -> tuple[bool, str]:
+        return True, ""
+
+    def plan(self, group, call: Call) -> Callable[[torch.Tensor, torch.Tensor], None]:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def key(self) -> str:
+        return f"{self.collective}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"<ccl algorithm {self.key}>"
+
+
+# ---- capacity classes and chunking ------------------------------------------------------------
+
+
+def max_chunk(group, algo: Algorithm) -> int:
+    """The largest capacity class (bytes, a power of two) ``algo`` uses in ``group``: its receive
+    buffers at that class take at most a quarter of the workspace."""
+    budget = group.workspace.numel() // (4 * max(1, algo.buffers_per_capacity(group.size)))
+    cap = MIN_CAPACITY
+    while cap * 2 <= budget:
+        cap *= 2
+    return cap
+
+
+def capacity(group, algo: Algorithm, nbytes: int) -> int:
+    """The capacity class of a message of ``nbytes``: the next power of two (at least
+    :data:`MIN_CAPACITY`), at most :func:`max_chunk` (longer messages go in chunks)."""
+    cap = MIN_CAPACITY
+    limit = max_chunk(group, algo)
+    while cap < nbytes and cap < limit:
+        cap *= 2
+    return cap
+
+
+def block_elems(dtype: torch.dtype) -> int:
+    """Elements of one tile of ``dtype``."""
+    return TILE_BYTES // torch.empty((), dtype=dtype).element_size()
+
+
+def programs(group, cap_elems: int, block: int) -> int:
+    """Programs of a kernel configuration: one per tile, at most one per SM (the CPU
+    interpreter's few)."""
+    return devinfo.persistent_programs(group.ctx.device, triton.cdiv(cap_elems, block))
+
+
+def launcher(kernel, nprog: int, **constexprs) -> KernelLauncher:
+    return KernelLauncher(kernel, (nprog,), constexprs=constexprs, num_warps=NUM_WARPS)
+
+
+def chunks(numel: int, cap_elems: int):
+    """``(start, length)`` of each chunk of a ``numel``-element message."""
+    for start in range(0, max(numel, 1), cap_elems):
+        yield start, min(cap_elems, numel - start)
+
+
+# ---- auto selection (data) ----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def table() -> dict:
+    """The parsed ``iris_fw/tuning/ccl.json``."""
+    return json.loads(resources.files("iris_fw.tuning").joinpath("ccl.json").read_text())
+
+
+def auto_order(ctx, world: int, collective: str, nbytes: int) -> list[str]:
+    """Algorithm names to try for ``collective`` at a message of ``nbytes`` (one rank's unit),
+    best first: the rows for this device name and world size, else the table's defaults. A
+    row ``[max_bytes, [names…]]`` applies up to ``max_bytes`` (null: any size)."""
+    data = table()
+    per_device = data["devices"].get(devinfo.info(ctx.device).name, {}).get(str(world), {})
+    rows = per_device.get(collective) or data["defaults"][collective]
+    for max_bytes, names in rows:
+        if max_bytes is None or nbytes <= max_bytes:
+            return list(names)
+    return list(rows[-1][1])
+
+
+def choose(group, call: Call, requested: str) -> Algorithm:
+    """The algorithm for ``call``: ``requested`` by name (``"auto"``: the first of
+    :func:`auto_order` that supports the call). Raises naming what is registered."""
+    registry = group.ctx.registries.algorithm
+    if requested != "auto":
+        algo = registry.require_available(f"{call.collective}.{requested}")
+        ok, why = algo.supports(call)
+        if not ok:
+            raise ValueError(f"algorithm {requested!r} cannot run this {call.collective}: {why}")
+        return algo
+    tried = []
+    for name in auto_order(group.ctx, call.world, call.collective, call.nbytes):
+        key = f"{call.collective}.{name}"
+        if key not in registry:
+            continue
+        algo = registry.get(key)
+        ok, why = algo.supports(call)
+        if ok and registry.entry(key).availability()[0]:
+            return algo
+        tried.append(f"{name}: {why}")
+    raise IrisError(f"no registered algorithm runs this {call.collective} ({'; '.join(tried) or 'none registered'})")
+
+
+def names(ctx, collective: str) -> list[str]:
+    """The registered algorithm names of ``collective``."""
+    prefix = collective + "."
+    return [k[len(prefix):] for k in ctx.registries.algorithm.names() if k.startswith(prefix)]
+
+
+# ---- kernel configurations ----------------------------------------------------------------------
+
+
+def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, buffers=(), slots: int = 0,
+                  fill=None) -> tuple:
+    """A kernel configuration of ``group``: its buffers are made on the first use of ``key``
+    — the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
+    ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
+    counters (local) — and shared by every variant of the kernel (``constexprs``, e.g. the
+    reduction) launched over the same ``nprog`` programs, each with its own launcher.
+    ``fill(buffers)`` may prepare the buffers; when it returns true the members sync before
+    any of them can send into them. Returns ``(launch, buffers)``."""
+
+    def make():
+        bufs = [group.carve(numel, dtype, f"{key[0]} {what}") for numel, dtype, what in buffers]
+        if fill is not None and fill(bufs):
+            group.sync(f"ccl {key[0]}: receive buffers ready")
+        if slots:
+            bufs.append(group.carve(nprog * slots, torch.int64, f"{key[0]} arrival slots"))
+        bufs.append(torch.zeros(nprog, dtype=torch.int64, device=group.ctx.device))
+        return tuple(bufs), {}
+
+    bufs, launchers = group.config((*key, nprog), make)
+    variant = tuple(sorted(constexprs.items()))
+    launch = launchers.get(variant)
+    if launch is None:
+        launch = launchers[variant] = launcher(kernel, nprog, **constexprs)
+    return launch, bufs

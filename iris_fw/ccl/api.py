@@ -1,0 +1,500 @@
+"""The public collective calls of :mod:`iris_fw.ccl`: argument checks, the per-group call
+cache, validation across members on a cache miss, and :class:`Work`.
+
+Every call follows one path (:func:`_call`): compute a cheap key from the arguments; on a hit
+run the prepared launch; on a miss check the arguments fully, exchange them with the group's
+members (:meth:`Group.exchange`), choose the algorithm, plan it, and cache the launch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import context as _context
+from .. import tilecomm as tc
+from . import algorithm as al
+from .group import Group, default_workspace_bytes
+
+try:
+    from torch.distributed import ReduceOp
+except ImportError:  # pragma: no cover - torch builds without distributed
+    ReduceOp = None
+
+#: Prepared calls a group keeps (least recently used dropped; re-validated when called again).
+MAX_CACHED_CALLS = 1024
+
+_OPS: dict = {name: name for name in al.REDUCE_OPS}
+_OPS.update({"product": "prod", "average": "avg"})
+if ReduceOp is not None:
+    _OPS.update({ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
+                 ReduceOp.PRODUCT: "prod"})
+
+
+# ---- groups ---------------------------------------------------------------------------------------
+
+
+def _ctx(ctx):
+    return ctx if ctx is not None else _context.current()
+
+
+def _ranks_of(ctx, group) -> tuple[int, ...]:
+    if group is None:
+        return tuple(range(ctx.world_size))
+    if isinstance(group, Group):
+        return group.ranks
+    if isinstance(group, (list, tuple, range)):
+        ranks = [int(r) for r in group]
+    else:
+        import torch.distributed as dist
+
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group must be None, an iris_fw.ccl.Group, a list of ranks or a torch ProcessGroup, "
+                            f"got {type(group).__name__}")
+        ranks = dist.get_process_group_ranks(group)
+    if len(set(ranks)) != len(ranks) or not ranks or any(not 0 <= r < ctx.world_size for r in ranks):
+        raise ValueError(f"group must list distinct ranks in [0, {ctx.world_size}), got {list(ranks)}")
+    return tuple(sorted(ranks))
+
+
+def new_group(ranks=None, *, workspace_bytes: int | None = None, ctx=None) -> Group:
+    """Create (or return) the group of ``ranks`` (sorted; group rank = position), like
+    ``torch.distributed.new_group``: collective over *every* rank of the context, members or
+    not, because the group's workspace is a symmetric heap block (``workspace_bytes``, default
+    ``IRIS_FW_CCL_WORKSPACE`` or a quarter of the heap up to 256 MiB)."""
+    ctx = _ctx(ctx)
+    error, ranks_t, size = None, None, None
+    try:
+        ranks_t = _ranks_of(ctx, ranks)
+        size = default_workspace_bytes(ctx) if workspace_bytes is None else int(workspace_bytes)
+    except Exception as exc:
+        error = exc
+    ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error)
+    group = ctx.comm_groups.get(ranks_t)
+    if group is None:
+        group = ctx.comm_groups[ranks_t] = Group(ctx, ranks_t, size)
+        # every rank's workspace is zeroed before any member reads a peer's mailbox or flags
+        # (the block may have held an earlier group's)
+        ctx.barrier()
+    return group
+
+
+def destroy_group(group=None, *, ctx=None) -> None:
+    """Drop a group (``None``: every group of the context), like
+    ``torch.distributed.destroy_process_group``: collective over every rank. Its workspace is
+    reclaimed at the next collective point."""
+    ctx = _ctx(ctx)
+    ranks = None if group is None else _ranks_of(ctx, group)
+    ctx.agree("iris_fw.ccl.destroy_group", {"ranks": ranks})
+    if ranks is None:
+        ctx.comm_groups.clear()
+    else:
+        ctx.comm_groups.pop(ranks, None)
+
+
+def _group(ctx, group) -> Group:
+    if isinstance(group, Group) and group.ctx is ctx:
+        found = group
+    else:
+        ranks = _ranks_of(ctx, group)
+        found = ctx.comm_groups.get(ranks)
+        if found is None:
+            if len(ranks) != ctx.world_size:
+                raise ValueError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
+                                 f"on every rank first (as torch.distributed.new_group)")
+            found = new_group(ranks, ctx=ctx)  # the world: every rank is in this call
+    if found.rank is None:
+        raise ValueError(f"rank {ctx.rank} is not in the group {list(found.ranks)} it called a collective on")
+    return found
+
+
+def algorithms(collective: str, *, ctx=None) -> list[str]:
+    """The algorithm names registered for ``collective`` (``"all_reduce"``, ``"all_gather"``,
+    ``"reduce_scatter"``, ``"all_to_all"``, ``"broadcast"``, ``"reduce"``, ``"gather"``,
+    ``"scatter"``)."""
+    return al.names(_ctx(ctx), collective)
+
+
+# ---- work -----------------------------------------------------------------------------------------
+
+
+class Work:
+    """What ``async_op=True`` returns, as torch's: :meth:`wait` makes the current stream wait
+    for the collective (the host does not block), :meth:`is_completed` asks without waiting,
+    :meth:`synchronize` blocks the host and raises :class:`~iris_fw.WaitTimeout` if a
+    device-side wait of this rank gave up."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._event = None
+        if ctx.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def wait(self, timeout=None) -> bool:
+        if self._event is not None:
+            torch.cuda.current_stream(self.ctx.device).wait_event(self._event)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def synchronize(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+        self.ctx.synchronize()
+
+    def result(self) -> list:
+        return []
+
+
+# ---- the call path --------------------------------------------------------------------------------
+
+
+def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
+    """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
+    g = _group(ctx, group)
+    run = g.calls.get(key)
+    if run is None:
+        run = prepare(g)
+        g.calls[key] = run
+        if len(g.calls) > MAX_CACHED_CALLS:
+            del g.calls[next(iter(g.calls))]
+    run(src, dst)
+    return Work(ctx) if async_op else None
+
+
+def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Callable | None = None):
+    """Slow path of a call: ``check()`` validates the arguments locally and returns
+    ``(fields, call, extra)``; the members exchange them; ``finish(call, extras)`` completes
+    the call from every member's ``extra``; the algorithm is chosen and planned."""
+    fields, call, extra, error = {}, None, None, None
+    try:
+        fields, call, extra = check()
+        if not isinstance(algorithm, str):
+            raise TypeError(f"algorithm must be a name or 'auto', got {algorithm!r}")
+        fields["algorithm"] = algorithm
+    except Exception as exc:  # every member must hear of it, or they would wait for this one
+        error = exc
+    extras = g.exchange(label, fields, error, extra)
+    if finish is not None:
+        call = finish(call, extras)
+    algo = al.choose(g, call, algorithm)
+    return algo.plan(g, call)
+
+
+def _check_tensor(ctx, t, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != ctx.device:
+        raise ValueError(f"{name} must be on this rank's device {ctx.device}, got a tensor on {t.device}")
+    if t.dtype not in al.DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in al.DTYPES)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (shape {list(t.shape)}, strides {list(t.stride())})")
+    return t
+
+
+def _op_name(op, dtype) -> str:
+    try:
+        name = _OPS[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"op must be a torch.distributed.ReduceOp (SUM, AVG, MAX, MIN, PRODUCT) or one of "
+                         f"{al.REDUCE_OPS}, got {op!r}") from None
+    if name == "avg" and dtype not in al.FLOAT_DTYPES:
+        raise ValueError(f"op AVG needs a floating dtype, got {dtype}")
+    return name
+
+
+def _fast_ok(ctx, *tensors) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.device == ctx.device and t.is_contiguous() for t in tensors)
+
+
+def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:
+    if group_rank is not None:
+        if not isinstance(group_rank, int) or not 0 <= group_rank < g.size:
+            raise ValueError(f"group_{name} must be a rank of the group in [0, {g.size}), got {group_rank!r}")
+        return group_rank
+    if not isinstance(rank, int) or rank not in g.ranks:
+        raise ValueError(f"{name} must be a (global) rank of the group {list(g.ranks)}, got {rank!r}")
+    return g.ranks.index(rank)
+
+
+# ---- collectives ----------------------------------------------------------------------------------
+
+
+def all_reduce(tensor, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
+               algorithm: str = "auto", ctx=None):
+    """``tensor`` = ``tensor`` reduced with ``op`` over the group's ranks, in place, bitwise the
+    same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum."""
+    ctx = _ctx(ctx)
+    key = ("all_reduce", tensor.dtype, tensor.numel(), op, algorithm) if _fast_ok(ctx, tensor) else None
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, tensor, "tensor")
+            name = _op_name(op, tensor.dtype)
+            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), "op": name}
+            return fields, al.Call("all_reduce", tensor.dtype, tensor.numel(), g.size, op=name), None
+
+        return _prepare(g, "iris_fw.ccl.all_reduce", check, algorithm)
+
+    return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
+
+
+def _dispatch(ctx, group, key, prepare, src, dst, async_op):
+    if key is None:  # arguments the fast path does not take: the slow path reports them
+        g = _group(ctx, group)
+        prepare(g)(src, dst)
+        return Work(ctx) if async_op else None
+    return _call(ctx, group, key, prepare, src, dst, async_op)
+
+
+def _heap_offset(ctx, t) -> int | None:
+    return ctx.heap.offset_of(t) if t.device == ctx.device else None
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, algorithm: str = "auto",
+                           ctx=None):
+    """``output_tensor`` (``size * input.numel()`` elements, e.g. ``[size * d0, …]`` or
+    ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order."""
+    ctx = _ctx(ctx)
+    fast = _fast_ok(ctx, output_tensor, input_tensor)
+    offset = _heap_offset(ctx, input_tensor) if fast else None
+    key = (("all_gather", input_tensor.dtype, output_tensor.dtype, input_tensor.numel(), output_tensor.numel(),
+            offset, algorithm) if fast else None)
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, input_tensor, "input_tensor")
+            _check_tensor(ctx, output_tensor, "output_tensor")
+            if output_tensor.dtype != input_tensor.dtype:
+                raise TypeError(f"output_tensor has dtype {output_tensor.dtype}, input_tensor {input_tensor.dtype}")
+            if output_tensor.numel() != g.size * input_tensor.numel():
+                raise ValueError(f"output_tensor must hold {g.size} x input_tensor.numel() = "
+                                 f"{g.size * input_tensor.numel()} elements, got {output_tensor.numel()} "
+                                 f"(shape {list(output_tensor.shape)})")
+            fields = {"dtype": input_tensor.dtype, "input numel": input_tensor.numel()}
+            call = al.Call("all_gather", input_tensor.dtype, input_tensor.numel(), g.size)
+            return fields, call, _heap_offset(ctx, input_tensor)
+
+        def finish(call, offsets):
+            same = offsets[0] is not None and all(o == offsets[0] for o in offsets)
+            return al.Call(**{**call.__dict__, "src_offset": offsets[0] if same else None})
+
+        return _prepare(g, "iris_fw.ccl.all_gather_into_tensor", check, algorithm, finish)
+
+    return _dispatch(ctx, group, key, prepare, input_tensor, output_tensor, async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
+                          algorithm: str = "auto", ctx=None):
+    """``output`` = chunk ``r`` (``output.numel()`` elements) of ``input`` reduced with ``op``
+    over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements."""
+    ctx = _ctx(ctx)
+    key = (("reduce_scatter", input.dtype, output.dtype, input.numel(), output.numel(), op, algorithm)
+           if _fast_ok(ctx, output, input) else None)
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, input, "input")
+            _check_tensor(ctx, output, "output")
+            if output.dtype != input.dtype:
+                raise TypeError(f"output has dtype {output.dtype}, input {input.dtype}")
+            if input.numel() != g.size * output.numel():
+                raise ValueError(f"input must hold {g.size} x output.numel() = {g.size * output.numel()} elements, "
+                                 f"got {input.numel()} (shape {list(input.shape)})")
+            name = _op_name(op, input.dtype)
+            fields = {"dtype": input.dtype, "output numel": output.numel(), "op": name}
+            return fields, al.Call("reduce_scatter", input.dtype, output.numel(), g.size, op=name), None
+
+        return _prepare(g, "iris_fw.ccl.reduce_scatter_tensor", check, algorithm)
+
+    return _dispatch(ctx, group, key, prepare, input, output, async_op)
+
+
+def _splits(t, sizes, world: int, name: str) -> tuple[int, ...]:
+    """Elements per rank of ``t`` split along dim 0 by ``sizes`` (rows; None: equal)."""
+    rows = t.shape[0] if t.dim() else 1
+    row = t.numel() // rows if rows else 0
+    if sizes is None:
+        if rows % world:
+            raise ValueError(f"{name} has {rows} rows, not divisible by the group size {world}; pass split sizes")
+        return tuple([rows // world * row] * world)
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != world or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise ValueError(f"{name} split sizes must be {world} non-negative row counts summing to {rows}, got {sizes}")
+    return tuple(s * row for s in sizes)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
+                      *, algorithm: str = "auto", ctx=None):
+    """Rank ``r`` sends rows ``input_split_sizes[p]`` of ``input`` (dim 0, in order) to rank
+    ``p`` and receives ``output_split_sizes[p]`` rows from it into ``output`` (in order);
+    ``None`` splits equally. Every rank's send to ``p`` must match ``p``'s receive."""
+    ctx = _ctx(ctx)
+    key = (("all_to_all", input.dtype, output.dtype, tuple(input.shape), tuple(output.shape),
+            None if input_split_sizes is None else tuple(input_split_sizes),
+            None if output_split_sizes is None else tuple(output_split_sizes), algorithm)
+           if _fast_ok(ctx, output, input) else None)
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, input, "input")
+            _check_tensor(ctx, output, "output")
+            if output.dtype != input.dtype:
+                raise TypeError(f"output has dtype {output.dtype}, input {input.dtype}")
+            if tuple(input.shape[1:]) != tuple(output.shape[1:]):
+                raise ValueError(f"input and output must have the same shape past dim 0, got "
+                                 f"{list(input.shape)} and {list(output.shape)}")
+            send = _splits(input, input_split_sizes, g.size, "input")
+            recv = _splits(output, output_split_sizes, g.size, "output")
+            call = al.Call("all_to_all", input.dtype, input.numel(), g.size)
+            return {"dtype": input.dtype, "row shape": tuple(input.shape[1:])}, call, (send, recv)
+
+        def finish(call, extras):
+            for i, (send, _) in enumerate(extras):
+                for j, (_, recv) in enumerate(extras):
+                    if send[j] != recv[i]:
+                        raise ValueError(
+                            f"iris_fw.ccl.all_to_all_single: rank {g.ranks[i]} sends {send[j]} elements to rank "
+                            f"{g.ranks[j]}, which expects {recv[i]} from it (input/output split sizes)")
+            return al.Call(**{**call.__dict__, "splits": tuple(send for send, _ in extras)})
+
+        return _prepare(g, "iris_fw.ccl.all_to_all_single", check, algorithm, finish)
+
+    return _dispatch(ctx, group, key, prepare, input, output, async_op)
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, *, group_src=None, algorithm: str = "auto", ctx=None):
+    """``tensor`` = rank ``src``'s ``tensor`` (``src`` a global rank, or ``group_src`` a rank
+    of the group), in place."""
+    ctx = _ctx(ctx)
+    key = ("broadcast", tensor.dtype, tensor.numel(), src, group_src, algorithm) if _fast_ok(ctx, tensor) else None
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, tensor, "tensor")
+            root = _group_rank(g, src, "src", group_src)
+            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), "src": g.ranks[root]}
+            return fields, al.Call("broadcast", tensor.dtype, tensor.numel(), g.size, root=root), None
+
+        return _prepare(g, "iris_fw.ccl.broadcast", check, algorithm)
+
+    return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
+
+
+def reduce(tensor, dst=None, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
+           group_dst=None, algorithm: str = "auto", ctx=None):
+    """Rank ``dst``'s ``tensor`` = ``tensor`` reduced with ``op`` over the group, in place;
+    the other ranks' tensors are left as they were."""
+    ctx = _ctx(ctx)
+    key = ("reduce", tensor.dtype, tensor.numel(), dst, group_dst, op, algorithm) if _fast_ok(ctx, tensor) else None
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, tensor, "tensor")
+            root = _group_rank(g, dst, "dst", group_dst)
+            name = _op_name(op, tensor.dtype)
+            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), "dst": g.ranks[root], "op": name}
+            return fields, al.Call("reduce", tensor.dtype, tensor.numel(), g.size, op=name, root=root), None
+
+        return _prepare(g, "iris_fw.ccl.reduce", check, algorithm)
+
+    return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
+
+
+def _rooted_list(ctx, g: Group, items, tensor, root: int, name: str):
+    """The root's list of ``size`` tensors like ``tensor`` (validated), else None."""
+    if g.rank != root:
+        return None
+    if not isinstance(items, (list, tuple)) or len(items) != g.size:
+        raise ValueError(f"{name} must be a list of {g.size} tensors on the root, got {type(items).__name__}"
+                         + (f" of {len(items)}" if isinstance(items, (list, tuple)) else ""))
+    for i, t in enumerate(items):
+        _check_tensor(ctx, t, f"{name}[{i}]")
+        if t.dtype != tensor.dtype or t.numel() != tensor.numel():
+            raise ValueError(f"{name}[{i}] must have tensor's dtype {tensor.dtype} and {tensor.numel()} elements, "
+                             f"got {t.dtype} with {t.numel()}")
+    return list(items)
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, *, group_dst=None,
+           algorithm: str = "auto", ctx=None):
+    """The root's ``gather_list[p]`` = group rank ``p``'s ``tensor`` (``dst``: a global rank,
+    or ``group_dst``; default rank 0 of the group). Other ranks pass no list."""
+    ctx = _ctx(ctx)
+    g = _group(ctx, group)
+    root = _group_rank(g, g.ranks[0] if dst is None and group_dst is None else dst, "dst", group_dst)
+    items = _rooted_list(ctx, g, gather_list, tensor, root, "gather_list")
+    out = torch.empty(g.size * tensor.numel(), dtype=tensor.dtype, device=ctx.device) if items else tensor
+    key = ("gather", tensor.dtype, tensor.numel(), root, algorithm) if _fast_ok(ctx, tensor) else None
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, tensor, "tensor")
+            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), "dst": g.ranks[root]}
+            return fields, al.Call("gather", tensor.dtype, tensor.numel(), g.size, root=root), None
+
+        return _prepare(g, "iris_fw.ccl.gather", check, algorithm)
+
+    work = _dispatch(ctx, g, key, prepare, tensor, out, async_op)
+    if items:
+        for p, t in enumerate(items):
+            t.view(-1).copy_(out[p * tensor.numel():(p + 1) * tensor.numel()])
+    return work
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, *, group_src=None,
+            algorithm: str = "auto", ctx=None):
+    """Group rank ``p``'s ``tensor`` = the root's ``scatter_list[p]`` (``src``: a global rank,
+    or ``group_src``; default rank 0 of the group). Other ranks pass no list."""
+    ctx = _ctx(ctx)
+    g = _group(ctx, group)
+    root = _group_rank(g, g.ranks[0] if src is None and group_src is None else src, "src", group_src)
+    items = _rooted_list(ctx, g, scatter_list, tensor, root, "scatter_list")
+    source = torch.cat([t.reshape(-1) for t in items]) if items else tensor
+    key = ("scatter", tensor.dtype, tensor.numel(), root, algorithm) if _fast_ok(ctx, tensor) else None
+
+    def prepare(g):
+        def check():
+            _check_tensor(ctx, tensor, "tensor")
+            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), "src": g.ranks[root]}
+            return fields, al.Call("scatter", tensor.dtype, tensor.numel(), g.size, root=root), None
+
+        return _prepare(g, "iris_fw.ccl.scatter", check, algorithm)
+
+    return _dispatch(ctx, g, key, prepare, source, tensor, async_op)
+
+
+# ---- barrier --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _barrier_kernel(slots, counters, rank, world_size, heap_bases):
+    """Every rank arrives at ``slots`` (symmetric int64 ``[world_size]``) and waits for all."""
+    epoch = tc.program_epoch(counters)
+    tc.arrive(slots, epoch, rank, world_size, heap_bases)
+    tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
+
+
+def barrier(group=None, async_op=False, device_ids=None, *, ctx=None):
+    """Every member's work queued before the barrier finishes before any member's work after
+    it starts; unless ``async_op`` (or while capturing a CUDA graph) the host also waits, as
+    torch's barrier does, and raises :class:`~iris_fw.WaitTimeout` if a member never came."""
+    ctx = _ctx(ctx)
+
+    def prepare(g):
+        g.exchange("iris_fw.ccl.barrier", {})
+        launch, bufs = al.kernel_config(g, ("barrier",), _barrier_kernel, nprog=1, constexprs={}, slots=g.size)
+        return lambda src, dst: launch(*bufs, g.rank, g.size, g.heap_bases)
+
+    work = _call(ctx, group, ("barrier",), prepare, None, None, async_op)
+    capturing = ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not async_op and not capturing:
+        ctx.synchronize()
+    return work

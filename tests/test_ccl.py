@@ -1,0 +1,459 @@
+"""iris_fw.ccl: every collective × algorithm against float64 / exact references.
+
+Each rank function draws fresh random inputs (seeds agreed per call), poisons outputs, runs
+several calls back to back with no host synchronization between them (only device-side epochs
+order them), then checks every result: integers, max and min exactly; float sums and products
+within a few ulps of the output dtype times the magnitude; every rank's all-reduce result
+bitwise equal. Sizes are ragged; world sizes 1-4 (3 catches power-of-two assumptions). On GPUs
+the sizes grow and every collective is also replayed from a CUDA graph with fresh inputs.
+"""
+
+import pytest
+import torch
+
+from helpers import fresh_seed
+from iris_fw import WaitTimeout
+from iris_fw.engine.contract import CollectiveMismatch
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+FLOATS = (torch.float32, torch.bfloat16, torch.float16) + FP8
+INTS = (torch.int32, torch.int64)
+OPS = ("sum", "avg", "max", "min", "prod")
+ALL_REDUCE = ("one_shot", "lamport", "two_shot", "ring")
+
+
+def _n(ctx, small):
+    """A ragged element count: ``small`` on the CPU interpreter, ~1 M on GPUs."""
+    return small if ctx.device.type == "cpu" else (1 << 20) + small
+
+
+def _inputs(ctx, n, dtype, op, seed, calls):
+    """``calls`` lists of every rank's input (the same on every rank: drawn from ``seed``);
+    values chosen so that products stay in range. fp8 inputs are small integers (powers of two
+    for products, multiples of the world size for averages), whose results fp8 holds exactly:
+    Triton's CPU interpreter mis-rounds fp32 -> fp8 where rounding carries into the exponent."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(calls):
+        per_rank = []
+        for _ in range(ctx.world_size):
+            if dtype in FP8:
+                if op == "prod":
+                    x = 2.0 ** torch.randint(-1, 2, (n,), generator=g)
+                else:
+                    x = torch.randint(-2, 3, (n,), generator=g).float() * (ctx.world_size if op == "avg" else 1)
+            elif dtype in INTS:
+                hi = 3 if op == "prod" else 1000
+                x = torch.randint(-hi, hi + 1, (n,), generator=g)
+            elif op == "prod":
+                x = 1 + 0.25 * torch.rand(n, generator=g)
+            else:
+                x = torch.randn(n, generator=g) * (2 if dtype in FP8 else 8)
+            per_rank.append(x.to(dtype))
+        out.append(per_rank)
+    return out
+
+
+def _reference(xs, op, dtype):
+    """float64 (int64 for integers) reduction of the per-rank tensors ``xs``."""
+    wide = torch.stack([x.to(torch.float64 if dtype not in INTS else torch.int64) for x in xs])
+    if op in ("sum", "avg"):
+        r = wide.sum(0)
+        return r / len(xs) if op == "avg" else r
+    if op == "prod":
+        return wide.prod(0)
+    return wide.amax(0) if op == "max" else wide.amin(0)
+
+
+def _scale(xs, op):
+    """What a float result's rounding error scales with: the sum of the magnitudes of the
+    addends (sums), the result's magnitude (products)."""
+    mag = torch.stack([x.double().abs() for x in xs])
+    if op == "prod":
+        return mag.prod(0)
+    return mag.sum(0) / (len(xs) if op == "avg" else 1)
+
+
+def _check(got, want, dtype, op, world, what, scale=None):
+    got = got.cpu()
+    if dtype in INTS or op in ("max", "min"):
+        assert torch.equal(got.to(want.dtype), want.to(got.dtype).to(want.dtype)), what
+        return
+    eps = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10,
+           torch.float8_e4m3fn: 2 ** -3, torch.float8_e5m2: 2 ** -2}[dtype]
+    # the result is rounded once to the output dtype; fp32 sums also round per addition
+    scale = want.abs() if scale is None else scale
+    tol = 2 * eps * want.abs() + world * 2 ** -23 * scale + 1e-30
+    err = (got.double() - want).abs()
+    assert bool((err <= tol).all()), f"{what}: max error {err.max().item():.3g}, tolerance {tol.max().item():.3g}"
+
+
+def _poison(t):
+    return t.fill_(float("nan") if t.dtype.is_floating_point and t.dtype not in FP8 else -7)
+
+
+# ---- all_reduce ---------------------------------------------------------------------------------
+
+
+def _all_reduce_rank(ctx, algorithm, dtypes, ops, small, calls=3):
+    from iris_fw import ccl
+
+    done = []
+    for dtype in dtypes:
+        for op in ops:
+            if op == "avg" and dtype in INTS:
+                continue
+            if algorithm == "lamport" and dtype in INTS:
+                continue
+            n = _n(ctx, small)
+            data = _inputs(ctx, n, dtype, op, fresh_seed(ctx), calls)
+            tensors = [d[ctx.rank].to(ctx.device, copy=True) for d in data]
+            for t in tensors:  # back to back: only the device orders the calls
+                ccl.all_reduce(t, op=op, algorithm=algorithm)
+            ctx.synchronize()
+            for i, t in enumerate(tensors):
+                want = _reference(data[i], op, dtype)
+                _check(t, want, dtype, op, ctx.world_size, f"{algorithm} {dtype} {op} call {i}", _scale(data[i], op))
+                same = ctx.bootstrap.all_gather(t.cpu().view(torch.uint8).clone())
+                assert all(torch.equal(s, same[0]) for s in same), f"{algorithm} {dtype} {op}: ranks differ"
+            done.append((str(dtype), op))
+    return done
+
+
+@pytest.mark.parametrize("algorithm", ALL_REDUCE)
+def test_all_reduce_dtypes_and_ops(world, algorithm):
+    """Every dtype and op through every algorithm, ragged size, three calls back to back."""
+    ops = OPS if world.world_size in (2, 3) else ("sum", "max")
+    res = world.run(_all_reduce_rank, algorithm, FLOATS + INTS, ops, 1000 + 37)
+    assert res[0], "nothing ran"
+
+
+def _chunked_rank(ctx, algorithm, dtype):
+    """A small workspace forces several chunks per call; sizes off the tile grid."""
+    from iris_fw import ccl
+
+    g = ccl.new_group(list(range(ctx.world_size)), workspace_bytes=1 << 18)
+    n = 3 * 4096 + 129 if ctx.device.type == "cpu" else (3 << 20) + 129
+    data = _inputs(ctx, n, dtype, "sum", fresh_seed(ctx), 2)
+    ts = [d[ctx.rank].to(ctx.device, copy=True) for d in data]
+    for t in ts:
+        ccl.all_reduce(t, group=g, algorithm=algorithm)
+    ctx.synchronize()
+    for i, t in enumerate(ts):
+        _check(t, _reference(data[i], "sum", dtype), dtype, "sum", ctx.world_size, f"{algorithm} chunked call {i}",
+               _scale(data[i], "sum"))
+    ccl.destroy_group(g)
+
+
+@pytest.mark.parametrize("algorithm", ALL_REDUCE)
+def test_all_reduce_chunks(iris_pool, algorithm):
+    """Messages longer than the workspace's largest capacity class go in chunks."""
+    for w in (2, 3):
+        iris_pool(w).run(_chunked_rank, algorithm, torch.bfloat16)
+
+
+# ---- all_gather / reduce_scatter / all_to_all -----------------------------------------------------
+
+
+def _all_gather_rank(ctx, algorithm, heap_input):
+    from iris_fw import ccl
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.float8_e5m2):
+        n = _n(ctx, 777)
+        data = _inputs(ctx, n, dtype, "sum", fresh_seed(ctx), 2)
+        if heap_input:
+            ins = [ctx.empty(n, dtype=dtype) for _ in data]
+            for t, d in zip(ins, data):
+                t.copy_(d[ctx.rank])
+        else:
+            ins = [d[ctx.rank].to(ctx.device, copy=True) for d in data]
+        outs = [_poison(torch.empty(ctx.world_size, n, dtype=dtype, device=ctx.device)) for _ in data]
+        for o, i in zip(outs, ins):
+            ccl.all_gather_into_tensor(o, i, algorithm=algorithm)
+        ctx.synchronize()
+        for k, o in enumerate(outs):
+            want = torch.stack(data[k])
+            assert torch.equal(o.cpu().view(torch.uint8), want.view(torch.uint8)), f"{algorithm} {dtype} call {k}"
+        del ins
+
+
+@pytest.mark.parametrize("algorithm,heap_input", [("push", False), ("pull", False), ("pull", True)])
+def test_all_gather(world, algorithm, heap_input):
+    """Push and pull, a staged and an in-place (heap) input, bit-exact."""
+    world.run(_all_gather_rank, algorithm, heap_input)
+
+
+def _reduce_scatter_rank(ctx):
+    from iris_fw import ccl
+
+    for dtype, op in ((torch.float32, "sum"), (torch.bfloat16, "avg"), (torch.int32, "max"), (torch.float8_e4m3fn, "sum"),
+                      (torch.int64, "prod")):
+        n = _n(ctx, 555)
+        data = _inputs(ctx, ctx.world_size * n, dtype, op, fresh_seed(ctx), 2)
+        outs = [_poison(torch.empty(n, dtype=dtype, device=ctx.device)) for _ in data]
+        for o, d in zip(outs, data):
+            ccl.reduce_scatter_tensor(o, d[ctx.rank].to(ctx.device, copy=True), op=op)
+        ctx.synchronize()
+        for k, o in enumerate(outs):
+            part = slice(ctx.rank * n, (ctx.rank + 1) * n)
+            want = _reference(data[k], op, dtype)[part]
+            _check(o, want, dtype, op, ctx.world_size, f"reduce_scatter {dtype} {op} call {k}", _scale(data[k], op)[part])
+
+
+def test_reduce_scatter(world):
+    world.run(_reduce_scatter_rank)
+
+
+def _all_to_all_rank(ctx, even):
+    from iris_fw import ccl
+
+    w, r = ctx.world_size, ctx.rank
+    g = torch.Generator().manual_seed(fresh_seed(ctx))
+    rows = torch.randint(0, 9 if ctx.device.type == "cpu" else 900, (w, w), generator=g)  # rows[i][j]: i -> j
+    if even:
+        rows[:] = 5
+    else:
+        rows[0][w - 1] = 0  # an empty chunk
+    width = 3
+    sent = [[torch.randn(int(rows[i][j]), width, generator=g) for j in range(w)] for i in range(w)]
+    inp = torch.cat(sent[r]).to(ctx.device)
+    out = _poison(torch.empty(int(rows[:, r].sum()), width, device=ctx.device))
+    if even:
+        ccl.all_to_all_single(out, inp)
+    else:
+        ccl.all_to_all_single(out, inp, output_split_sizes=rows[:, r].tolist(), input_split_sizes=rows[r].tolist())
+    ctx.synchronize()
+    want = torch.cat([sent[i][r] for i in range(w)])
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.parametrize("even", [True, False], ids=["equal", "ragged"])
+def test_all_to_all_single(world, even):
+    world.run(_all_to_all_rank, even)
+
+
+# ---- rooted ---------------------------------------------------------------------------------------
+
+
+def _rooted_rank(ctx):
+    from iris_fw import ccl
+
+    w, r = ctx.world_size, ctx.rank
+    root = w - 1  # not rank 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        n = _n(ctx, 301)
+        data = _inputs(ctx, n, dtype, "sum", fresh_seed(ctx), 1)[0]
+        # broadcast
+        t = data[r].to(ctx.device, copy=True)
+        ccl.broadcast(t, src=root)
+        # reduce (the root's tensor only)
+        red = data[r].to(ctx.device, copy=True)
+        ccl.reduce(red, dst=root, op="sum")
+        # gather / scatter
+        gl = [_poison(torch.empty(n, dtype=dtype, device=ctx.device)) for _ in range(w)] if r == root else None
+        ccl.gather(data[r].to(ctx.device, copy=True), gl, dst=root)
+        mine = _poison(torch.empty(n, dtype=dtype, device=ctx.device))
+        sl = [d.to(ctx.device, copy=True) for d in data] if r == root else None
+        ccl.scatter(mine, sl, src=root)
+        ctx.synchronize()
+        assert torch.equal(t.cpu(), data[root]), f"broadcast {dtype}"
+        if r == root:
+            _check(red, _reference(data, "sum", dtype), dtype, "sum", w, f"reduce {dtype}", _scale(data, "sum"))
+            for p in range(w):
+                assert torch.equal(gl[p].cpu(), data[p]), f"gather {dtype} from {p}"
+        else:
+            assert torch.equal(red.cpu(), data[r]), f"reduce changed a non-root's tensor ({dtype})"
+        assert torch.equal(mine.cpu(), data[r]), f"scatter {dtype}"
+
+
+def test_rooted(world):
+    """broadcast, reduce, gather, scatter from/to the last rank."""
+    world.run(_rooted_rank)
+
+
+def _barrier_rank(ctx):
+    from iris_fw import ccl
+
+    for _ in range(3):
+        ccl.barrier()
+    work = ccl.barrier(async_op=True)
+    work.wait()
+    work.synchronize()
+    assert work.is_completed()
+
+
+def test_barrier(world):
+    world.run(_barrier_rank)
+
+
+# ---- groups, async, validation --------------------------------------------------------------------
+
+
+def _group_rank(ctx):
+    from iris_fw import ccl
+
+    members = [0, 2]
+    g = ccl.new_group(members)  # every rank, as torch.distributed.new_group
+    assert g.rank == (members.index(ctx.rank) if ctx.rank in members else None)
+    if ctx.rank in members:
+        t = torch.full((1000,), float(ctx.rank + 1), device=ctx.device)
+        work = ccl.all_reduce(t, group=members, async_op=True)  # the list finds the group
+        work.wait()
+        ctx.synchronize()
+        assert torch.all(t.cpu() == 4.0)
+        with pytest.raises(ValueError, match="was not created"):
+            ccl.all_reduce(t, group=[0, 1, 2][:2] if ctx.world_size > 3 else [0, 1])
+    else:
+        t = torch.ones(10, device=ctx.device)
+        with pytest.raises(ValueError, match="not in the group"):
+            ccl.all_reduce(t, group=g)
+    ccl.destroy_group(g)
+
+
+def test_groups(iris_pool):
+    """A subgroup: members reduce, a non-member's call raises, unknown groups raise."""
+    iris_pool(3).run(_group_rank)
+
+
+def _mismatch_rank(ctx, what):
+    from iris_fw import ccl
+
+    n = 64 + (ctx.rank if what == "numel" else 0)
+    dtype = torch.float32 if (what != "dtype" or ctx.rank == 0) else torch.bfloat16
+    op = "max" if (what == "op" and ctx.rank == 1) else "sum"
+    t = torch.ones(n, dtype=dtype, device=ctx.device)
+    if what == "device" and ctx.rank == 1:
+        t = torch.ones(n, device="meta")
+    if what == "contiguous" and ctx.rank == 1:
+        t = torch.ones(n, 2, device=ctx.device).t()[0]
+    if what == "splits":
+        inp = torch.ones(ctx.world_size * 2, device=ctx.device)
+        out = torch.empty(ctx.world_size * 2, device=ctx.device)
+        ins = [2] * ctx.world_size
+        if ctx.rank == 0:
+            ins = [1, 3] + [2] * (ctx.world_size - 2)
+        with pytest.raises(ValueError, match="sends"):
+            ccl.all_to_all_single(out, inp, input_split_sizes=ins, output_split_sizes=[2] * ctx.world_size)
+        return str(what)
+    with pytest.raises((CollectiveMismatch, ValueError, TypeError)) as info:
+        ccl.all_reduce(t, op=op)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("what", ["numel", "dtype", "op", "device", "contiguous", "splits"])
+def test_mismatch_raises_everywhere(iris_pool, what):
+    """One rank's different argument raises on every rank, naming the ranks and the argument."""
+    import time
+
+    t0 = time.monotonic()
+    msgs = iris_pool(2).run(_mismatch_rank, what)
+    assert time.monotonic() - t0 < 30
+    if what in ("numel", "dtype", "op"):
+        assert all(what in m and "ranks 0" in m and "ranks 1" in m for m in msgs), msgs
+    if what in ("device", "contiguous"):
+        assert "rank 1 rejected its arguments" in msgs[0] and what in msgs[1].lower().replace("meta", "device"), msgs
+
+
+def _missing_rank(ctx):
+    from iris_fw import ccl
+
+    ccl.new_group()  # the world group, created by every rank
+    ctx.wait_timeout = 2.0
+    try:
+        if ctx.rank == 0:
+            t = torch.ones(10, device=ctx.device)
+            with pytest.raises(WaitTimeout, match="did not enter"):
+                ccl.all_reduce(t)
+    finally:
+        ctx.wait_timeout = 30.0
+    ccl.destroy_group()
+
+
+def test_missing_rank_times_out(iris_pool):
+    """A rank that skips a collective: the others raise within the wait timeout, naming it."""
+    iris_pool(2).run(_missing_rank)
+
+
+def _algorithms_rank(ctx):
+    from iris_fw import ccl
+
+    assert set(ccl.algorithms("all_reduce", ctx=ctx)) >= {"one_shot", "two_shot", "lamport", "ring"}
+    t = torch.ones(8, dtype=torch.int32, device=ctx.device)
+    with pytest.raises(ValueError, match="floating"):
+        ccl.all_reduce(t, algorithm="lamport")
+
+
+def test_algorithm_choice(iris_pool):
+    iris_pool(2).run(_algorithms_rank)
+
+
+# ---- CUDA graphs (GPU) ----------------------------------------------------------------------------
+
+
+def _graph_rank(ctx, collective):
+    from iris_fw import ccl
+
+    w, r, n = ctx.world_size, ctx.rank, (1 << 16) + 37
+    dev = ctx.device
+    x = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    big = torch.empty(w * n, dtype=torch.bfloat16, device=dev)
+    small = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    calls = {
+        "all_reduce_lamport": lambda: ccl.all_reduce(small.copy_(x), algorithm="lamport"),
+        "all_reduce_one_shot": lambda: ccl.all_reduce(small.copy_(x), algorithm="one_shot"),
+        "all_reduce_two_shot": lambda: ccl.all_reduce(small.copy_(x), algorithm="two_shot"),
+        "all_reduce_ring": lambda: ccl.all_reduce(small.copy_(x), algorithm="ring"),
+        "all_gather": lambda: ccl.all_gather_into_tensor(big, x),
+        "reduce_scatter": lambda: ccl.reduce_scatter_tensor(small, big),
+        "broadcast": lambda: ccl.broadcast(small.copy_(x), src=w - 1),
+    }
+    fn = calls[collective]
+    g = torch.Generator().manual_seed(fresh_seed(ctx))
+
+    def draw():
+        per_rank = [torch.randn(n, generator=g).to(torch.bfloat16) for _ in range(w)]
+        x.copy_(per_rank[r])
+        if collective == "reduce_scatter":
+            full = [torch.randn(w * n, generator=g).to(torch.bfloat16) for _ in range(w)]
+            big.copy_(full[r])
+            return full
+        return per_rank
+
+    draw()
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        fn()  # plans and validates outside the capture
+    torch.cuda.current_stream(dev).wait_stream(s)
+    ctx.synchronize()
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(4):
+        data = draw()
+        small.fill_(float("nan"))
+        big_before = big.clone()
+        graph.replay()
+        ctx.synchronize()
+        if collective.startswith("all_reduce"):
+            want = _reference(data, "sum", torch.bfloat16)
+            _check(small, want, torch.bfloat16, "sum", w, collective, _scale(data, "sum"))
+        elif collective == "all_gather":
+            assert torch.equal(big.cpu(), torch.cat(data))
+        elif collective == "reduce_scatter":
+            want = _reference(data, "sum", torch.bfloat16)[r * n:(r + 1) * n]
+            _check(small, want, torch.bfloat16, "sum", w, collective, _scale(data, "sum")[r * n:(r + 1) * n])
+            assert torch.equal(big, big_before)
+        else:
+            assert torch.equal(small.cpu(), data[w - 1])
+        ctx.barrier()
+
+
+@pytest.mark.parametrize("collective", ["all_reduce_lamport", "all_reduce_one_shot", "all_reduce_two_shot",
+                                        "all_reduce_ring", "all_gather", "reduce_scatter", "broadcast"])
+def test_graph_replay(iris_pool, on_gpu, collective):
+    """Captured once, replayed with fresh inputs: correct every time (GPU only)."""
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(2).run(_graph_rank, collective)

@@ -222,11 +222,14 @@ class _AllReduce(al.Algorithm):
             fill=self.fill)
         rank, world, bases = group.rank, group.size, group.heap_bases
 
+        pieces = list(al.chunks(call.numel, cap))
+        if len(pieces) == 1:  # the common case: one launch, no slicing
+            length = pieces[0][1]
+            return lambda src, dst: launch(src, dst, *bufs, length, rank, world, bases)
+
         def run(src, dst):
-            for start, length in al.chunks(call.numel, cap):
-                s = src if start == 0 else src[start:]
-                d = dst if start == 0 else dst[start:]
-                launch(s, d, *bufs, length, rank, world, bases)
+            for start, length in pieces:
+                launch(src[start:], dst[start:], *bufs, length, rank, world, bases)
 
         return run
 

@@ -133,6 +133,10 @@ _created: "list[weakref.ref[Context]]" = []
 
 def current() -> "Context":
     """The most recently created context of this process that is still open."""
+    if _created:
+        last = _created[-1]()
+        if last is not None and not last._closed:
+            return last  # the common case, on every collective call without ctx=
     _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
     if not _created:
         raise IrisError("no open iris_fw context in this process: call iris_fw.init() first or pass ctx=")

@@ -77,6 +77,8 @@ def new_group(ranks=None, *, workspace_bytes: int | None = None, ctx=None) -> Gr
     group = ctx.comm_groups.get(ranks_t)
     if group is None:
         group = ctx.comm_groups[ranks_t] = Group(ctx, ranks_t, size)
+        if len(ranks_t) == ctx.world_size:
+            ctx.comm_groups[None] = group  # group=None finds it in one look-up
         # every rank's workspace is zeroed before any member reads a peer's mailbox or flags
         # (the block may have held an earlier group's)
         ctx.barrier()
@@ -94,9 +96,15 @@ def destroy_group(group=None, *, ctx=None) -> None:
         ctx.comm_groups.clear()
     else:
         ctx.comm_groups.pop(ranks, None)
+        if len(ranks) == ctx.world_size:
+            ctx.comm_groups.pop(None, None)
 
 
 def _group(ctx, group) -> Group:
+    if group is None:
+        found = ctx.comm_groups.get(None)  # the world group's alias: the common case first
+        if found is not None:
+            return found
     if isinstance(group, Group) and group.ctx is ctx:
         found = group
     else:
@@ -210,8 +218,12 @@ def _op_name(op, dtype) -> str:
     return name
 
 
-def _fast_ok(ctx, *tensors) -> bool:
-    return all(isinstance(t, torch.Tensor) and t.device == ctx.device and t.is_contiguous() for t in tensors)
+def _fast_ok(ctx, a, b=None) -> bool:
+    """Whether the call's tensors can take the cached path (else the full checks report them)."""
+    dev = ctx.device
+    if not (isinstance(a, torch.Tensor) and a.device == dev and a.is_contiguous()):
+        return False
+    return b is None or (isinstance(b, torch.Tensor) and b.device == dev and b.is_contiguous())
 
 
 def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:

@@ -77,7 +77,10 @@ def _scale(xs, op):
 def _check(got, want, dtype, op, world, what, scale=None):
     got = got.cpu()
     if dtype in INTS or op in ("max", "min"):
-        assert torch.equal(got.to(want.dtype), want.to(got.dtype).to(want.dtype)), what
+        exact = want.to(got.dtype).to(want.dtype)
+        bad = (got.to(want.dtype) != exact).nonzero().flatten()
+        assert bad.numel() == 0, (f"{what}: {bad.numel()} of {got.numel()} elements differ, first at "
+                                  f"{bad[:4].tolist()}: got {got[bad[:4]].tolist()}, want {exact[bad[:4]].tolist()}")
         return
     eps = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10,
            torch.float8_e4m3fn: 2 ** -3, torch.float8_e5m2: 2 ** -2}[dtype]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from iris_fw.bench import markdown_table, parse_size, size_sweep
 
@@ -37,3 +38,57 @@ def test_bench_smoke_run_writes_results(tmp_path, on_gpu):
     assert {"load", "get", "store", "put", "copy_engine_pull", "copy_engine_push", "local_copy"} <= ops
     assert (out / "primitives.png").stat().st_size > 1000
     assert "[1/1] 4 KiB" in res.stdout
+
+
+def test_ccl_bench_options():
+    from iris_fw.bench import BenchOptions, parse_sizes
+    from iris_fw.bench.ccl import TARGET_SIZES, bench_sizes, busbw_factor, iterations, parse_dtype
+
+    assert parse_sizes("8K,256K,1M,8K") == [8 << 10, 256 << 10, 1 << 20]
+    opts = BenchOptions(sizes=size_sweep(4 << 10, 1 << 30), iters=30, warmup=5, quick=False, rotate_bytes=0)
+    assert set(TARGET_SIZES) <= set(bench_sizes(opts)) and len(bench_sizes(opts)) == 11
+    assert iterations(opts, 8 << 10) == (30, 5) and iterations(opts, 1 << 30) == (5, 2)
+    opts.quick = True
+    assert bench_sizes(opts) == list(TARGET_SIZES) and iterations(opts, 8 << 10) == (10, 2)
+    opts.extra = {"explicit_sizes": True}
+    assert bench_sizes(opts) == opts.sizes
+    assert busbw_factor("all_reduce", 2) == 1.0 and busbw_factor("all_gather", 4) == 0.75
+    assert busbw_factor("broadcast", 8) == 1.0
+    assert parse_dtype(None) is torch.bfloat16 and parse_dtype("fp8_e4m3") is torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="--dtype"):
+        parse_dtype("fp12")
+
+
+@pytest.mark.slow
+def test_bench_ccl_smoke_run(tmp_path, on_gpu):
+    """``iris-fw bench ccl`` on 2 CPU ranks at the smallest size: a checked, timed row for every
+    collective x registered algorithm, the 8 KiB host times, the baselines skipped with a reason."""
+    if on_gpu:
+        pytest.skip("the GPU run is scripts/gpu_ccl.sh")
+    from iris_fw.bench.ccl import COLLECTIVES
+    from iris_fw.registry import load_registries
+
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "iris_fw.bench", "-n", "2", "--iters", "1", "--warmup", "0", "--sizes", "4K",
+           "--out", str(out), "ccl"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads((out / "ccl.json").read_text())["rows"]
+    timed = {(r["collective"], r["method"]): r for r in rows if "eager_us" in r}
+    names = load_registries().algorithm.names()
+    for collective in COLLECTIVES:
+        algorithms = [n.split(".", 1)[1] for n in names if n.startswith(collective + ".")]
+        assert algorithms, collective
+        for a in algorithms:
+            r = timed[(collective, a)]
+            assert r["bytes"] == 4096 and r["eager_us"] > 0 and r["ok"] is True, r
+            assert r["max_rel_err"] < 1e-2 and r["eager_busbw_GBps"] > 0, r
+    assert timed[("all_gather", "pull_zero_copy")]["ok"] is True
+    host = {r["method"] for r in rows if "host_us" in r and r["host_us"] > 0}
+    assert {"one_shot", "two_shot", "lamport", "ring"} <= host
+    skipped = {(r["collective"], r["method"]): r["skipped"] for r in rows if "skipped" in r}
+    assert all(skipped.get((c, "nccl")) for c in COLLECTIVES)
+    assert skipped[("all_reduce", "symm_mem_one_shot")] and skipped[("all_reduce", "symm_mem_two_shot")]
+    assert (out / "ccl.md").read_text().startswith("| ")
+    assert (out / "ccl_latency.png").exists() and (out / "ccl_busbw.png").exists()
+    assert "all_reduce 4 KiB" in res.stdout

@@ -11,7 +11,8 @@ group that has NCCL on GPUs, for the baselines) and runs each selected benchmark
 device events around every iteration after a warm-up, the median over iterations, then the
 maximum over ranks; inputs rotate through a pool larger than the L2 cache. Rank 0 prints a
 table and writes, per benchmark, ``<name>.csv``, ``<name>.json`` (rows + device, versions,
-command, date), ``<name>.md`` and ``<name>.png`` into the output folder.
+command, date), ``<name>.md`` and ``<name>.png`` (a benchmark whose ``plot`` is a list of specs gets
+``<name><suffix>.png`` for each) into the output folder.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
     return value
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"8K,256K,1M"`` → sorted distinct bytes."""
+    return sorted({parse_size(t) for t in text.split(",") if t.strip()})
 
 
 def size_sweep(low: int, high: int) -> list[int]:
@@ -180,12 +186,20 @@ def write_results(name: str, rows: list[dict], env: dict, out_dir: str, plot_spe
     with open(path, "w") as f:
         f.write(markdown_table(rows, columns))
     paths.append(path)
-    if plot_spec and rows:
+    for spec in _plot_specs(plot_spec) if rows else []:
         try:
-            paths.append(_plot(name, rows, env, out_dir, plot_spec))
+            paths.append(_plot(name, rows, env, out_dir, spec))
         except ImportError:
             pass  # matplotlib is optional (iris-fw[bench])
     return paths
+
+
+def _plot_specs(plot_spec) -> list[dict]:
+    """A benchmark's ``plot``: one spec, or a list of them (each with its own ``suffix``:
+    ``<name><suffix>.png``)."""
+    if not plot_spec:
+        return []
+    return list(plot_spec) if isinstance(plot_spec, (list, tuple)) else [plot_spec]
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
@@ -208,21 +222,36 @@ def _plot(name: str, rows: list[dict], env: dict, out_dir: str, spec: dict) -> s
     x, y, series = spec["x"], spec["y"], spec.get("series", "op")
     if spec.get("kind") == "bars":
         return _bar_plot(plt, name, rows, env, out_dir, spec)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for label in dict.fromkeys(r[series] for r in rows if not str(r[series]).startswith("tune:")):
-        pts = sorted((r[x], r[y]) for r in rows if r[series] == label and r.get(y) not in (None, ""))
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    if spec.get("logx", True):
-        ax.set_xscale("log", base=2)
-    if spec.get("logy", False):
-        ax.set_yscale("log")
-    ax.set_xlabel(spec.get("xlabel", x))
-    ax.set_ylabel(spec.get("ylabel", y))
-    ax.set_title(f"{name}: {env.get('device', '')}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    path = os.path.join(out_dir, f"{name}.png")
+    # "facet": one panel per value of that column (e.g. one per collective)
+    facet = spec.get("facet")
+    panels = list(dict.fromkeys(r.get(facet) for r in rows if r.get(y) not in (None, ""))) if facet else [None]
+    panels = panels or [None]
+    cols = min(len(panels), 3)
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(8 if cols == 1 else 5.5 * cols, 5 if nrows == 1 else 4.2 * nrows),
+                             squeeze=False)
+    for k, panel in enumerate(panels):
+        ax = axes[k // cols][k % cols]
+        mine = [r for r in rows if facet is None or r.get(facet) == panel]
+        for label in dict.fromkeys(r.get(series) for r in mine if not str(r.get(series)).startswith("tune:")):
+            pts = sorted((r[x], r[y]) for r in mine if r.get(series) == label and r.get(y) not in (None, ""))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        if spec.get("logx", True):
+            ax.set_xscale("log", base=2)
+        if spec.get("logy", False):
+            ax.set_yscale("log")
+        ax.set_xlabel(spec.get("xlabel", x))
+        ax.set_ylabel(spec.get("ylabel", y))
+        ax.set_title(f"{name}: {env.get('device', '')}" if panel is None else str(panel), fontsize=10)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for k in range(len(panels), nrows * cols):
+        axes[k // cols][k % cols].axis("off")
+    if facet:
+        fig.suptitle(f"{name}: {env.get('device', '')}")
+    path = os.path.join(out_dir, f"{name}{spec.get('suffix', '')}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -253,7 +282,7 @@ def _bar_plot(plt, name: str, rows: list[dict], env: dict, out_dir: str, spec: d
     ax.set_title(f"{name}: {env.get('device', '')}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    path = os.path.join(out_dir, f"{name}.png")
+    path = os.path.join(out_dir, f"{name}{spec.get('suffix', '')}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -268,8 +297,7 @@ def replot(paths: list[str]) -> int:
     for path in paths:
         with open(path) as f:
             data = json.load(f)
-        spec = getattr(regs.benchmark.get(data["benchmark"]), "plot", None)
-        if spec:
+        for spec in _plot_specs(getattr(regs.benchmark.get(data["benchmark"]), "plot", None)):
             print(_plot(data["benchmark"], data["rows"], data["environment"], os.path.dirname(path) or ".", spec))
     return 0
 
@@ -299,6 +327,7 @@ def _worker(args) -> int:
     opts = BenchOptions(
         sizes=args.sizes, iters=args.iters, warmup=args.warmup, quick=args.quick,
         rotate_bytes=args.rotate or (256 * MiB if gpu else 64 * KiB), log=log,
+        extra={"explicit_sizes": args.explicit_sizes, "dtype": args.dtype},
     )
     env = environment(ctx)
     log(f"iris-fw bench on {env['device']}: {', '.join(names)}")
@@ -326,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--nprocs", type=int, default=None, help="ranks (default: GPUs present, else 2 CPU ranks)")
     parser.add_argument("--min-size", type=parse_size, default=None, help="smallest size (default 4K; 4K on CPU)")
     parser.add_argument("--max-size", type=parse_size, default=None, help="largest size (default 1G; 16K on CPU)")
+    parser.add_argument("--sizes", type=parse_sizes, default=None,
+                        help="comma-separated sizes, e.g. 8K,256K,1M (instead of the --min-size/--max-size sweep)")
+    parser.add_argument("--dtype", default=None, help="element type for benchmarks that take one (e.g. bf16, fp32)")
     parser.add_argument("--iters", type=int, default=None, help="timed iterations per point (default 30; 2 on CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5; 1 on CPU)")
     parser.add_argument("--rotate", type=parse_size, default=None, help="bytes inputs rotate through (default 256M)")
@@ -345,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = interpreting()
     args.min_size = args.min_size or 4 * KiB
     args.max_size = args.max_size or (16 * KiB if cpu else GiB)
-    args.sizes = size_sweep(args.min_size, args.max_size)
+    args.explicit_sizes = args.sizes is not None
+    args.sizes = args.sizes or size_sweep(args.min_size, args.max_size)
     args.iters = args.iters or (2 if cpu else 30)
     args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 5)
     args.out = args.out or os.path.join("bench-results", datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S"))
@@ -356,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     worker = ["-m", "iris_fw.bench", "--worker", *args.benchmarks, "--min-size", str(args.min_size),
               "--max-size", str(args.max_size), "--iters", str(args.iters), "--warmup", str(args.warmup),
               "--out", args.out]
+    worker += ["--sizes", ",".join(str(s) for s in args.sizes)] if args.explicit_sizes else []
+    worker += ["--dtype", args.dtype] if args.dtype else []
     worker += ["--rotate", str(args.rotate)] if args.rotate else []
     worker += ["--heap-size", str(args.heap_size)] if args.heap_size else []
     worker += ["--quick"] if args.quick else []

@@ -39,6 +39,7 @@ from .api import (
     reduce_scatter_tensor,
     scatter,
 )
+from .fused import all_reduce_rmsnorm, all_reduce_rmsnorm_reference
 from .group import Group, WorkspaceFull
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "algorithms",
     "all_gather_into_tensor",
     "all_reduce",
+    "all_reduce_rmsnorm",
+    "all_reduce_rmsnorm_reference",
     "all_to_all_single",
     "barrier",
     "broadcast",

@@ -32,7 +32,8 @@ TILE_BYTES = 4096
 #: Warps of a communication program.
 NUM_WARPS = 4
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+               "all_reduce_rmsnorm")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 INT_DTYPES = (torch.int32, torch.int64)
 DTYPES = FLOAT_DTYPES + INT_DTYPES

@@ -119,6 +119,21 @@ def rebuild_args(top0, top1, rest, ARGS: tl.constexpr, NTOP: tl.constexpr):
     return args
 
 
+@triton.jit
+def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
+               ARGS: tl.constexpr, NTOP: tl.constexpr, ENTRY: tl.constexpr):
+    """The prologue of every skeleton kernel: the pattern's named ``args`` (:func:`rebuild_args`),
+    this program's epoch for the call (:func:`begin_call`) and, with ``ENTRY``, the cross-rank
+    entry barrier. Returns ``(args, epoch, ok)``; ``ok`` is 0 when the entry wait gave up (the
+    program then skips its work and only ends the call)."""
+    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+    epoch = begin_call(st, world_size)
+    ok = 1
+    if ENTRY:
+        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+    return args, epoch, ok
+
+
 # ---- roles ---------------------------------------------------------------------------------------
 
 
@@ -199,11 +214,7 @@ def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
                   PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
                   NPROG: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr):
     """Persistent: each program computes a tile and delivers it at once (it stays in registers)."""
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
-    epoch = begin_call(st, world_size)
-    ok = 1
-    if ENTRY:
-        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
     if ok:
         for tile in range(tl.program_id(0), num_tiles, NPROG):
             CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
@@ -216,11 +227,7 @@ def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_
                      PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr,
                      NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr,
                      ENTRY: tl.constexpr, EXIT: tl.constexpr):
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
-    epoch = begin_call(st, world_size)
-    ok = 1
-    if ENTRY:
-        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
     if ok:
         produce_role(args, tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases,
                      PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC)
@@ -235,14 +242,10 @@ def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_fl
                      FIXED: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr):
     """Acquires items released with the epoch, or (``FIXED``) with the constant ``fixed_flag`` —
     then the last program resets the ``num_flags`` flags for the next call."""
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
-    epoch = begin_call(st, world_size)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
     target = epoch
     if FIXED:
         target = fixed_flag
-    ok = 1
-    if ENTRY:
-        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
     if ok:
         consume_role(args, tl.program_id(0), num_tiles, NPROG, st, flags, epoch, target, rank, heap_bases,
                      PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG)
@@ -259,12 +262,8 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
     """One kernel, two roles: programs below ``PRODUCERS`` produce and release, the others
     acquire and consume. Communicate-first: the fetching programs join the (dynamic) compute
     queue once their chunks are fetched."""
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
-    epoch = begin_call(st, world_size)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
     pid = tl.program_id(0)
-    ok = 1
-    if ENTRY:
-        ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
     if ok:
         if pid < PRODUCERS:
             produce_role(args, pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases,

@@ -125,6 +125,42 @@ def operand(t: torch.Tensor, block: list[int]):
     return t, False
 
 
+class OperandCache:
+    """:func:`operand` results by what a TMA descriptor encodes — ``data_ptr()``, shape,
+    strides, dtype and block shape — so a tensor read again in the same blocks reuses its
+    descriptor (building one costs several µs of host time per call). Bounded: beyond
+    ``capacity`` entries the oldest goes (an entry holds its tensor alive until then)."""
+
+    __slots__ = ("capacity", "_entries")
+
+    def __init__(self, capacity: int = 4):
+        if capacity < 1:
+            raise ValueError(f"OperandCache capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: dict = {}
+
+    def operand(self, t: torch.Tensor, block: tuple[int, int]):
+        """:func:`operand` of ``t`` read in ``block``-shaped pieces, cached."""
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, block)
+        entry = self._entries.get(key)
+        if entry is None:
+            entries = self._entries
+            if len(entries) >= self.capacity:
+                del entries[next(iter(entries))]
+            entry = entries[key] = operand(t, list(block))
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def operands_key(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """What a GEMM pattern's plan depends on beyond its op's signature (shapes, dtypes, device):
+    where the operands are and how they are laid out, and whether products are exact (a torch
+    global). The key of the patterns' :class:`~iris_fw.engine.contract.BindCache`."""
+    return a.data_ptr(), a.stride(), b.data_ptr(), b.stride(), exact(a.dtype)
+
+
 def check_operands(a, b, device, a_label: str = "a [M, K]", b_label: str = "b [K, N]", k: str = "K"):
     """``(a, b)`` checked as the two operands of a product on ``device`` (2-D, same supported
     dtype, inner dimensions equal); errors name them with their labels (``"a [M, K]"``)."""
@@ -136,12 +172,15 @@ def check_operands(a, b, device, a_label: str = "a [M, K]", b_label: str = "b [K
     return a, b
 
 
-def plan_operands(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, *, a_tma: bool = True):
+def plan_operands(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, *, a_tma: bool = True,
+                  cache: OperandCache | None = None):
     """``(a source, b source, GemmCfg)`` for a pattern's plan: each operand as a TMA descriptor
     where :func:`tma_ok` (``a_tma=False`` keeps ``a`` a pointer), and the constexpr
-    configuration every GEMM pattern's ``CFG`` starts from."""
-    a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k]) if a_tma else (a, False)
-    b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+    configuration every GEMM pattern's ``CFG`` starts from. ``cache``: reuse descriptors of
+    operands seen before."""
+    get = cache.operand if cache is not None else (lambda t, block: operand(t, list(block)))
+    a_src, a_desc = get(a, (cfg.block_m, cfg.block_k)) if a_tma else (a, False)
+    b_src, b_desc = get(b, (cfg.block_k, cfg.block_n))
     return a_src, b_src, GemmCfg(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(a.dtype))
 
 

@@ -23,8 +23,8 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
-from iris_fw.engine.contract import Copy, Pattern, Pieces, Plan
-from iris_fw.gemm import GemmConfig, check_operands, default_config, plan_operands
+from iris_fw.engine.contract import BindCache, Copy, Pattern, Pieces, Plan
+from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, exact, plan_operands
 from iris_fw.hookspecs import hookimpl
 
 #: Columns of ``A`` one fetch step copies (GPU); the CPU uses the GEMM's ``block_k``.
@@ -170,18 +170,26 @@ class AllGatherGemm(Pattern):
         M = Ms * ctx.world_size
         staging = torch.empty(M if uses_stash else 1, K, dtype=dtype, device=ctx.device)
         return {"config": config, "out": torch.empty(M, NL, dtype=dtype, device=ctx.device),
-                "staging": staging, "staged": uses_stash, "a_heap": ctx.empty(Ms, K, dtype=dtype)}
+                "staging": staging, "staged": uses_stash, "a_heap": ctx.empty(Ms, K, dtype=dtype),
+                "plans": BindCache(), "operands": OperandCache()}
 
     def bind(self, ctx, buffers, a_shard, b) -> Plan:
-        Ms, K = a_shard.shape
-        NL = b.shape[1]
-        cfg, c, a_full, a_heap = buffers["config"], buffers["out"], buffers["staging"], buffers["a_heap"]
+        a_heap = buffers["a_heap"]
         if a_shard.data_ptr() != a_heap.data_ptr() or a_shard.stride() != a_heap.stride():
             a_heap.copy_(a_shard)
+        # the plan reads the shard from a_heap: it depends on b alone
+        key = (b.data_ptr(), b.stride(), exact(b.dtype))
+        plan = buffers["plans"].get(key)
+        if plan is not None:
+            return plan
+        Ms, K = a_shard.shape
+        NL = b.shape[1]
+        cfg, c, a_full = buffers["config"], buffers["out"], buffers["staging"]
         M = Ms * ctx.world_size
         # Staged: the GEMM reads the local staging buffer (TMA where aligned); fused: the shard
         # pointer stands in (produce(STAGED=False) reads every row from its owner instead).
-        a_src, b_src, gcfg = plan_operands(cfg, a_full if buffers["staged"] else a_heap, b, a_tma=buffers["staged"])
+        a_src, b_src, gcfg = plan_operands(cfg, a_full if buffers["staged"] else a_heap, b, a_tma=buffers["staged"],
+                                           cache=buffers["operands"])
         shift = (ctx.rank * Ms) // cfg.block_m
         args = Args(a_src, b_src, a_heap, a_full, c, M, Ms, NL, K, a_heap.stride(0), a_heap.stride(1),
                     a_full.stride(0), b.stride(0), b.stride(1), c.stride(0), ctx.rank, ctx.world_size,
@@ -189,10 +197,11 @@ class AllGatherGemm(Pattern):
         fetch_bk = cfg.block_k if ctx.device.type == "cpu" else FETCH_BLOCK_K
         tiles_m = triton.cdiv(M, cfg.block_m)
         copies = self._copies(ctx, buffers, a_heap, a_full, Ms, cfg.block_m, shift) if buffers["staged"] else None
-        return Plan(pattern=self.name, pieces=self.pieces, args=args, cfg=AgCfg(*gcfg, fetch_bk),
-                    num_tiles=tiles_m * triton.cdiv(NL, cfg.block_n), num_chunks=tiles_m,
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    comm_bytes=(M - Ms) * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies)
+        return buffers["plans"].put(key, Plan(
+            pattern=self.name, pieces=self.pieces, args=args, cfg=AgCfg(*gcfg, fetch_bk),
+            num_tiles=tiles_m * triton.cdiv(NL, cfg.block_n), num_chunks=tiles_m,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            comm_bytes=(M - Ms) * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies))
 
     @staticmethod
     def _copies(ctx, ws, a_shard, a_full, Ms, BM, shift):

@@ -14,8 +14,8 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
-from iris_fw.engine.contract import Pattern, Pieces, Plan
-from iris_fw.gemm import GemmConfig, check_operands, default_config, plan_operands
+from iris_fw.engine.contract import BindCache, Pattern, Pieces, Plan
+from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
 from iris_fw.hookspecs import hookimpl
 
 
@@ -113,19 +113,25 @@ class GemmAllScatter(Pattern):
     def setup(self, ctx, signature, config, uses_stash):
         """The output ``C[M, N]`` on the heap (peers write their column blocks into it)."""
         M, NL, K, dtype = signature
-        return {"config": config, "out": ctx.empty(M, NL * ctx.world_size, dtype=dtype)}
+        return {"config": config, "out": ctx.empty(M, NL * ctx.world_size, dtype=dtype),
+                "plans": BindCache(), "operands": OperandCache()}
 
     def bind(self, ctx, buffers, a, b) -> Plan:
+        key = operands_key(a, b)
+        plan = buffers["plans"].get(key)
+        if plan is not None:
+            return plan
         M, K = a.shape
         NL = b.shape[1]
         cfg, c = buffers["config"], buffers["out"]
-        a_src, b_src, gcfg = plan_operands(cfg, a, b)
+        a_src, b_src, gcfg = plan_operands(cfg, a, b, cache=buffers["operands"])
         args = Args(a_src, b_src, c, M, NL, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
                     ctx.rank, ctx.world_size, ctx.heap_bases)
-        return Plan(pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg,
-                    num_tiles=triton.cdiv(M, cfg.block_m) * triton.cdiv(NL, cfg.block_n),
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    comm_bytes=M * NL * c.element_size() * (ctx.world_size - 1), flops=2 * M * NL * K, result=c)
+        return buffers["plans"].put(key, Plan(
+            pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg,
+            num_tiles=triton.cdiv(M, cfg.block_m) * triton.cdiv(NL, cfg.block_n),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            comm_bytes=M * NL * c.element_size() * (ctx.world_size - 1), flops=2 * M * NL * K, result=c))
 
     @staticmethod
     def reference(rank, world_size, inputs):

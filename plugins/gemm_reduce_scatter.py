@@ -17,9 +17,9 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
-from iris_fw.engine.contract import Pattern, PatternError, Pieces, Plan
+from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan
 from iris_fw.engine.launcher import KernelLauncher
-from iris_fw.gemm import GemmConfig, check_operands, default_config, plan_operands
+from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
 from iris_fw.hookspecs import hookimpl
 
 #: Elements per program of the final reduction (GPU; the CPU uses a small block).
@@ -142,14 +142,19 @@ class GemmReduceScatter(Pattern):
                 "stash": torch.empty(M if uses_stash else 1, N, dtype=dtype, device=ctx.device),
                 "out": torch.empty(Mo, N, dtype=dtype, device=ctx.device),
                 "reduce": KernelLauncher(_reduce_kernel, (max(1, triton.cdiv(Mo * N, block)),),
-                                         constexprs={"BLOCK": block})}
+                                         constexprs={"BLOCK": block}),
+                "plans": BindCache(), "operands": OperandCache()}
 
     def bind(self, ctx, buffers, a, b) -> Plan:
+        key = operands_key(a, b)
+        plan = buffers["plans"].get(key)
+        if plan is not None:
+            return plan
         M, K = a.shape
         N = b.shape[1]
         cfg, partials, out = buffers["config"], buffers["partials"], buffers["out"]
         Mo, world = M // ctx.world_size, ctx.world_size
-        a_src, b_src, gcfg = plan_operands(cfg, a, b)
+        a_src, b_src, gcfg = plan_operands(cfg, a, b, cache=buffers["operands"])
         shift = (((ctx.rank + 1) % world) * Mo) // cfg.block_m
         args = Args(a_src, b_src, partials, buffers["stash"], M, N, K, Mo, a.stride(0), a.stride(1), b.stride(0),
                     b.stride(1), ctx.rank, world, ctx.heap_bases, shift)
@@ -159,10 +164,11 @@ class GemmReduceScatter(Pattern):
             if n:
                 reduce(partials, out, n, world)
 
-        return Plan(pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg,
-                    num_tiles=triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    comm_bytes=(M - Mo) * N * a.element_size(), flops=2 * M * N * K, result=out, finish=finish)
+        return buffers["plans"].put(key, Plan(
+            pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg,
+            num_tiles=triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            comm_bytes=(M - Mo) * N * a.element_size(), flops=2 * M * N * K, result=out, finish=finish))
 
     @staticmethod
     def reference(rank, world_size, inputs):

@@ -98,21 +98,21 @@ class CopyEngine(Scheduler):
             return
         if self._writer is None:
             self._writer = _StreamWriter()
-        main = torch.cuda.current_stream(ctx.device)
         ctx.device_barrier()  # entry: every rank's shard is ready (the copies below wait for it)
         side = side_stream(ctx, ws)
+        main = side.fork()
         slot_bytes = flags.element_size()
         base = flags.data_ptr()
 
         def publish(first, end):  # the low 32 bits of each int64 flag (little-endian; reset to 0)
             for item in range(first, end):
-                self._writer.write(side, base + item * slot_bytes, _PUBLISHED)
+                self._writer.write(side.stream, base + item * slot_bytes, _PUBLISHED)
 
         # The kernel first: it must not wait for the host to queue every copy and flag write.
         launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side.stream):
             self._copy(plan, publish)
-        main.wait_stream(side)
+        side.join(main)
         ctx.device_barrier()  # exit: every rank is done reading our shard
 
     @staticmethod

@@ -4,10 +4,6 @@ tile or chunk; the consumer kernel acquires it and sends (or computes). The prod
 launched first, so a consumer never waits for work that cannot be scheduled. The kernel that
 communicates carries the cross-rank entry and exit barriers."""
 
-import contextlib
-
-import torch
-
 from iris_fw.engine.scheduler import Scheduler, launch_consumer, launch_producer, side_stream
 from iris_fw.hookspecs import hookimpl
 
@@ -26,11 +22,12 @@ class ProducerConsumer(Scheduler):
     def launch(self, ctx, plan, ws):
         side = side_stream(ctx, ws)
         fetches = plan.comm_first
+        main = side.fork() if side is not None else None
         launch_producer(ctx, plan, ws, sync=True, entry=fetches, exit=fetches)
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            launch_consumer(ctx, plan, ws, sync=True, queue=plan.comm_first, entry=not fetches, exit=not fetches)
+        launch_consumer(ctx, plan, ws, sync=True, queue=fetches, entry=not fetches, exit=not fetches,
+                        stream=side.stream if side is not None else None)
         if side is not None:
-            torch.cuda.current_stream(ctx.device).wait_stream(side)
+            side.join(main)
 
 
 @hookimpl

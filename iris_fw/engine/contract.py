@@ -38,7 +38,7 @@ the named tuple.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
@@ -93,7 +93,9 @@ class Plan:
     default SM split. ``finish`` (optional) runs on the host after the kernels (a local
     reduction, …) and must only enqueue device work. ``result`` is what the op returns.
     ``copies`` (optional, communicate-first): the chunks ``fetch`` delivers, as :class:`Copy`
-    steps in order."""
+    steps in order. ``memo``: what a scheduler derives from the plan once (its launchers and
+    launch arguments), reused while :meth:`Pattern.bind` hands back this same plan
+    (:class:`BindCache`)."""
 
     pattern: str
     pieces: Pieces
@@ -108,6 +110,7 @@ class Plan:
     result: Any
     finish: Callable[[], Any] | None = None
     copies: list[Copy] | None = None
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def comm_first(self) -> bool:
@@ -117,6 +120,45 @@ class Plan:
     def num_items(self) -> int:
         """What a producer releases: chunks (communicate-first) or tiles (compute-first)."""
         return self.num_chunks if self.comm_first else self.num_tiles
+
+
+class BindCache:
+    """The plans a pattern's :meth:`~Pattern.bind` made for the last ``capacity`` operand
+    layouts, so that a call on the same tensors as an earlier one gets that call's plan back —
+    TMA descriptors, named arguments and the scheduler's launch arguments (:attr:`Plan.memo`)
+    included — instead of building them again.
+
+    The key is whatever the plan depends on beyond the op's signature (which the op already
+    checked): for the built-in patterns each operand's ``data_ptr()`` and ``stride()``
+    (:func:`iris_fw.gemm.operands_key`), plus any global the plan reads. A plan holds its
+    operands, so the cache keeps the tensors of its last ``capacity`` plans alive until newer
+    ones replace them (two by default: double-buffered inputs hit)."""
+
+    __slots__ = ("capacity", "_plans")
+
+    def __init__(self, capacity: int = 2):
+        if capacity < 1:
+            raise ValueError(f"BindCache capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._plans: dict = {}
+
+    def get(self, key):
+        """The plan stored under ``key``, or None."""
+        return self._plans.get(key)
+
+    def put(self, key, plan):
+        """Store ``plan`` under ``key`` (dropping the oldest beyond ``capacity``); returns it."""
+        plans = self._plans
+        if key not in plans and len(plans) >= self.capacity:
+            del plans[next(iter(plans))]
+        plans[key] = plan
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def clear(self) -> None:
+        self._plans.clear()
 
 
 def split_args(args: NamedTuple) -> tuple[Any, Any, tuple]:
@@ -150,7 +192,10 @@ class Pattern:
     def signature(self, ctx, *inputs) -> tuple:
         """Validate this rank's ``inputs`` (raise naming the argument and what was expected) and
         return a hashable description of everything that must agree across ranks (shapes,
-        dtypes, devices). Host only, no device synchronization."""
+        dtypes, devices). Host only, no device synchronization. It must depend on the inputs
+        only through each tensor's shape, dtype and device and each other input's value: an op
+        skips it for a call whose inputs match those of a call it already checked
+        (:func:`input_fingerprint`)."""
         raise NotImplementedError
 
     def tuning_key(self, signature: tuple, world_size: int) -> tuple:
@@ -168,13 +213,21 @@ class Pattern:
 
     def bind(self, ctx, buffers: dict, *inputs) -> Plan:
         """A :class:`Plan` for one call on ``inputs`` (already validated by :meth:`signature`).
-        Enqueues nothing that synchronizes the host."""
+        Enqueues nothing that synchronizes the host. Called on every call: a pattern keeps a
+        :class:`BindCache` in its buffers and hands back the same plan for the same operands,
+        so that nothing is rebuilt (and the scheduler's :attr:`Plan.memo` is reused)."""
         raise NotImplementedError
 
     @staticmethod
     def reference(rank: int, world_size: int, inputs: list) -> torch.Tensor:
         """Float64 torch result of rank ``rank`` given every rank's ``inputs[r]``."""
         raise NotImplementedError
+
+
+def input_fingerprint(inputs: tuple) -> tuple:
+    """What :meth:`Pattern.signature` may depend on: each tensor's shape, dtype and device, each
+    other input itself. Equal fingerprints mean equal signatures (and equally valid inputs)."""
+    return tuple((x.shape, x.dtype, x.device) if isinstance(x, torch.Tensor) else (type(x), x) for x in inputs)
 
 
 def check_tensor(t: Any, name: str, ndim: int, device: torch.device, dtype: torch.dtype | None = None,

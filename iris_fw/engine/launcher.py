@@ -437,36 +437,46 @@ class KernelLauncher:
     # -- launching --------------------------------------------------------------------------
 
     def __call__(self, *args) -> None:
+        self._launch(args, None)
+
+    def launch_on(self, stream, *args) -> None:
+        """Launch on ``stream`` (a ``torch.cuda.Stream``; None: the current stream) without
+        making it the current stream (no ``torch.cuda.stream`` context per call)."""
+        self._launch(args, stream)
+
+    def _launch(self, args, stream) -> None:
         if len(args) != self._n:
             raise self._arity_error(len(args))
         state = self._state
         if state is None:  # interpreted, or no compiled launch yet
-            return self._slow(args)
+            return self._slow(args, stream=stream)
         rt, comp, fn, chain, fpsan, get_device, get_stream, key_fn, cache, g0, g1, g2, tail = state
         # Launch hooks, a stages-inspection hook, pre-run hooks: Triton's own path.
         enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
         if (enter is not None and (type(enter) is not chain or enter.calls)) or \
                 (leave is not None and (type(leave) is not chain or leave.calls)) or \
                 rt.add_stages_inspection_hook is not None or fn.pre_run_hooks:
-            return self._slow(args)
+            return self._slow(args, stream=stream)
         # Triton raises when a global the kernel reads has changed since it compiled: let it.
         for (name, _), (val, globals_dict) in fn.used_global_vals.items():
-            if globals_dict.get(name, _NOT_PRESENT) != val:
-                return self._slow(args)
+            now = globals_dict.get(name, _NOT_PRESENT)
+            if now is not val and now != val:  # (a constexpr's != costs µs: identity first)
+                return self._slow(args, stream=stream)
         device = get_device()
         # = self._opts_key(), inlined
         key = key_fn(args, device, (fn.debug, rt.debug, comp.instrumentation_mode,
                                     comp.fpsan_homomorphic_casts if fpsan else None))
         entry = cache.get(key) if key is not None else None
         if entry is None:
-            return self._slow(args, key)
+            return self._slow(args, key, stream)
         launch, head, as_tuple = entry[0], entry[1], entry[2]
         if tail is None:
             args, tail = self.bound_args(args), ()
+        handle = get_stream(device) if stream is None else stream.cuda_stream
         if as_tuple:
-            launch(g0, g1, g2, get_stream(device), *head, args + tail)
+            launch(g0, g1, g2, handle, *head, args + tail)
         else:
-            launch(g0, g1, g2, get_stream(device), *head, *args, *tail)
+            launch(g0, g1, g2, handle, *head, *args, *tail)
 
     def _opts_key(self):
         """The compile options JITFunction.run takes from the kernel and from knobs (3.6: debug,
@@ -475,10 +485,15 @@ class KernelLauncher:
         return (fn.debug, rt.debug, comp.instrumentation_mode,
                 comp.fpsan_homomorphic_casts if fpsan else None)
 
-    def _slow(self, args, key=None):
-        """``kernel[grid](...)``; caches the compiled kernel it returns under the key."""
+    def _slow(self, args, key=None, stream=None):
+        """``kernel[grid](...)`` (on ``stream`` if given); caches the compiled kernel it returns
+        under the key."""
         self.slow_calls += 1
-        kernel = self.kernel[self.grid](*self.bound_args(args), **self.options)
+        if stream is None:
+            kernel = self.kernel[self.grid](*self.bound_args(args), **self.options)
+        else:
+            with torch.cuda.stream(stream):
+                kernel = self.kernel[self.grid](*self.bound_args(args), **self.options)
         if not self._fast or kernel is None:
             return None
         if self._state is None and not self._init_fast(args):

@@ -11,6 +11,7 @@ replayed.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from .. import devinfo
+from ..errors import IrisError
 from .contract import Plan, split_args
 from .launcher import KernelLauncher
 from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, no_depends,
@@ -110,14 +112,108 @@ class Scheduler:
             raise ValueError(f"comm_sms does not apply to {name} (it does not split the SMs), got {comm_sms!r}")
 
 
-def side_stream(ctx, ws: Workspace):
-    """The workspace's second stream (created once), made to wait for the current stream; None
-    on the CPU."""
+class _EventCalls:
+    """``record(event, stream)`` and ``wait(stream, event)`` on raw handles, straight to the
+    driver (``cuEventRecord`` / ``cuStreamWaitEvent``, or HIP's): no torch object per call.
+    ``None`` from :meth:`load` where the driver library is not found."""
+
+    _loaded: Any = False
+
+    def __init__(self, record, wait, names):
+        self._record, self._wait, self._names = record, wait, names
+
+    @classmethod
+    def load(cls):
+        if cls._loaded is not False:
+            return cls._loaded
+        if torch.version.hip:
+            libs, names = ["libamdhip64.so"], ("hipEventRecord", "hipStreamWaitEvent")
+        else:
+            libs, names = ["libcuda.so.1", "libcuda.so"], ("cuEventRecord", "cuStreamWaitEvent")
+        found = None
+        for name in libs:
+            try:
+                lib = ctypes.CDLL(name)
+            except OSError:
+                continue
+            record, wait = getattr(lib, names[0], None), getattr(lib, names[1], None)
+            if record is not None and wait is not None:
+                record.argtypes, record.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+                wait.argtypes, wait.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint], ctypes.c_int
+                found = cls(record, wait, names)
+                break
+        cls._loaded = found
+        return found
+
+    def record(self, event: int, stream: int) -> None:
+        rc = self._record(event, stream)
+        if rc:
+            raise IrisError(f"{self._names[0]} failed with error {rc}")
+
+    def wait(self, stream: int, event: int) -> None:
+        rc = self._wait(stream, event, 0)
+        if rc:
+            raise IrisError(f"{self._names[1]} failed with error {rc}")
+
+
+def _raw_current_stream():
+    try:
+        from torch._C import _cuda_getCurrentRawStream
+    except ImportError:  # pragma: no cover - CUDA and ROCm builds of torch have it
+        return lambda index: torch.cuda.current_stream(index).cuda_stream
+    return _cuda_getCurrentRawStream
+
+
+class SideStream:
+    """A workspace's second stream with its fork and join events, made once. A two-stream call
+    is ``main = side.fork()`` (the side stream waits for the current stream's work so far),
+    launches on ``side.stream`` (:meth:`KernelLauncher.launch_on`), then ``side.join(main)``
+    (the current stream waits for the side stream): two event records and two waits on raw
+    handles — no torch stream or event object per call, and in a CUDA-graph capture the
+    usual fork/join edges."""
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.Stream(device=device)
+        self.index = self.stream.device_index
+        self._handle = self.stream.cuda_stream
+        self._fork_event, self._join_event = torch.cuda.Event(), torch.cuda.Event()
+        for event in (self._fork_event, self._join_event):
+            event.record(self.stream)  # creates the driver event (torch creates it lazily)
+        self._fork, self._join = self._fork_event.cuda_event, self._join_event.cuda_event
+        self._calls = _EventCalls.load()
+        self._current = _raw_current_stream()
+
+    def fork(self):
+        """Make the side stream wait for the current stream; returns the current stream (a raw
+        handle, or a torch stream where the driver's calls were not found) for :meth:`join`."""
+        calls = self._calls
+        if calls is None:
+            main = torch.cuda.current_stream(self.index)
+            self._fork_event.record(main)
+            self.stream.wait_event(self._fork_event)
+            return main
+        main = self._current(self.index)
+        calls.record(self._fork, main)
+        calls.wait(self._handle, self._fork)
+        return main
+
+    def join(self, main) -> None:
+        """Make ``main`` (what :meth:`fork` returned) wait for the side stream's work so far."""
+        calls = self._calls
+        if calls is None:
+            self._join_event.record(self.stream)
+            main.wait_event(self._join_event)
+            return
+        calls.record(self._join, self._handle)
+        calls.wait(main, self._join)
+
+
+def side_stream(ctx, ws: Workspace) -> SideStream | None:
+    """The workspace's :class:`SideStream` (created on the first call); None on the CPU."""
     if ctx.device.type != "cuda":
         return None
     if ws.side_stream is None:
-        ws.side_stream = torch.cuda.Stream(device=ctx.device)
-    ws.side_stream.wait_stream(torch.cuda.current_stream(ctx.device))
+        ws.side_stream = SideStream(ctx.device)
     return ws.side_stream
 
 
@@ -141,40 +237,66 @@ def bind_kernel(ws: Workspace, role: str, kernel, plan: Plan, constexprs: dict) 
 
 
 def launch_producer(ctx, plan: Plan, ws: Workspace, *, role: str = "producer", sync: bool,
-                    entry: bool = False, exit: bool = False) -> None:
-    """The producer skeleton over the plan's chunks (communicate-first) or tiles."""
-    nprog = ws.grids[role]
-    launcher = bind_kernel(ws, role, _producer_kernel, plan,
-                         dict(NPROG=nprog, COMM_FIRST=plan.comm_first, SYNC=sync, ENTRY=entry, EXIT=exit))
-    launcher(*split_args(plan.args), ws.state[role], ws.flags, plan.num_items, ctx.rank, ctx.world_size,
-             ctx.heap_bases)
+                    entry: bool = False, exit: bool = False, stream=None) -> None:
+    """The producer skeleton over the plan's chunks (communicate-first) or tiles; ``stream``: a
+    ``torch.cuda.Stream`` to launch on instead of the current one."""
+    key = ("producer", role, sync, entry, exit)
+    call = plan.memo.get(key)
+    if call is None or call[0] is not ws:
+        launcher = bind_kernel(ws, role, _producer_kernel, plan,
+                               dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, ENTRY=entry,
+                                    EXIT=exit))
+        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_items,
+                                                ctx.rank, ctx.world_size, ctx.heap_bases))
+    _launch(call, stream)
 
 
 def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", sync: bool, queue: bool,
-                    fixed_flag: int = 0, entry: bool = False, exit: bool = False) -> None:
+                    fixed_flag: int = 0, entry: bool = False, exit: bool = False, stream=None) -> None:
     """The consumer skeleton over the plan's tiles; ``fixed_flag``: items are published with this
-    constant (not the epoch) and reset by the kernel's last program."""
-    nprog = ws.grids[role]
-    launcher = bind_kernel(ws, role, _consumer_kernel, plan,
-                         dict(NPROG=nprog, COMM_FIRST=plan.comm_first, SYNC=sync, QUEUE=queue,
-                              FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit))
-    launcher(*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles, plan.num_items, fixed_flag,
-             ctx.rank, ctx.world_size, ctx.heap_bases)
+    constant (not the epoch) and reset by the kernel's last program; ``stream``: as for
+    :func:`launch_producer`."""
+    key = ("consumer", role, sync, queue, fixed_flag, entry, exit)
+    call = plan.memo.get(key)
+    if call is None or call[0] is not ws:
+        launcher = bind_kernel(ws, role, _consumer_kernel, plan,
+                               dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, QUEUE=queue,
+                                    FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit))
+        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
+                                                plan.num_items, fixed_flag, ctx.rank, ctx.world_size,
+                                                ctx.heap_bases))
+    _launch(call, stream)
 
 
 def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: bool = True,
                  exit: bool = True) -> None:
     """The fused skeleton: compute a tile, deliver it from registers."""
-    launcher = bind_kernel(ws, role, _fused_kernel, plan, dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit))
-    launcher(*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles, ctx.rank, ctx.world_size,
-             ctx.heap_bases)
+    key = ("fused", role, entry, exit)
+    call = plan.memo.get(key)
+    if call is None or call[0] is not ws:
+        launcher = bind_kernel(ws, role, _fused_kernel, plan, dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit))
+        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
+                                                ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1](*call[2])
 
 
 def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: str = "specialized",
                        entry: bool = True, exit: bool = True) -> None:
     """The role-specialized skeleton: ``producers`` programs produce, the rest consume."""
-    launcher = bind_kernel(ws, role, _specialized_kernel, plan,
-                         dict(NPROG=ws.grids[role], PRODUCERS=producers, COMM_FIRST=plan.comm_first,
-                              ENTRY=entry, EXIT=exit))
-    launcher(*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles, plan.num_items, ctx.rank,
-             ctx.world_size, ctx.heap_bases)
+    key = ("specialized", role, producers, entry, exit)
+    call = plan.memo.get(key)
+    if call is None or call[0] is not ws:
+        launcher = bind_kernel(ws, role, _specialized_kernel, plan,
+                               dict(NPROG=ws.grids[role], PRODUCERS=producers, COMM_FIRST=plan.comm_first,
+                                    ENTRY=entry, EXIT=exit))
+        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
+                                                plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1](*call[2])
+
+
+def _launch(call, stream) -> None:
+    """One memoized launch ``(workspace, launcher, args)``, on ``stream`` if given."""
+    if stream is None:
+        call[1](*call[2])
+    else:
+        call[1].launch_on(stream, *call[2])

@@ -67,10 +67,11 @@ def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases,
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         tc.lamport_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
+    ok = 1
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        acc, ok = tc.lamport_reduce(buf + offs, CAP, buf, rank, world_size, heap_bases, mask=mask, OP=OP)
+        acc, ok = tc.lamport_reduce(buf + offs, CAP, buf, rank, world_size, heap_bases, mask=mask, OP=OP, live=ok)
         if AVG:
             acc = acc / world_size
         if ok:
@@ -146,7 +147,8 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
             step = buf + s * slot
             dv.store(step + loc, acc.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
             dv.signal(flags + s, epoch, rank, right, heap_bases)
-            ok = ok & tc.wait_flag(flags + s, epoch, rank, heap_bases)
+            if ok:  # after a timeout, no more waiting: one missing peer costs one timeout
+                ok = tc.wait_flag(flags + s, epoch, rank, heap_bases)
             k = (k + world_size - 1) % world_size
             offs = k * seg + loc
             mine = tc.widen(tl.load(src + offs, mask=(loc < seg) & (offs < n)))
@@ -163,7 +165,8 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
             step = buf + s * slot
             dv.store(step + loc, out.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
             dv.signal(flags + s, epoch, rank, right, heap_bases)
-            ok = ok & tc.wait_flag(flags + s, epoch, rank, heap_bases)
+            if ok:
+                ok = tc.wait_flag(flags + s, epoch, rank, heap_bases)
             k = (k + world_size - 1) % world_size
             offs = k * seg + loc
             out = tl.load(step + loc, mask=loc < seg).to(dst.dtype.element_ty)

@@ -26,9 +26,9 @@ keyword options (``mask=None``, ``OP``)::
     tile_reduce_rows(ptrs, stride, world_size, mask=None, OP="sum") -> tile
     widen(x) -> tile;  combine(acc, x, OP) -> tile
     lamport_put_all(src, dst, rank, world_size, heap_bases, mask=None)
-    lamport_wait(ptrs, where, rank, heap_bases, mask=None) -> (tile, 1/0)
+    lamport_wait(ptrs, where, rank, heap_bases, mask=None, live=1) -> (tile, 1/0)
     lamport_clear(ptrs, mask=None)
-    lamport_reduce(ptrs, stride, where, rank, world_size, heap_bases, mask=None, OP="sum") -> (tile, 1/0)
+    lamport_reduce(ptrs, stride, where, rank, world_size, heap_bases, mask=None, OP="sum", live=1) -> (tile, 1/0)
 
 A tile is a block of pointers, 1-D ``[BLOCK]`` or 2-D ``[BM, BN]`` (any pointer arithmetic),
 with an optional ``mask`` of the same shape as in ``tl.load``. Pointers that a peer's copy is
@@ -333,14 +333,15 @@ def lamport_put_all(src, dst, rank, world_size, heap_bases, mask=None):
 
 
 @triton.jit
-def lamport_wait(ptrs, where, rank, heap_bases, mask=None):
+def lamport_wait(ptrs, where, rank, heap_bases, mask=None, live=1):
     """Poll the caller's local tile at ``ptrs`` (volatile loads) until no lane inside ``mask``
     holds the empty pattern; returns ``(tile, 1)``, or ``(tile, 0)`` after the header's wait
     bound, when the timeout is recorded against the scalar pointer ``where`` (the buffer, for
-    the host's ``WaitTimeout`` message)."""
+    the host's ``WaitTimeout`` message). ``live=0`` (an earlier wait of the caller failed)
+    looks once and does not wait, so one missing peer costs one timeout, not one per tile."""
     bits_ptrs = _as_bits(ptrs)
     EMPTY = _empty_bits(ptrs)
-    bound = tl.load(dv.heap_header(rank, heap_bases) + dv.HDR_WAIT_BOUND)
+    bound = tl.load(dv.heap_header(rank, heap_bases) + dv.HDR_WAIT_BOUND) * live
     bits = tl.load(bits_ptrs, mask=mask, other=0, volatile=True)
     missing = tl.sum((bits == EMPTY).to(tl.int32))
     spins = bound * 0
@@ -349,7 +350,7 @@ def lamport_wait(ptrs, where, rank, heap_bases, mask=None):
         missing = tl.sum((bits == EMPTY).to(tl.int32))
         spins += 1
     ok = (missing == 0).to(tl.int32)
-    if missing > 0:
+    if (missing > 0) & (live != 0):
         dv.record_timeout(where, "!=", EMPTY, EMPTY, spins, rank, rank, heap_bases)
     return bits.to(ptrs.dtype.element_ty, bitcast=True), ok
 
@@ -362,16 +363,17 @@ def lamport_clear(ptrs, mask=None):
 
 
 @triton.jit
-def lamport_reduce(ptrs, stride, where, rank, world_size, heap_bases, mask=None, OP: tl.constexpr = _SUM):
+def lamport_reduce(ptrs, stride, where, rank, world_size, heap_bases, mask=None, OP: tl.constexpr = _SUM, live=1):
     """The receiving side of a Lamport all-reduce: wait for the local tiles
     ``ptrs + p * stride`` (``p = 0 … world_size-1``, one slot per sending rank), combine them in
     rank order with ``OP`` and clear each after reading it. Returns ``(tile in the accumulator
-    type, 1)``, or ``(…, 0)`` if a wait timed out (recorded against ``where``)."""
-    x, ok = lamport_wait(ptrs, where, rank, heap_bases, mask=mask)
+    type, 1)``, or ``(…, 0)`` if a wait timed out (recorded against ``where``); ``live`` as in
+    :func:`lamport_wait`."""
+    x, ok = lamport_wait(ptrs, where, rank, heap_bases, mask=mask, live=live)
     acc = widen(x)
     lamport_clear(ptrs, mask=mask)
     for p in range(1, world_size):
-        x, got = lamport_wait(ptrs + p * stride, where, rank, heap_bases, mask=mask)
+        x, got = lamport_wait(ptrs + p * stride, where, rank, heap_bases, mask=mask, live=ok)
         ok = ok & got
         acc = combine(acc, widen(x), OP)
         lamport_clear(ptrs + p * stride, mask=mask)

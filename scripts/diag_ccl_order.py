@@ -1,83 +1,62 @@
-"""Diagnose ordering on GPUs (``iris-fw launch -n 2 scripts/diag_ccl_order.py``): all-reduces
-where one rank enters late (it sleeps first), for the built-in one-shot kernel, a copy of it with
-a system fence in every thread before the arrival, and the Lamport kernel. Prints how many
-elements are wrong and whether the wrong ones equal the rank's own input (peer data missing)."""
+"""Diagnose ccl all-reduce results on GPUs (``iris-fw launch -n 2 scripts/diag_ccl_order.py``).
 
+For each algorithm, rounds of three back-to-back all-reduces (the pattern of tests/test_ccl.py,
+which failed on 2x H200 at the first call of a reduction after another reduction had used the
+same buffers), alternating the reduction between rounds (sum, max, sum, avg) and, in every
+other round, letting one rank enter late (it sleeps first). Prints, per call, how many elements
+are wrong and whether the wrong ones equal the rank's own input (a peer's data missing).
+
+Seen on 2x H200 (2026-11-22): single calls with a late rank, sum only, were all right for
+one_shot and lamport (no fence needed beyond the barrier + one thread's release).
+"""
+
+import sys
 import time
 
 import torch
-import triton
-import triton.language as tl
-from triton.language import target_info
 
 import iris_fw
 from iris_fw import ccl
-from iris_fw import tilecomm as tc
+
+OPS = ("sum", "max", "sum", "avg")
 
 
-@triton.jit
-def _fence_sys():
-    if target_info.is_cuda():
-        tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _fenced_one_shot_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_bases,
-                            OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    epoch = tc.program_epoch(counters)
-    buf = recv + (epoch % 2) * world_size * CAP
-    for t in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tc.tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
-    _fence_sys()
-    tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    if tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases):
-        for t in range(pid, tl.cdiv(n, BLOCK), nprog):
-            offs = t * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < n
-            acc = tc.tile_reduce_rows(buf + offs, CAP, world_size, mask=mask, OP=OP)
-            tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+def _want(xs, op):
+    wide = torch.stack([x.double() for x in xs])
+    if op == "max":
+        return wide.amax(0)
+    s = wide.sum(0)
+    return s / len(xs) if op == "avg" else s
 
 
 def main():
     ctx = iris_fw.init(heap_size=1 << 30)
-    torch.cuda.set_device(ctx.device)
-    print(f"rank {ctx.rank}: device {ctx.device}, current {torch.cuda.current_device()}", flush=True)
-    n = (1 << 20) + 1037
-    from iris_fw.collectives import all_reduce as ar
-
-    for label in ("one_shot", "fenced", "lamport", "one_shot"):
-        if label == "fenced":
-            ar.OneShot.kernel = _fenced_one_shot_kernel
-            ctx.comm_groups.clear()
+    n = (1 << 20) + 1037 if torch.cuda.is_available() else 3000
+    algos = (sys.argv[1] if len(sys.argv) > 1 else "one_shot,lamport,two_shot,ring").split(",")
+    for algo in algos:
+        for rnd, op in enumerate(OPS):
+            g = torch.Generator().manual_seed(100 + rnd)
+            data = [[torch.randn(n, generator=g) for _ in range(ctx.world_size)] for _ in range(3)]
+            ts = [d[ctx.rank].to(ctx.device, copy=True) for d in data]
             ctx.barrier()
-        algo = "lamport" if label == "lamport" else "one_shot"
-        for trial in range(4):
-            g = torch.Generator().manual_seed(100 + trial)
-            xs = [torch.randn(n, generator=g) for _ in range(ctx.world_size)]
-            want = sum(x.double() for x in xs)
-            t = xs[ctx.rank].to(ctx.device, copy=True)
-            ctx.barrier()
-            late = trial % ctx.world_size
-            if ctx.rank == late:
+            late = rnd % ctx.world_size
+            if rnd % 2 and ctx.rank == late:
                 time.sleep(1.5)
-            ctx.wait_timeout = 5.0
+            err = None
             try:
-                ccl.all_reduce(t, algorithm=algo)
+                for t in ts:
+                    ccl.all_reduce(t, op=op, algorithm=algo)
                 ctx.synchronize()
-                err = None
             except Exception as exc:  # noqa: BLE001
-                err = f"{type(exc).__name__}: {str(exc)[:200]}"
-            got = t.cpu().double()
-            bad = (got - want).abs() > 1e-4 * want.abs().clamp(min=1)
-            own = (got - xs[ctx.rank].double()).abs() < 1e-6
-            print(f"rank {ctx.rank} {label} trial {trial} late rank {late}: {int(bad.sum())} wrong of {n}, "
-                  f"{int((bad & own).sum())} of them equal own input; first wrong {bad.nonzero().flatten()[:3].tolist()}"
-                  f"{'; ' + err if err else ''}", flush=True)
+                err = f"{type(exc).__name__}: {str(exc)[:160]}"
+            for i, t in enumerate(ts):
+                want = _want(data[i], op)
+                got = t.cpu().double()
+                bad = (got - want).abs() > 1e-4 * want.abs().clamp(min=1)
+                own = (got - data[i][ctx.rank].double()).abs() < 1e-6
+                print(f"rank {ctx.rank} {algo} round {rnd} ({op}{', late rank %d' % late if rnd % 2 else ''}) "
+                      f"call {i}: {int(bad.sum())} wrong of {n}, {int((bad & own).sum())} equal own input; "
+                      f"first {bad.nonzero().flatten()[:3].tolist()}{'; ' + err if err else ''}", flush=True)
             ctx.barrier()
     ctx.close()
 

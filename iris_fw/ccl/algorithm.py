@@ -29,6 +29,8 @@ from ..errors import IrisError
 MIN_CAPACITY = 4096
 #: Bytes of one tile: a program moves BLOCK = TILE_BYTES / element size elements at a time.
 TILE_BYTES = 4096
+#: Share of a group's workspace that one algorithm's largest capacity class may take.
+LARGEST_CLASS_SHARE = 1 / 8
 #: Warps of a communication program.
 NUM_WARPS = 4
 
@@ -103,8 +105,9 @@ class Algorithm:
 
 def max_chunk(group, algo: Algorithm) -> int:
     """The largest capacity class (bytes, a power of two) ``algo`` uses in ``group``: its receive
-    buffers at that class take at most a quarter of the workspace."""
-    budget = group.workspace.numel() // (4 * max(1, algo.buffers_per_capacity(group.size)))
+    buffers at that class take at most :data:`LARGEST_CLASS_SHARE` of the workspace (all its
+    classes together about twice that), so several algorithms fit side by side."""
+    budget = int(group.workspace.numel() * LARGEST_CLASS_SHARE) // max(1, algo.buffers_per_capacity(group.size))
     cap = MIN_CAPACITY
     while cap * 2 <= budget:
         cap *= 2
@@ -198,24 +201,28 @@ def names(ctx, collective: str) -> list[str]:
 
 def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, buffers=(), slots: int = 0,
                   fill=None) -> tuple:
-    """A kernel configuration of ``group``: its buffers are made on the first use of ``key``
-    — the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
+    """A kernel configuration of ``group``: ``key[0]`` names it (the algorithm); its storage —
+    the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
     ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
-    counters (local) — and shared by every variant of the kernel (``constexprs``, e.g. the
-    reduction) launched over the same ``nprog`` programs, each with its own launcher.
-    ``fill(buffers)`` may prepare the buffers; when it returns true the members sync before
-    any of them can send into them. Returns ``(launch, buffers)``."""
+    counters (local) — is made on first use and shared by every call with the same name, buffer
+    *bytes*, slots and programs: by every reduction (``constexprs``) and by dtypes of any width,
+    each viewing the bytes as its own dtype and launching its own variant. Buffers that
+    ``fill(buffers)`` prepares (it returns true: the members then sync before any can send into
+    them) are shared only by dtypes of one width. Returns ``(launch, buffers)``."""
+    sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
+    width = buffers[0][1].itemsize if fill is not None and buffers else 0
 
     def make():
-        bufs = [group.carve(numel, dtype, f"{key[0]} {what}") for numel, dtype, what in buffers]
-        if fill is not None and fill(bufs):
+        raw = [group.carve(nbytes, torch.uint8, f"{key[0]} {what}") for nbytes, (_, _, what) in zip(sizes, buffers)]
+        if fill is not None and fill([r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)]):
             group.sync(f"ccl {key[0]}: receive buffers ready")
         if slots:
-            bufs.append(group.carve(nprog * slots, torch.int64, f"{key[0]} arrival slots"))
-        bufs.append(torch.zeros(nprog, dtype=torch.int64, device=group.ctx.device))
-        return tuple(bufs), {}
+            raw.append(group.carve(nprog * slots, torch.int64, f"{key[0]} arrival slots"))
+        raw.append(torch.zeros(nprog, dtype=torch.int64, device=group.ctx.device))
+        return tuple(raw), {}
 
-    bufs, launchers = group.config((*key, nprog), make)
+    raw, launchers = group.config((key[0], sizes, slots, nprog, width), make)
+    bufs = tuple(r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)) + raw[len(buffers):]
     variant = tuple(sorted(constexprs.items()))
     launch = launchers.get(variant)
     if launch is None:

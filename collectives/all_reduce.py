@@ -127,7 +127,11 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
     the same final values in the all-gather). All-gather: W-1 more steps forward the reduced
     segments. ``recv``: symmetric ``[2, 2 * world_size, cdiv(CAP, world_size)]`` rounded up to tiles
     (one slot per step, in the accumulator type); ``slots``: symmetric int64 ``[programs, 2 * world_size]`` (one per
-    step, written by the left neighbour only)."""
+    step, written by the left neighbour only). A program carries several tiles, so a step's flag
+    counts (call, tile): the left neighbour sets it to ``epoch * 2**32 + j + 1`` after storing
+    tile ``j`` (values only grow, call after call), and the wait is for that value — waiting for
+    ``epoch`` alone would let every tile after a program's first read its slot before the left
+    neighbour wrote it."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
@@ -139,6 +143,7 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
     ok = 1
     for j in range(pid, tl.cdiv(seg, BLOCK), nprog):
         loc = j * BLOCK + tl.arange(0, BLOCK)
+        mark = epoch * 4294967296 + j + 1  # this (call, tile) on the step flags: only grows
         # reduce-scatter: send segment k, receive the partial of segment k - 1, add my copy
         k = (rank + world_size - 1) % world_size
         offs = k * seg + loc
@@ -146,9 +151,9 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
         for s in range(0, world_size - 1):
             step = buf + s * slot
             dv.store(step + loc, acc.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
-            dv.signal(flags + s, epoch, rank, right, heap_bases)
+            dv.signal(flags + s, mark, rank, right, heap_bases)
             if ok:  # after a timeout, no more waiting: one missing peer costs one timeout
-                ok = tc.wait_flag(flags + s, epoch, rank, heap_bases)
+                ok = tc.wait_flag(flags + s, mark, rank, heap_bases)
             k = (k + world_size - 1) % world_size
             offs = k * seg + loc
             mine = tc.widen(tl.load(src + offs, mask=(loc < seg) & (offs < n)))
@@ -164,9 +169,9 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
         for s in range(world_size - 1, 2 * world_size - 2):
             step = buf + s * slot
             dv.store(step + loc, out.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
-            dv.signal(flags + s, epoch, rank, right, heap_bases)
+            dv.signal(flags + s, mark, rank, right, heap_bases)
             if ok:
-                ok = tc.wait_flag(flags + s, epoch, rank, heap_bases)
+                ok = tc.wait_flag(flags + s, mark, rank, heap_bases)
             k = (k + world_size - 1) % world_size
             offs = k * seg + loc
             out = tl.load(step + loc, mask=loc < seg).to(dst.dtype.element_ty)

@@ -155,6 +155,33 @@ def test_all_reduce_chunks(iris_pool, algorithm):
         iris_pool(w).run(_chunked_rank, algorithm, torch.bfloat16)
 
 
+def _many_tiles_rank(ctx, algorithm):
+    """Every program carries several tiles (on the CPU: 13 tiles of a segment over 4 programs)
+    and one rank enters late, so a tile whose flag or data is not its own shows."""
+    import time
+
+    from iris_fw import ccl
+
+    n = 6 * 4096 + 37 if ctx.device.type == "cpu" else (4 << 20) + 37
+    data = _inputs(ctx, n, torch.float32, "sum", fresh_seed(ctx), 2)
+    ts = [d[ctx.rank].to(ctx.device, copy=True) for d in data]
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(0.5)
+    for t in ts:
+        ccl.all_reduce(t, algorithm=algorithm)
+    ctx.synchronize()
+    for i, t in enumerate(ts):
+        _check(t, _reference(data[i], "sum", torch.float32), torch.float32, "sum", ctx.world_size,
+               f"{algorithm} many tiles call {i}", _scale(data[i], "sum"))
+
+
+@pytest.mark.parametrize("algorithm,w", [("ring", 2), ("ring", 3), ("one_shot", 2), ("two_shot", 2)])
+def test_all_reduce_many_tiles_per_program(iris_pool, algorithm, w):
+    """Regression (2x H200, ring's first call wrong): the ring's per-step flags held only the
+    call's epoch, which a program's first tile already satisfied for its later tiles."""
+    iris_pool(w).run(_many_tiles_rank, algorithm)
+
+
 # ---- all_gather / reduce_scatter / all_to_all -----------------------------------------------------
 
 

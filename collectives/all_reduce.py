@@ -216,6 +216,11 @@ class _AllReduce(al.Algorithm):
         return False
 
     def plan(self, group, call):
+        if call.numel == 0:
+            # nothing to reduce, on every member alike (numel is validated): no launch. A ring
+            # launch without tiles would not wait for anyone, so a rank could run two calls
+            # ahead and write a buffer half a peer is still reading.
+            return lambda src, dst: None
         cap_bytes = al.capacity(group, self, call.nbytes)
         block = al.block_elems(call.dtype)
         cap = cap_bytes // call.element_size

@@ -1,7 +1,8 @@
 """``fused_sequential``: one persistent kernel; each program computes a tile and delivers it at
 once, the tile never leaving registers. Communicate-first patterns read remote operands
 straight from their owners' heaps inside the tile's K loop. The kernel carries the cross-rank
-entry and exit barriers."""
+entry and exit barriers, and runs multi-step patterns (their later steps after a per-program
+cross-rank step barrier)."""
 
 from iris_fw.devinfo import persistent_programs
 from iris_fw.engine.scheduler import Scheduler, launch_fused
@@ -12,6 +13,7 @@ class FusedSequential(Scheduler):
     name = "fused_sequential"
     description = "one persistent kernel: compute a tile, send it from registers, next tile"
     uses_stash = False
+    multi_step = True
 
     def grids(self, ctx, plan, comm_sms):
         self.no_split(comm_sms, self.name)

@@ -22,7 +22,21 @@ configuration ``CFG``, a ``NamedTuple`` of the pattern's own choosing):
 ``fetch(args, chunk, CFG)``                    communicate-first: bring operand chunk ``chunk``
                                                from its owner into local staging.
 ``depends(args, tile, CFG) -> chunk``          the chunk ``produce(STAGED=True)`` of a tile needs.
+``step(args, tile, STEP, CFG)``                multi-step patterns (``Plan.steps > 1``): step
+                                               ``STEP`` (1 … steps-1) of tile ``tile``.
 ============================================  =================================================
+
+**Multi-step patterns.** A plan with ``steps = S > 1`` runs, after the produce/consume pass,
+``S - 1`` more passes over the same tiles, ``step(args, tile, s, CFG)`` for ``s = 1 … S-1``.
+Before each, every program arrives at a per-program cross-rank barrier and waits until the
+*same* program of every rank finished the previous step (``skeletons.step_barrier``; values
+derived from the call's epoch, so graph-safe). A tile is handled by the same program on every
+rank and in every step, so step ``s`` of a tile may read anything that step ``s - 1`` of that
+tile delivered on any rank — e.g. step 0 pushes each partial tile to the tile's owner rank,
+step 1 has the owner reduce it and push the sum to every rank (a two-shot all-reduce of a
+computed result). Only schedulers with ``multi_step = True`` run them (``fused_sequential``);
+the others decline through ``supports``. Waiting for other programs of the same launch is never
+needed, so the CPU interpreter runs them too.
 
 Host side, a pattern implements :class:`Pattern`: ``signature`` (validate one rank's inputs and
 describe them — the description is compared across ranks once and keys the op cache),
@@ -69,6 +83,7 @@ class Pieces:
     reload: Any
     fetch: Any = None
     depends: Any = None
+    step: Any = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +108,8 @@ class Plan:
     default SM split. ``finish`` (optional) runs on the host after the kernels (a local
     reduction, …) and must only enqueue device work. ``result`` is what the op returns.
     ``copies`` (optional, communicate-first): the chunks ``fetch`` delivers, as :class:`Copy`
-    steps in order. ``memo``: what a scheduler derives from the plan once (its launchers and
+    steps in order. ``steps``: passes over the tiles (see "Multi-step patterns" above; 1 for a
+    one-pass pattern). ``memo``: what a scheduler derives from the plan once (its launchers and
     launch arguments), reused while :meth:`Pattern.bind` hands back this same plan
     (:class:`BindCache`)."""
 
@@ -110,6 +126,7 @@ class Plan:
     result: Any
     finish: Callable[[], Any] | None = None
     copies: list[Copy] | None = None
+    steps: int = 1
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -23,7 +23,7 @@ from ..errors import IrisError
 from .contract import Plan, split_args
 from .launcher import KernelLauncher
 from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, no_depends,
-                        no_fetch, state_slots)
+                        no_fetch, no_step, state_slots)
 
 #: Estimates behind the default SM split (H100/H200 class): what one SM moves over NVLink with
 #: plain loads/stores, and the bf16 tensor-core rate of one SM.
@@ -67,12 +67,15 @@ class Scheduler:
     description = ""
     #: whether the schedule keeps produced tiles in memory (patterns allocate stash space)
     uses_stash = False
+    #: whether the schedule runs multi-step patterns (``Plan.steps > 1``)
+    multi_step = False
 
     def available(self) -> tuple[bool, str]:
         return True, ""
 
     def supports(self, plan: Plan) -> tuple[bool, str]:
-        """Whether this scheduler can run ``plan`` (and if not, why)."""
+        """Whether this scheduler can run ``plan`` (and if not, why). Multi-step plans are
+        checked against :attr:`multi_step` by the op before this is asked."""
         return True, ""
 
     def grids(self, ctx, plan: Plan, comm_sms: int | None) -> dict[str, int]:
@@ -227,7 +230,8 @@ def bind_kernel(ws: Workspace, role: str, kernel, plan: Plan, constexprs: dict) 
         args = plan.args
         p = plan.pieces
         pieces = {"PRODUCE": p.produce, "CONSUME": p.consume, "STASH": p.stash, "RELOAD": p.reload,
-                  "FETCH": p.fetch or no_fetch, "DEPENDS": p.depends or no_depends}
+                  "FETCH": p.fetch or no_fetch, "DEPENDS": p.depends or no_depends, "STEP": p.step or no_step,
+                  "STEPS": plan.steps}
         names = kernel.arg_names if hasattr(kernel, "arg_names") else kernel.fn.arg_names
         constexprs = {"ARGS": type(args), "NTOP": getattr(type(args), "TOP", 0), "CFG": plan.cfg,
                       **{k: v for k, v in pieces.items() if k in names}, **constexprs}

@@ -8,6 +8,8 @@ slots on the heap (:func:`state_slots` long, zeroed once when the op is created)
     [ST_DONE]    programs finished, over all calls (finds the last program of a call)
     [ST_ARRIVE + p]            cross-rank barrier: rank p's arrival (in every rank's heap)
     [ST_ARRIVE + W + pid]      program ``pid``'s call counter (its epoch)
+    [ST_ARRIVE + W + NPROG + pid * W + p]  multi-step patterns: program ``pid`` of rank ``p``
+                               finished step ``s`` of call ``e`` (value ``(e-1)(S-1) + s``)
 
 Each program advances its own counter once per call, so every program of every kernel of an
 op agrees on the call's *epoch* ``e`` (1, 2, …) without any host integer: a captured CUDA graph
@@ -46,7 +48,7 @@ _GPU = tl.constexpr("gpu")
 
 def state_slots(world_size: int, nprog: int) -> int:
     """int64 slots of one kernel's state region."""
-    return ST_ARRIVE.value + world_size + nprog
+    return ST_ARRIVE.value + world_size + nprog + nprog * world_size
 
 
 # ---- per-call state ------------------------------------------------------------------------------
@@ -134,6 +136,18 @@ def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
     return args, epoch, ok
 
 
+@triton.jit
+def step_barrier(st, epoch, step, STEPS: tl.constexpr, rank, world_size, heap_bases, NPROG: tl.constexpr):
+    """Between step ``step - 1`` and step ``step`` of a multi-step pattern: this program tells
+    every rank it finished the previous step (release) and waits (bounded) until the *same*
+    program of every rank did — the tiles a program handles are the same on every rank, so its
+    next step may read whatever those programs delivered. Returns 1, or 0 if a wait gave up."""
+    slots = st + ST_ARRIVE + world_size + NPROG + tl.program_id(0) * world_size
+    value = (epoch - 1) * (STEPS - 1) + step
+    tc.arrive(slots, value, rank, world_size, heap_bases)
+    return tc.wait_arrivals(slots, value, rank, world_size, heap_bases)
+
+
 # ---- roles ---------------------------------------------------------------------------------------
 
 
@@ -211,13 +225,21 @@ def end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases,
 @triton.jit
 def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
                   ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
-                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
+                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr, STEP: tl.constexpr, STEPS: tl.constexpr,
                   NPROG: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr):
-    """Persistent: each program computes a tile and delivers it at once (it stays in registers)."""
+    """Persistent: each program computes a tile and delivers it at once (it stays in registers).
+    A multi-step pattern (``STEPS > 1``) then runs ``STEP(args, tile, s, CFG)`` for the same
+    tiles, step by step, each after :func:`step_barrier`."""
     args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
     if ok:
         for tile in range(tl.program_id(0), num_tiles, NPROG):
             CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
+    for s in tl.static_range(1, STEPS):
+        if ok:
+            ok = step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG)
+        if ok:
+            for tile in range(tl.program_id(0), num_tiles, NPROG):
+                STEP(args, tile, s, CFG)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
 
 
@@ -280,6 +302,12 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
 @triton.jit
 def no_fetch(args, chunk, CFG: tl.constexpr):
     """``fetch`` of a pattern with no operand chunks: does nothing."""
+    pass
+
+
+@triton.jit
+def no_step(args, tile, STEP: tl.constexpr, CFG: tl.constexpr):
+    """``step`` of a one-step pattern: does nothing (never called)."""
     pass
 
 

@@ -38,13 +38,8 @@ def _one_shot_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
-    buf = recv + (epoch % 2) * world_size * CAP
-    for t in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tc.tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
-    tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    if tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases):
+    buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP)
+    if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -179,19 +174,12 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
                 tl.store(dst + offs, out, mask=(loc < seg) & (offs < n))
 
 
-_OP_NAMES = {"sum": "sum", "avg": "sum", "max": "max", "min": "min", "prod": "prod"}
-
-
 class _AllReduce(al.Algorithm):
     collective = "all_reduce"
+    reduces = True
     kernel = None
-    #: extra symmetric receive buffers besides ``recv``: name -> capacity multiples
+    #: whether the kernel takes arrival slots (the Lamport one needs none)
     needs_slots = True
-
-    def supports(self, call):
-        if call.op not in al.REDUCE_OPS:
-            return False, f"op {call.op!r} is not one of {al.REDUCE_OPS}"
-        return True, ""
 
     def recv_numel(self, cap: int, world: int, block: int) -> int:
         return 2 * world * cap
@@ -230,21 +218,10 @@ class _AllReduce(al.Algorithm):
                    *self.extra_buffers(cap, call.dtype)]
         launch, bufs = al.kernel_config(
             group, (self.key, call.dtype, cap), self.kernel, nprog=nprog,
-            constexprs=dict(OP=_OP_NAMES[call.op], AVG=call.op == "avg", BLOCK=block, CAP=cap),
+            constexprs=dict(**al.reduce_constexprs(call.op), BLOCK=block, CAP=cap),
             buffers=buffers, slots=self.slots_per_program(group.size) if self.needs_slots else 0,
             fill=self.fill)
-        rank, world, bases = group.rank, group.size, group.heap_bases
-
-        pieces = list(al.chunks(call.numel, cap))
-        if len(pieces) == 1:  # the common case: one launch, no slicing
-            length = pieces[0][1]
-            return lambda src, dst: launch(src, dst, *bufs, length, rank, world, bases)
-
-        def run(src, dst):
-            for start, length in pieces:
-                launch(src[start:], dst[start:], *bufs, length, rank, world, bases)
-
-        return run
+        return al.chunked_run(launch, bufs, call.numel, cap, (group.rank, group.size, group.heap_bases))
 
 
 class OneShot(_AllReduce):

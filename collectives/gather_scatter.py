@@ -35,13 +35,8 @@ def _all_gather_push_kernel(src, dst, recv, slots, counters, n, stride, rank, wo
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
-    buf = recv + (epoch % 2) * world_size * CAP
-    for t in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tc.tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
-    tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    if tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases):
+    buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP)
+    if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -136,9 +131,6 @@ def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank
                 tl.store(dst + off + base + loc, tl.load(buf + p * CAP + loc, mask=mask), mask=mask)
 
 
-_OP_NAMES = {"sum": "sum", "avg": "sum", "max": "max", "min": "min", "prod": "prod"}
-
-
 def _geometry(group, algo, call, nbytes=None):
     """``(cap, block, nprog)`` of a call: capacity class in elements, tile, programs."""
     cap = al.capacity(group, algo, call.nbytes if nbytes is None else nbytes) // call.element_size
@@ -155,13 +147,7 @@ class AllGatherPush(al.Algorithm):
             group, (self.key, call.dtype, cap), _all_gather_push_kernel, nprog=nprog,
             constexprs=dict(BLOCK=block, CAP=cap),
             buffers=[(2 * group.size * cap, call.dtype, "receive buffer")], slots=group.size)
-        rank, world, bases, total = group.rank, group.size, group.heap_bases, call.numel
-
-        def run(src, dst):
-            for start, length in al.chunks(total, cap):
-                launch(src[start:], dst[start:], *bufs, length, total, rank, world, bases)
-
-        return run
+        return al.chunked_run(launch, bufs, call.numel, cap, (call.numel, group.rank, group.size, group.heap_bases))
 
 
 class AllGatherPull(al.Algorithm):
@@ -179,36 +165,20 @@ class AllGatherPull(al.Algorithm):
             buffers=[] if zero_copy else [(2 * cap, call.dtype, "staging buffer")], slots=2 * group.size)
         if zero_copy:
             bufs = (None, *bufs)
-        rank, world, bases, total = group.rank, group.size, group.heap_bases, call.numel
-
-        def run(src, dst):
-            for start, length in al.chunks(total, cap):
-                launch(src[start:], dst[start:], *bufs, length, total, rank, world, bases)
-
-        return run
+        return al.chunked_run(launch, bufs, call.numel, cap, (call.numel, group.rank, group.size, group.heap_bases))
 
 
 class ReduceScatterPush(al.Algorithm):
     collective, name = "reduce_scatter", "push"
-
-    def supports(self, call):
-        if call.op not in al.REDUCE_OPS:
-            return False, f"op {call.op!r} is not one of {al.REDUCE_OPS}"
-        return True, ""
+    reduces = True
 
     def plan(self, group, call):
         cap, block, nprog = _geometry(group, self, call)
         launch, bufs = al.kernel_config(
             group, (self.key, call.dtype, cap), _reduce_scatter_push_kernel, nprog=nprog,
-            constexprs=dict(OP=_OP_NAMES[call.op], AVG=call.op == "avg", BLOCK=block, CAP=cap),
+            constexprs=dict(**al.reduce_constexprs(call.op), BLOCK=block, CAP=cap),
             buffers=[(2 * group.size * cap, call.dtype, "receive buffer")], slots=group.size)
-        rank, world, bases, total = group.rank, group.size, group.heap_bases, call.numel
-
-        def run(src, dst):
-            for start, length in al.chunks(total, cap):
-                launch(src[start:], dst[start:], *bufs, length, total, rank, world, bases)
-
-        return run
+        return al.chunked_run(launch, bufs, call.numel, cap, (call.numel, group.rank, group.size, group.heap_bases))
 
 
 class AllToAllPush(al.Algorithm):

@@ -96,9 +96,6 @@ def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, worl
         tc.wait_flag(done, epoch, rank, heap_bases)
 
 
-_OP_NAMES = {"sum": "sum", "avg": "sum", "max": "max", "min": "min", "prod": "prod"}
-
-
 class _Rooted(al.Algorithm):
     name = "push"
     kernel = None
@@ -117,13 +114,8 @@ class _Rooted(al.Algorithm):
             group, (self.key, call.dtype, cap), self.kernel, nprog=nprog,
             constexprs=dict(BLOCK=block, CAP=cap, **self.constexprs(call)),
             buffers=[(recv, call.dtype, "receive buffer")], slots=group.size + 1)
-        rank, world, bases, total, root = group.rank, group.size, group.heap_bases, call.numel, call.root
-
-        def run(src, dst):
-            for start, length in al.chunks(total, cap):
-                launch(src[start:], dst[start:], *bufs, length, total, root, rank, world, bases)
-
-        return run
+        return al.chunked_run(launch, bufs, call.numel, cap,
+                              (call.numel, call.root, group.rank, group.size, group.heap_bases))
 
 
 class Broadcast(_Rooted):
@@ -148,14 +140,10 @@ class Reduce(_Rooted):
     collective = "reduce"
     kernel = _to_root_kernel
     to_root = True
-
-    def supports(self, call):
-        if call.op not in al.REDUCE_OPS:
-            return False, f"op {call.op!r} is not one of {al.REDUCE_OPS}"
-        return True, ""
+    reduces = True
 
     def constexprs(self, call):
-        return {"GATHER": False, "OP": _OP_NAMES[call.op], "AVG": call.op == "avg"}
+        return {"GATHER": False, **al.reduce_constexprs(call.op)}
 
 
 class Gather(_Rooted):

@@ -25,6 +25,7 @@ keyword options (``mask=None``, ``OP``)::
     program_epoch(counters) -> epoch
     tile_reduce_rows(ptrs, stride, world_size, mask=None, OP="sum") -> tile
     widen(x) -> tile;  combine(acc, x, OP) -> tile
+    push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP) -> (buf, 1/0)
     lamport_put_all(src, dst, rank, world_size, heap_bases, mask=None)
     lamport_wait(ptrs, where, rank, heap_bases, mask=None, live=1) -> (tile, 1/0)
     lamport_clear(ptrs, mask=None)
@@ -280,6 +281,26 @@ def tile_broadcast(src, dst, rank, root, heap_bases, mask=None):
     (symmetric); both ``[BLOCK]`` or ``[BM, BN]``. The root copies its own tile (a no-op
     copy when ``dst`` is ``src``)."""
     tl.store(dst, dv.load(src, rank, root, heap_bases, mask=mask), mask=mask)
+
+
+@triton.jit
+def push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK: tl.constexpr,
+                  CAP: tl.constexpr):
+    """One round of a push exchange, the first half of a one-shot all-reduce or a push
+    all-gather: this program pushes its tiles ``t = pid, pid + programs, …`` of ``src[:n]`` (any
+    local pointer) into slot ``rank`` of every rank's receive buffer, arrives, and waits for the
+    same program of every rank (which pushed it exactly the tiles it will read). ``recv``:
+    symmetric ``[2, world_size, CAP]``, its half chosen by the parity of ``epoch`` (the call's,
+    from :func:`program_epoch`); ``slots``: symmetric int64 ``[programs, world_size]``. Returns
+    ``(buf, ok)``: this call's ``[world_size, CAP]`` half, and 1, or 0 if a wait gave up."""
+    pid = tl.program_id(0)
+    buf = recv + (epoch % 2) * world_size * CAP
+    for t in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=offs < n)
+    arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    ok = wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    return buf, ok
 
 
 # ---- data as flag ("Lamport" exchange) ----------------------------------------------------

@@ -11,7 +11,7 @@ the sizes grow and every collective is also replayed from a CUDA graph with fres
 import pytest
 import torch
 
-from helpers import fresh_seed
+from helpers import COMPILE_TARGETS, compile_in_child, fresh_seed
 from iris_fw import WaitTimeout
 from iris_fw.engine.contract import CollectiveMismatch
 
@@ -301,6 +301,23 @@ def test_rooted(world):
     world.run(_rooted_rank)
 
 
+def _bad_list_rank(ctx):
+    from iris_fw import ccl
+
+    t = torch.ones(10, device=ctx.device)
+    root = ctx.world_size - 1
+    short = [torch.empty(10, device=ctx.device)] if ctx.rank == root else None  # one tensor, not W
+    with pytest.raises((ValueError, CollectiveMismatch)) as info:
+        ccl.gather(t, short, dst=root)
+    return str(info.value)
+
+
+def test_rooted_bad_list_raises_everywhere(iris_pool):
+    """The root's list of the wrong length raises on every rank, naming the root's argument."""
+    msgs = iris_pool(2).run(_bad_list_rank)
+    assert all("gather_list" in m for m in msgs), msgs
+
+
 def _barrier_rank(ctx):
     from iris_fw import ccl
 
@@ -507,7 +524,7 @@ _COMPILE_JOBS = [  # (module, kernel, element type, constexprs, overrides of the
     ("rooted", "_from_root_kernel", "bf16", {"SCATTER": False}, {}),
     ("rooted", "_to_root_kernel", "fp32", {"GATHER": False, "OP": "sum", "AVG": False}, {}),
 ]
-_TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+_TARGETS = COMPILE_TARGETS
 
 
 def _compile_all(target_name):
@@ -540,23 +557,4 @@ def _compile_all(target_name):
 def test_kernels_compile(tmp_path, target):
     """Triton's interpreter accepts code the compilers reject: compile every collective kernel
     for sm_90 and gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
-    import os
-    import subprocess
-    import sys
-
-    import triton
-
-    if target == "gfx942" and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
-        pytest.skip("AMD compilation without a GPU needs Triton >= 3.9")
-    script = tmp_path / "compile.py"
-    script.write_text(
-        "import os, sys\n"
-        "os.environ['TRITON_INTERPRET'] = '0'\n"
-        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-        "import test_ccl\n"
-        f"test_ccl._compile_all({target!r})\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count("compiled") == len(_COMPILE_JOBS), proc.stdout
+    compile_in_child(tmp_path, "test_ccl", "_compile_all", target, len(_COMPILE_JOBS))

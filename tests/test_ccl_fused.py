@@ -11,7 +11,7 @@ the row is split over programs; 1000). On GPUs a CUDA graph is replayed with fre
 import pytest
 import torch
 
-from helpers import fresh_seed
+from helpers import COMPILE_TARGETS, compile_in_child, fresh_seed
 from iris_fw.engine.contract import CollectiveMismatch
 
 ALGORITHMS = ("lamport", "one_shot")
@@ -259,7 +259,7 @@ _COMPILE_JOBS = [  # (kernel, x dtype, residual dtype, constexprs)
     ("_one_shot_rmsnorm_kernel", "fp16", "fp32", {"BLOCK": 2048, "ONE_TILE": False}),
     ("_one_shot_rmsnorm_kernel", "bf16", "bf16", {"BLOCK": 1024, "ONE_TILE": True}),
 ]
-_TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+_TARGETS = COMPILE_TARGETS
 
 
 def _compile_all(target_name):
@@ -294,23 +294,4 @@ def _compile_all(target_name):
 def test_kernels_compile(tmp_path, target):
     """Triton's interpreter accepts code the compilers reject: compile the fused kernels for
     sm_90 and gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
-    import os
-    import subprocess
-    import sys
-
-    import triton
-
-    if target == "gfx942" and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
-        pytest.skip("AMD compilation without a GPU needs Triton >= 3.9")
-    script = tmp_path / "compile.py"
-    script.write_text(
-        "import os, sys\n"
-        "os.environ['TRITON_INTERPRET'] = '0'\n"
-        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-        "import test_ccl_fused\n"
-        f"test_ccl_fused._compile_all({target!r})\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count("compiled") == len(_COMPILE_JOBS), proc.stdout
+    compile_in_child(tmp_path, "test_ccl_fused", "_compile_all", target, len(_COMPILE_JOBS))

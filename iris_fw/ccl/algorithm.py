@@ -79,6 +79,8 @@ class Algorithm:
 
     collective: str = ""
     name: str = ""
+    #: whether calls carry a reduction (``Call.op``), checked by :meth:`supports`
+    reduces: bool = False
     #: capacity-sized receive buffers one kernel configuration carves per rank, as a function
     #: of the group size: bounds the largest chunk the workspace holds (see :func:`max_chunk`)
     buffers_per_capacity: Callable[[int], int] = staticmethod(lambda world: 2 * world)
@@ -87,6 +89,8 @@ class Algorithm:
         return True, ""
 
     def supports(self, call: Call) -> tuple[bool, str]:
+        if self.reduces and call.op not in REDUCE_OPS:
+            return False, f"op {call.op!r} is not one of {REDUCE_OPS}"
         return True, ""
 
     def plan(self, group, call: Call) -> Callable[[torch.Tensor, torch.Tensor], None]:  # pragma: no cover
@@ -98,6 +102,12 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"<ccl algorithm {self.key}>"
+
+
+def reduce_constexprs(op: str) -> dict:
+    """The kernels' reduction constexprs for ``op``: ``OP`` (a :mod:`iris_fw.tilecomm` reduction)
+    and ``AVG`` (divide the sum by the group size)."""
+    return {"OP": "sum" if op == "avg" else op, "AVG": op == "avg"}
 
 
 # ---- capacity classes and chunking ------------------------------------------------------------
@@ -143,6 +153,22 @@ def chunks(numel: int, cap_elems: int):
     """``(start, length)`` of each chunk of a ``numel``-element message."""
     for start in range(0, max(numel, 1), cap_elems):
         yield start, min(cap_elems, numel - start)
+
+
+def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
+    """``run(src, dst)`` launching once per chunk: ``launch(src[start:], dst[start:], *args,
+    length, *tail)``; a one-chunk message launches without slicing, an empty one not at all
+    (every member sees the same size: it is part of the validated call)."""
+    pieces = list(chunks(numel, cap_elems)) if numel else []
+    if len(pieces) == 1:
+        length = pieces[0][1]
+        return lambda src, dst: launch(src, dst, *args, length, *tail)
+
+    def run(src, dst):
+        for start, length in pieces:
+            launch(src[start:], dst[start:], *args, length, *tail)
+
+    return run
 
 
 # ---- auto selection (data) ----------------------------------------------------------------------

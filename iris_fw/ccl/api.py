@@ -439,48 +439,50 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, *, gr
            algorithm: str = "auto", ctx=None):
     """The root's ``gather_list[p]`` = group rank ``p``'s ``tensor`` (``dst``: a global rank,
     or ``group_dst``; default rank 0 of the group). Other ranks pass no list."""
-    ctx = _ctx(ctx)
-    g = _group(ctx, group)
-    root = _group_rank(g, g.ranks[0] if dst is None and group_dst is None else dst, "dst", group_dst)
-    items = _rooted_list(ctx, g, gather_list, tensor, root, "gather_list")
-    out = torch.empty(g.size * tensor.numel(), dtype=tensor.dtype, device=ctx.device) if items else tensor
-    key = ("gather", tensor.dtype, tensor.numel(), root, algorithm) if _fast_ok(ctx, tensor) else None
-
-    def prepare(g):
-        def check():
-            _check_tensor(ctx, tensor, "tensor")
-            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), "dst": g.ranks[root]}
-            return fields, al.Call("gather", tensor.dtype, tensor.numel(), g.size, root=root), None
-
-        return _prepare(g, "iris_fw.ccl.gather", check, algorithm)
-
-    work = _dispatch(ctx, g, key, prepare, tensor, out, async_op)
-    if items:
-        for p, t in enumerate(items):
-            t.view(-1).copy_(out[p * tensor.numel():(p + 1) * tensor.numel()])
-    return work
+    return _rooted_list_call("gather", "dst", tensor, gather_list, dst, group_dst, group, async_op, algorithm, ctx)
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, *, group_src=None,
             algorithm: str = "auto", ctx=None):
     """Group rank ``p``'s ``tensor`` = the root's ``scatter_list[p]`` (``src``: a global rank,
     or ``group_src``; default rank 0 of the group). Other ranks pass no list."""
+    return _rooted_list_call("scatter", "src", tensor, scatter_list, src, group_src, group, async_op, algorithm, ctx)
+
+
+def _rooted_list_call(collective: str, role: str, tensor, items, root_rank, group_root, group, async_op, algorithm,
+                      ctx):
+    """gather / scatter: the root's list of ``size`` tensors like ``tensor`` goes through one
+    contiguous buffer; an invalid root or list raises on every member (through the exchange)."""
     ctx = _ctx(ctx)
     g = _group(ctx, group)
-    root = _group_rank(g, g.ranks[0] if src is None and group_src is None else src, "src", group_src)
-    items = _rooted_list(ctx, g, scatter_list, tensor, root, "scatter_list")
-    source = torch.cat([t.reshape(-1) for t in items]) if items else tensor
-    key = ("scatter", tensor.dtype, tensor.numel(), root, algorithm) if _fast_ok(ctx, tensor) else None
+    root, rejected = None, None
+    try:
+        root = _group_rank(g, g.ranks[0] if root_rank is None and group_root is None else root_rank, role, group_root)
+        items = _rooted_list(ctx, g, items, tensor, root, f"{collective}_list")
+    except Exception as exc:  # reported to every member by the exchange
+        rejected, items = exc, None
+    key = (collective, tensor.dtype, tensor.numel(), root, algorithm) if rejected is None and _fast_ok(ctx, tensor) else None
 
     def prepare(g):
         def check():
+            if rejected is not None:
+                raise rejected
             _check_tensor(ctx, tensor, "tensor")
-            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), "src": g.ranks[root]}
-            return fields, al.Call("scatter", tensor.dtype, tensor.numel(), g.size, root=root), None
+            fields = {"dtype": tensor.dtype, "numel": tensor.numel(), role: g.ranks[root]}
+            return fields, al.Call(collective, tensor.dtype, tensor.numel(), g.size, root=root), None
 
-        return _prepare(g, "iris_fw.ccl.scatter", check, algorithm)
+        return _prepare(g, f"iris_fw.ccl.{collective}", check, algorithm)
 
-    return _dispatch(ctx, g, key, prepare, source, tensor, async_op)
+    n = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
+    if collective == "gather":
+        src, dst = tensor, (torch.empty(g.size * n, dtype=tensor.dtype, device=ctx.device) if items else tensor)
+    else:
+        src, dst = (torch.cat([t.reshape(-1) for t in items]) if items else tensor), tensor
+    work = _dispatch(ctx, g, key, prepare, src, dst, async_op)
+    if collective == "gather" and items:
+        for p, t in enumerate(items):
+            t.view(-1).copy_(dst[p * n:(p + 1) * n])
+    return work
 
 
 # ---- barrier --------------------------------------------------------------------------------------

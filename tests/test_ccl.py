@@ -114,11 +114,18 @@ def _all_reduce_rank(ctx, algorithm, dtypes, ops, small, calls=3):
             for t in tensors:  # back to back: only the device orders the calls
                 ccl.all_reduce(t, op=op, algorithm=algorithm)
             ctx.synchronize()
+            failures = []  # every call is checked (the first failure alone hides the pattern)
             for i, t in enumerate(tensors):
                 want = _reference(data[i], op, dtype)
-                _check(t, want, dtype, op, ctx.world_size, f"{algorithm} {dtype} {op} call {i}", _scale(data[i], op))
+                try:
+                    _check(t, want, dtype, op, ctx.world_size, f"{algorithm} {dtype} {op} call {i}",
+                           _scale(data[i], op))
+                except AssertionError as exc:
+                    failures.append(str(exc))
                 same = ctx.bootstrap.all_gather(t.cpu().view(torch.uint8).clone())
-                assert all(torch.equal(s, same[0]) for s in same), f"{algorithm} {dtype} {op}: ranks differ"
+                if not all(torch.equal(s, same[0]) for s in same):
+                    failures.append(f"{algorithm} {dtype} {op} call {i}: ranks differ")
+            assert not failures, "; ".join(failures)
             done.append((str(dtype), op))
     return done
 

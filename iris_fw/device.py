@@ -314,6 +314,7 @@ def barrier(rank, world_size, heap_bases):
     """
     hdr = heap_header(rank, heap_bases)
     epoch = tl.load(hdr + HDR_BARRIER_EPOCH) + 1
+    tl.debug_barrier()  # every warp has read the epoch before one thread advances it
     tl.store(hdr + HDR_BARRIER_EPOCH, epoch)
     my_slot = hdr + HDR_BARRIER_SLOTS + rank
     for peer in range(0, world_size):

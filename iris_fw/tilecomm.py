@@ -150,9 +150,15 @@ def program_epoch(counters):
     """This program's call number (1 for the first call), advanced: ``counters`` is an int64
     ``[num_programs]`` array in local memory, zero before the first call, where each program
     keeps its own count. Every launch of one kernel configuration uses the same grid, so the
-    ``p``-th program of every rank agrees on the epoch without a host integer or an atomic."""
+    ``p``-th program of every rank agrees on the epoch without a host integer or an atomic.
+
+    Every thread loads the counter, then all meet, then one thread stores the new value: without
+    the barrier a warp that starts late can load the value another warp of the same program has
+    already advanced, and that warp's share of every tile then uses the next call's epoch —
+    the other half of a double buffer, the next call's flag value."""
     slot = counters + tl.program_id(0)
     epoch = tl.load(slot) + 1
+    tl.debug_barrier()
     tl.store(slot, epoch)
     return epoch
 

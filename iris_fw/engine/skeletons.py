@@ -56,11 +56,10 @@ def state_slots(world_size: int, nprog: int) -> int:
 
 @triton.jit
 def begin_call(st, world_size):
-    """This program's epoch for the current call (1 for the first call); advances its counter."""
-    slot = st + ST_ARRIVE + world_size + tl.program_id(0)
-    epoch = tl.load(slot) + 1
-    tl.store(slot, epoch)
-    return epoch
+    """This program's epoch for the current call (1 for the first call); advances its counter.
+    Every warp loads the counter before one thread stores the next value (the barrier between
+    them: see :func:`iris_fw.tilecomm.program_epoch`)."""
+    return tc.program_epoch(st + ST_ARRIVE + world_size)
 
 
 @triton.jit

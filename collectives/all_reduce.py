@@ -62,6 +62,7 @@ def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases,
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         tc.lamport_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
+    tl.debug_barrier()  # in place (dst is src): every warp has read its share before any writes dst
     ok = 1
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)

@@ -39,6 +39,17 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def share_gpus() -> bool:
+    """``IRIS_FW_SHARE_GPUS=1``: ranks beyond the GPU count share GPUs round-robin (rank r on GPU
+    r mod count). For correctness testing on fewer GPUs than ranks: the ranks' kernels run in
+    separate processes and time-slice on a shared GPU, so waits across ranks still complete,
+    slowly; timings taken this way mean nothing."""
+    value = os.environ.get("IRIS_FW_SHARE_GPUS", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"IRIS_FW_SHARE_GPUS must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def default_world_size() -> int:
     """The number of GPUs when there are any, else 4 CPU ranks."""
     return gpu_count() or 4

@@ -3,7 +3,8 @@
 # diagnostic replay of the sequences that failed on 2x H200 (back-to-back all-reduces, alternating
 # reductions, late ranks; prints wrong-element counts per call), then the collective tests on
 # every GPU (ccl, fused RMSNorm, torch ops, multi-step patterns), then the one-minute latency
-# probe. Steps: STEPS (default "diag tests probe"); extra arguments go to pytest. Logs in $OUT.
+# probe. Steps: STEPS (default "diag tests probe"); extra arguments go to pytest; XDIST=N runs the
+# tests in N pytest-xdist workers (compiling is CPU-bound; each worker has its own rank pools). Logs in $OUT.
 #   STEPS="diag tests" bash scripts/gpu_ccl_check.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -17,12 +18,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in $STEPS; do
     echo "== $step"
     case $step in
-    diag) timeout ${DIAG_TIMEOUT:-180} iris-fw launch -n 2 scripts/diag_ccl_order.py 2>&1 | grep -v "^\[rank" \
+    diag) timeout ${DIAG_TIMEOUT:-180} iris-fw launch -n ${NPROCS:-2} scripts/diag_ccl_order.py 2>&1 | grep -v "^\[rank" \
             | sed 's/(uint8.*//' > "$OUT/diag.log"; grep -c " 0 wrong" "$OUT/diag.log"; grep -v " 0 wrong" "$OUT/diag.log" | head -20 ;;
-    tests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -ra --tb=short \
+    tests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -ra --tb=short ${XDIST:+-n $XDIST} \
             tests/test_ccl.py tests/test_ccl_fused.py tests/test_ccl_torch.py tests/test_engine_steps.py "$@" 2>&1 \
             | tee "$OUT/pytest.log" | grep -E "Error|passed|failed|FAILED" | cut -c1-300 | tail -40 ;;
-    probe) timeout ${PROBE_TIMEOUT:-150} iris-fw launch -n 2 scripts/probe_ccl.py 2>&1 | tee "$OUT/probe.log" \
+    probe) timeout ${PROBE_TIMEOUT:-150} iris-fw launch -n ${NPROCS:-2} scripts/probe_ccl.py 2>&1 | tee "$OUT/probe.log" \
             | grep -v "^\[rank" | tail -12 ;;
     esac
 done

@@ -20,6 +20,7 @@ import torch
 from iris_fw import interpreting
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
+from iris_fw.launch import share_gpus
 from iris_fw.transport import Transport
 
 _IPC_HANDLE_BYTES = 64
@@ -103,11 +104,13 @@ class GpuIpcTransport(Transport):
     def __init__(self, bootstrap, heap_size: int):
         count = torch.cuda.device_count()
         local = bootstrap.local_rank
+        if count and share_gpus():
+            local %= count
         if local >= count:
             raise IrisError(
                 f"gpu_ipc: local rank {local} has no GPU: {count} visible on this host "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
-                "launch at most one rank per GPU"
+                "launch at most one rank per GPU (or set IRIS_FW_SHARE_GPUS=1 to share GPUs, for testing)"
             )
         self.device = torch.device("cuda", local)
         torch.cuda.set_device(self.device)

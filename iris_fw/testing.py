@@ -29,6 +29,8 @@ from .launch import cleanup_shm, free_port, gpu_count, new_shm_prefix, rank_envi
 
 #: Seconds one function may take on a pool before the pool is killed.
 DEFAULT_JOB_TIMEOUT_S = float(os.environ.get("IRIS_FW_TEST_TIMEOUT", "300"))
+#: In a rank's error: its GPU context is unusable (an illegal memory access poisons it for good).
+_POISONED = "AcceleratorError"
 #: After one rank fails, seconds the others get to report before the pool is killed.
 _FAILURE_GRACE_S = 10.0
 
@@ -117,8 +119,10 @@ class RankPool:
         replies = self._collect(timeout)
         failures = [(r, rep) for r, rep in enumerate(replies) if rep is None or rep[0] != "ok"]
         if failures:
-            if any(rep is None for rep in replies):
-                self.close()  # a rank is stuck (in a collective with a failed rank): start afresh
+            if any(rep is None for rep in replies) or any(_POISONED in str(rep[1]) for _, rep in failures if rep):
+                # a rank is stuck (in a collective with a failed rank), or a device fault poisoned
+                # a rank's GPU context (every later CUDA call there fails): start afresh
+                self.close()
             raise RankFailure(self._describe(getattr(fn, "__qualname__", repr(fn)), failures))
         return [rep[1] for rep in replies]
 

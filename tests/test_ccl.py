@@ -162,6 +162,53 @@ def test_all_reduce_chunks(iris_pool, algorithm):
         iris_pool(w).run(_chunked_rank, algorithm, torch.bfloat16)
 
 
+def _chunked_shapes_rank(ctx):
+    """Chunked calls on tensors of several dimensions: chunks start at element offsets of the
+    flattened tensors (a row-slice of a ``[W, n]`` output jumped whole rows: out of bounds on
+    GPUs, 2026-11-23), for all_reduce, both all-gathers and reduce_scatter, each in a group of
+    its own with a small workspace (so every call goes in several chunks)."""
+    from iris_fw import ccl
+
+    w, rank = ctx.world_size, ctx.rank
+    rows, cols = (3, 4099) if ctx.device.type == "cpu" else (3, (1 << 20) + 99)
+    n = rows * cols
+
+    def group():
+        return ccl.new_group(list(range(w)), workspace_bytes=1 << 18)
+
+    data = _inputs(ctx, n, torch.float32, "sum", fresh_seed(ctx), 1)[0]
+    g = group()
+    t = data[rank].to(ctx.device, copy=True).view(rows, cols)
+    ccl.all_reduce(t, group=g, algorithm="one_shot")
+    ctx.synchronize()
+    _check(t.view(-1), _reference(data, "sum", torch.float32), torch.float32, "sum", w, "chunked all_reduce [r, c]",
+           _scale(data, "sum"))
+    ccl.destroy_group(g)
+    for algorithm in ("push", "pull"):
+        g = group()
+        out = _poison(torch.empty(w, rows, cols, device=ctx.device))
+        ccl.all_gather_into_tensor(out, data[rank].to(ctx.device, copy=True).view(rows, cols), group=g,
+                                   algorithm=algorithm)
+        ctx.synchronize()
+        assert torch.equal(out.cpu().view(w, n), torch.stack(data)), f"all_gather {algorithm} of [{rows}, {cols}]"
+        ccl.destroy_group(g)
+    g = group()
+    big = _inputs(ctx, w * n, torch.float32, "sum", fresh_seed(ctx), 1)[0]
+    rs = _poison(torch.empty(rows, cols, device=ctx.device))
+    ccl.reduce_scatter_tensor(rs, big[rank].to(ctx.device, copy=True).view(w * rows, cols), group=g)
+    ctx.synchronize()
+    part = slice(rank * n, (rank + 1) * n)
+    _check(rs.view(-1), _reference(big, "sum", torch.float32)[part], torch.float32, "sum", w,
+           "chunked reduce_scatter [w r, c]", _scale(big, "sum")[part])
+    ccl.destroy_group(g)
+
+
+def test_chunks_of_multidimensional_tensors(iris_pool):
+    """Chunk offsets count elements of the flattened tensors, whatever their shape."""
+    for w in (2, 3):
+        iris_pool(w).run(_chunked_shapes_rank)
+
+
 def _many_tiles_rank(ctx, algorithm):
     """Every program carries several tiles (on the CPU: 13 tiles of a segment over 4 programs)
     and one rank enters late, so a tile whose flag or data is not its own shows."""

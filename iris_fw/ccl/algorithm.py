@@ -157,14 +157,17 @@ def chunks(numel: int, cap_elems: int):
 
 def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
     """``run(src, dst)`` launching once per chunk: ``launch(src[start:], dst[start:], *args,
-    length, *tail)``; a one-chunk message launches without slicing, an empty one not at all
-    (every member sees the same size: it is part of the validated call)."""
+    length, *tail)``, ``start`` counted in *elements* of the flattened (contiguous) tensors —
+    whatever their shape, e.g. an all-gather's ``[W, n]`` output; a one-chunk message launches
+    without slicing, an empty one not at all (every member sees the same size: it is part of
+    the validated call)."""
     pieces = list(chunks(numel, cap_elems)) if numel else []
     if len(pieces) == 1:
         length = pieces[0][1]
         return lambda src, dst: launch(src, dst, *args, length, *tail)
 
     def run(src, dst):
+        src, dst = src.view(-1), dst.view(-1)
         for start, length in pieces:
             launch(src[start:], dst[start:], *args, length, *tail)
 

@@ -6,11 +6,13 @@ rank's result as a new tensor::
     c = iris_fw.ops.gemm_all_scatter(a, b_local)              # [M, K] @ [K, N/W] -> [M, N]
     c = iris_fw.ops.all_gather_gemm(a_shard, b_local)         # [M/W, K] gathered @ [K, N/W] -> [M, N/W]
     c = iris_fw.ops.gemm_reduce_scatter(a_local, b_local)     # [M, K/W] @ [K/W, N] summed -> [M/W, N]
+    c = iris_fw.ops.gemm_all_reduce(a_local, b_local, bias=b) # [M, K/W] @ [K/W, N] summed (+ bias) -> [M, N]
 
 ``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
-``fused_sequential``, ``wg_specialized``, ``copy_engine``, or a plugin's) or ``"auto"``: the
-schedule (with its SM split and tile configuration) measured fastest for the shape on this
-device and world size (``iris_fw/tuning/auto.json``), else the default for the pattern's kind.
+``fused_sequential``, ``wg_specialized``, ``copy_engine``, ``library`` — no fusion: cuBLAS
+through torch, then :mod:`iris_fw.ccl` —, or a plugin's) or ``"auto"``: the schedule (with its
+SM split and tile configuration) measured fastest for the shape on this device and world size
+(``iris_fw/tuning/auto.json``), else the pattern's default there, else the default for its kind.
 ``comm_sms`` sets the SM split of the two-role schedules; ``config`` a pattern's config
 (:class:`~iris_fw.gemm.GemmConfig` for these three).
 
@@ -29,7 +31,7 @@ from . import context as _context
 from .engine.op import Op
 from .gemm import GemmConfig, matmul
 
-__all__ = ["Op", "all_gather_gemm", "gemm_all_scatter", "gemm_reduce_scatter", "matmul", "plan"]
+__all__ = ["Op", "all_gather_gemm", "gemm_all_reduce", "gemm_all_scatter", "gemm_reduce_scatter", "matmul", "plan"]
 
 
 def plan(pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=None,
@@ -61,3 +63,12 @@ def gemm_reduce_scatter(a, b, *, ctx=None, scheduler: str = "auto", config: Gemm
                         comm_sms: int | None = None):
     """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]``."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms)
+
+
+def gemm_all_reduce(a, b, *, bias=None, ctx=None, scheduler: str = "auto", config=None,
+                    comm_sms: int | None = None):
+    """``sum over ranks of a[M, K/W] @ b[K/W, N]`` plus ``bias[N]`` (the same on every rank),
+    on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
+    :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
+    ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`."""
+    return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms)

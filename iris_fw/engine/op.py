@@ -66,9 +66,6 @@ class Op:
         self.buffers = self.pattern.setup(self.ctx, self.signature, config, self.scheduler.uses_stash)
         first = self.pattern.bind(self.ctx, self.buffers, *inputs)
         ok, why = self.scheduler.supports(first)
-        if ok and first.steps > 1 and not getattr(self.scheduler, "multi_step", False):
-            ok, why = False, (f"{self.pattern.name} has {first.steps} steps and {self.scheduler.name} runs one-step "
-                              "patterns only (fused_sequential runs multi-step ones)")
         if not ok:
             raise PatternError(f"scheduler {self.scheduler.name!r} cannot run {self.pattern.name}: {why}")
         self.workspace = self.scheduler.workspace(self.ctx, first, comm_sms)

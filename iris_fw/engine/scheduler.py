@@ -22,8 +22,8 @@ from .. import devinfo
 from ..errors import IrisError
 from .contract import Plan, split_args
 from .launcher import KernelLauncher
-from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, no_depends,
-                        no_fetch, no_step, state_slots)
+from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, _steps_kernel,
+                        no_depends, no_fetch, no_step, state_slots)
 
 #: Estimates behind the default SM split (H100/H200 class): what one SM moves over NVLink with
 #: plain loads/stores, and the bf16 tensor-core rate of one SM.
@@ -67,15 +67,16 @@ class Scheduler:
     description = ""
     #: whether the schedule keeps produced tiles in memory (patterns allocate stash space)
     uses_stash = False
-    #: whether the schedule runs multi-step patterns (``Plan.steps > 1``)
+    #: whether the schedule runs a multi-step pattern's later steps inside its own kernels
+    #: (``Plan.steps > 1``; per-program step barriers). Other schedules run them after their
+    #: kernels, in :func:`launch_steps` (a ``"steps"`` kernel role).
     multi_step = False
 
     def available(self) -> tuple[bool, str]:
         return True, ""
 
     def supports(self, plan: Plan) -> tuple[bool, str]:
-        """Whether this scheduler can run ``plan`` (and if not, why). Multi-step plans are
-        checked against :attr:`multi_step` by the op before this is asked."""
+        """Whether this scheduler can run ``plan`` (and if not, why)."""
         return True, ""
 
     def grids(self, ctx, plan: Plan, comm_sms: int | None) -> dict[str, int]:
@@ -85,6 +86,8 @@ class Scheduler:
     def workspace(self, ctx, plan: Plan, comm_sms: int | None) -> Workspace:
         """Grids, state regions and item flags for an op whose first call is ``plan``."""
         grids = self.grids(ctx, plan, comm_sms)
+        if plan.steps > 1 and not self.multi_step:
+            grids["steps"] = devinfo.persistent_programs(ctx.device, plan.num_tiles)
         state = {role: ctx.zeros(state_slots(ctx.world_size, n), dtype=torch.int64) for role, n in grids.items()}
         flags = ctx.zeros(max(plan.num_items, 1), dtype=torch.int64)
         return Workspace(grids=grids, state=state, flags=flags)
@@ -95,6 +98,8 @@ class Scheduler:
 
     def run(self, ctx, plan: Plan, ws: Workspace):
         self.launch(ctx, plan, ws)
+        if plan.steps > 1 and not self.multi_step:
+            launch_steps(ctx, plan, ws)
         if plan.finish is not None:
             plan.finish()
         return plan.result
@@ -280,6 +285,18 @@ def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: 
     if call is None or call[0] is not ws:
         launcher = bind_kernel(ws, role, _fused_kernel, plan, dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit))
         call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
+                                                ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1](*call[2])
+
+
+def launch_steps(ctx, plan: Plan, ws: Workspace) -> None:
+    """A multi-step plan's later steps on a schedule that ran step 0 in its own kernels (see
+    :func:`~iris_fw.engine.skeletons._steps_kernel`); role ``"steps"``."""
+    key = ("steps",)
+    call = plan.memo.get(key)
+    if call is None or call[0] is not ws:
+        launcher = bind_kernel(ws, "steps", _steps_kernel, plan, dict(NPROG=ws.grids["steps"], EXIT=True))
+        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state["steps"], ws.flags, plan.num_tiles,
                                                 ctx.rank, ctx.world_size, ctx.heap_bases))
     call[1](*call[2])
 

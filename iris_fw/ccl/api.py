@@ -192,7 +192,21 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
     if finish is not None:
         call = finish(call, extras)
     algo = al.choose(g, call, algorithm)
+    if g.size == 1 and call.collective in _INPUT_IS_RESULT_AT_ONE_RANK:
+        return _identity
     return algo.plan(g, call)
+
+
+#: Collectives whose result on a one-rank group is their input (a reduction of one value with
+#: any op, a gather or scatter of one part): the call path's ``dst`` = ``src``.
+_INPUT_IS_RESULT_AT_ONE_RANK = frozenset(
+    {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter"})
+
+
+def _identity(src, dst) -> None:
+    """A one-rank group's collective: ``dst`` = ``src`` (nothing to do when they are one tensor)."""
+    if dst.data_ptr() != src.data_ptr():
+        dst.view(-1).copy_(src.view(-1))
 
 
 def _check_tensor(ctx, t, name: str) -> torch.Tensor:

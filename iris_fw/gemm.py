@@ -5,7 +5,10 @@ tile loop as a plain local GEMM (the "GEMM alone" of the benchmarks).
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from importlib import resources
 from typing import NamedTuple
 
 import torch
@@ -14,7 +17,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tiles
-from .devinfo import num_sms, persistent_programs
+from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
 
 #: TMA needs 16-byte aligned base addresses and row strides.
@@ -82,7 +85,8 @@ HOPPER_TILES = ((HOPPER_LARGE, 1.0), (HOPPER_SMALL, 0.95))
 def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
                    programs: int | None = None) -> GemmConfig:
     """The tile configuration for a local ``[m, k] @ [k, n]`` product computed by ``programs``
-    persistent programs (default: one per SM).
+    persistent programs (default: one per SM). A measured row of ``iris_fw/tuning/gemm.json``
+    for ``m`` rows on this device comes first (:func:`measured_config`).
 
     16-bit inputs on GPUs: of :data:`HOPPER_TILES`, the one with the least estimated time,
     waves x tile time, where waves = ceil(tiles / programs) counts a partly filled last wave
@@ -93,6 +97,9 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         return CPU_CONFIG
     if dtype == torch.float32:
         return FP32_CONFIG
+    measured = measured_config(m, device)
+    if measured is not None:
+        return measured
     if programs is None:
         programs = num_sms(device)
 
@@ -102,6 +109,22 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         return triton.cdiv(tiles, programs) * cfg.block_m * cfg.block_n / efficiency
 
     return min(HOPPER_TILES, key=estimate)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_rows(device_name: str) -> tuple:
+    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
+    return tuple((row["max_m"], GemmConfig(**row["config"])) for row in table["devices"].get(device_name, []))
+
+
+def measured_config(m: int, device: torch.device) -> GemmConfig | None:
+    """The measured tile configuration for a 16-bit product of ``m`` rows on ``device``
+    (``iris_fw/tuning/gemm.json``: few-row products, where the estimate of
+    :func:`default_config` does not hold), or None."""
+    for max_m, cfg in _measured_rows(info(device).name):
+        if m <= max_m:
+            return cfg
+    return None
 
 
 def exact(dtype: torch.dtype) -> bool:

@@ -327,7 +327,8 @@ def _worker(args) -> int:
     opts = BenchOptions(
         sizes=args.sizes, iters=args.iters, warmup=args.warmup, quick=args.quick,
         rotate_bytes=args.rotate or (256 * MiB if gpu else 64 * KiB), log=log,
-        extra={"explicit_sizes": args.explicit_sizes, "dtype": args.dtype},
+        extra={"explicit_sizes": args.explicit_sizes, "dtype": args.dtype,
+               "cases": [c for c in (args.cases or "").split(",") if c]},
     )
     env = environment(ctx)
     log(f"iris-fw bench on {env['device']}: {', '.join(names)}")
@@ -363,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate", type=parse_size, default=None, help="bytes inputs rotate through (default 256M)")
     parser.add_argument("--heap-size", type=parse_size, default=None)
     parser.add_argument("--quick", action="store_true", help="fewer configurations (smoke runs)")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated case groups, for benchmarks that have them (taxonomy: pattern names; "
+                             "gemm: taxonomy, small_m)")
     parser.add_argument("--out", default=None, help="output folder (default bench-results/<date>)")
     parser.add_argument("--replot", metavar="RESULT_JSON", nargs="+", help="redraw plots from recorded results")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -394,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     worker += ["--rotate", str(args.rotate)] if args.rotate else []
     worker += ["--heap-size", str(args.heap_size)] if args.heap_size else []
     worker += ["--quick"] if args.quick else []
+    worker += ["--cases", args.cases] if args.cases else []
     return launch(worker, nprocs)
 
 

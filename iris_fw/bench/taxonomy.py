@@ -73,7 +73,7 @@ def operands(pattern: str, M: int, N: int, K: int, world: int, device, dtype=tor
 def _shapes(ctx, opts):
     if ctx.device.type == "cpu":
         return CPU_SHAPES
-    wanted = opts.extra.get("shapes")
+    wanted = opts.extra.get("cases")
     return [s for s in SHAPES if not wanted or s[0] in wanted]
 
 
@@ -134,8 +134,12 @@ class GemmAlone:
 
     def run(self, ctx, opts):
         rows, seen = [], set()
-        shapes = [(local_shape(p, M, N, K, ctx.world_size), None) for p, M, N, K in _shapes(ctx, opts)]
-        shapes += [(mnk, SMALL_M_CANDIDATES) for mnk in _small_m_shapes(ctx)]
+        groups = opts.extra.get("cases") or ("taxonomy", "small_m")
+        shapes = []
+        if "taxonomy" in groups:
+            shapes += [(local_shape(p, M, N, K, ctx.world_size), None) for p, M, N, K in (CPU_SHAPES if ctx.device.type == 'cpu' else SHAPES)]
+        if "small_m" in groups:
+            shapes += [(mnk, SMALL_M_CANDIDATES) for mnk in _small_m_shapes(ctx)]
         for (m, n, k), candidates in shapes:
             if (m, n, k) in seen:
                 continue

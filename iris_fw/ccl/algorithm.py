@@ -155,16 +155,33 @@ def chunks(numel: int, cap_elems: int):
         yield start, min(cap_elems, numel - start)
 
 
+#: Buffer pairs a one-chunk call keeps a prepared launch for (each holds its tensors alive).
+PREPARED_PER_CALL = 4
+
+
 def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
     """``run(src, dst)`` launching once per chunk: ``launch(src[start:], dst[start:], *args,
     length, *tail)``, ``start`` counted in *elements* of the flattened (contiguous) tensors —
     whatever their shape, e.g. an all-gather's ``[W, n]`` output; a one-chunk message launches
-    without slicing, an empty one not at all (every member sees the same size: it is part of
-    the validated call)."""
+    without slicing — through a :class:`~iris_fw.engine.launcher.PreparedLaunch` for each of
+    the last :data:`PREPARED_PER_CALL` buffer pairs —, an empty one not at all (every member
+    sees the same size: it is part of the validated call)."""
     pieces = list(chunks(numel, cap_elems)) if numel else []
     if len(pieces) == 1:
         length = pieces[0][1]
-        return lambda src, dst: launch(src, dst, *args, length, *tail)
+        prepared = {}
+
+        def run_one(src, dst):
+            # the same buffers again (an engine's loop): one prepared launch, no key computed
+            key = (src.data_ptr(), dst.data_ptr())
+            launch_one = prepared.get(key)
+            if launch_one is None:
+                if len(prepared) >= PREPARED_PER_CALL:
+                    del prepared[next(iter(prepared))]
+                launch_one = prepared[key] = launch.prepare(src, dst, *args, length, *tail)
+            launch_one()
+
+        return run_one
 
     def run(src, dst):
         src, dst = src.view(-1), dst.view(-1)

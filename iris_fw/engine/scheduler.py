@@ -255,9 +255,9 @@ def launch_producer(ctx, plan: Plan, ws: Workspace, *, role: str = "producer", s
         launcher = bind_kernel(ws, role, _producer_kernel, plan,
                                dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, ENTRY=entry,
                                     EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_items,
-                                                ctx.rank, ctx.world_size, ctx.heap_bases))
-    _launch(call, stream)
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1](stream)
 
 
 def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", sync: bool, queue: bool,
@@ -271,10 +271,10 @@ def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", s
         launcher = bind_kernel(ws, role, _consumer_kernel, plan,
                                dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, QUEUE=queue,
                                     FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
-                                                plan.num_items, fixed_flag, ctx.rank, ctx.world_size,
-                                                ctx.heap_bases))
-    _launch(call, stream)
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_tiles, plan.num_items, fixed_flag, ctx.rank,
+                                                      ctx.world_size, ctx.heap_bases))
+    call[1](stream)
 
 
 def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: bool = True,
@@ -284,9 +284,9 @@ def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: 
     call = plan.memo.get(key)
     if call is None or call[0] is not ws:
         launcher = bind_kernel(ws, role, _fused_kernel, plan, dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
-                                                ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1](*call[2])
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1]()
 
 
 def launch_steps(ctx, plan: Plan, ws: Workspace) -> None:
@@ -296,9 +296,9 @@ def launch_steps(ctx, plan: Plan, ws: Workspace) -> None:
     call = plan.memo.get(key)
     if call is None or call[0] is not ws:
         launcher = bind_kernel(ws, "steps", _steps_kernel, plan, dict(NPROG=ws.grids["steps"], EXIT=True))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state["steps"], ws.flags, plan.num_tiles,
-                                                ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1](*call[2])
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state["steps"], ws.flags,
+                                                      plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1]()
 
 
 def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: str = "specialized",
@@ -310,14 +310,7 @@ def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: 
         launcher = bind_kernel(ws, role, _specialized_kernel, plan,
                                dict(NPROG=ws.grids[role], PRODUCERS=producers, COMM_FIRST=plan.comm_first,
                                     ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
-                                                plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1](*call[2])
-
-
-def _launch(call, stream) -> None:
-    """One memoized launch ``(workspace, launcher, args)``, on ``stream`` if given."""
-    if stream is None:
-        call[1](*call[2])
-    else:
-        call[1].launch_on(stream, *call[2])
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_tiles, plan.num_items, ctx.rank, ctx.world_size,
+                                                      ctx.heap_bases))
+    call[1]()

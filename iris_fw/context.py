@@ -3,6 +3,7 @@ host-side collectives around them. Created by :func:`init`."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import weakref
@@ -17,6 +18,9 @@ from ._kernels import _device_barrier_kernel, _wait_probe_kernel
 from .errors import IrisError, NotOnHeapError, SymmetryError, WaitTimeout
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
+
+#: The ``iris_fw`` logger: at INFO, :func:`init` says which bootstrap and transport it chose and why.
+log = logging.getLogger("iris_fw")
 
 DEFAULT_HEAP_SIZE = 1 << 30
 DEFAULT_WAIT_TIMEOUT_S = 30.0
@@ -33,16 +37,26 @@ def header_bytes(world_size: int) -> int:
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
 
 
+def transport_choice(registry, requested: str | None = None) -> tuple[str, str]:
+    """The name of the transport :func:`init` uses, and why: ``requested`` if given (not
+    ``"auto"``), else ``IRIS_FW_TRANSPORT``, else ``host_shm`` under the interpreter, ``gpu_ipc``
+    when GPUs are present, otherwise ``host_shm``."""
+    if requested not in (None, "", "auto"):
+        return requested, f"init(transport={requested!r})"
+    forced = os.environ.get("IRIS_FW_TRANSPORT") or "auto"
+    if forced != "auto":
+        return forced, f"IRIS_FW_TRANSPORT={forced}"
+    if interpreting():
+        return "host_shm", "Triton's interpreter is on (TRITON_INTERPRET=1): CPU ranks share /dev/shm heaps"
+    if "gpu_ipc" not in registry:
+        return "host_shm", "no gpu_ipc transport is registered"
+    ok, why = registry.entry("gpu_ipc").availability()
+    return ("gpu_ipc", "GPUs are present and the interpreter is off") if ok else ("host_shm", f"gpu_ipc: {why}")
+
+
 def choose_transport(registry, requested: str | None = None):
-    """The transport class: ``requested`` (or ``IRIS_FW_TRANSPORT``) if given; otherwise
-    ``host_shm`` under the interpreter, ``gpu_ipc`` when GPUs are present, else ``host_shm``."""
-    requested = requested or os.environ.get("IRIS_FW_TRANSPORT") or None
-    if requested in (None, "auto"):
-        if not interpreting() and "gpu_ipc" in registry and registry.entry("gpu_ipc").availability()[0]:
-            requested = "gpu_ipc"
-        else:
-            requested = "host_shm"
-    return registry.require_available(requested)
+    """The transport class :func:`transport_choice` names (raises if it is not available here)."""
+    return registry.require_available(transport_choice(registry, requested)[0])
 
 
 def _check_int(value: Any, name: str, low: int | None = None, high: int | None = None) -> int:
@@ -110,8 +124,12 @@ def init(
     if debug is None:
         debug = os.environ.get("IRIS_FW_DEBUG", "0") not in ("", "0")
     regs = registries if registries is not None else load_registries()
-    transport_cls = choose_transport(regs.transport, transport)
-    boot = _bootstrap.choose(regs.bootstrap, bootstrap)()
+    transport_name, transport_why = transport_choice(regs.transport, transport)
+    transport_cls = regs.transport.require_available(transport_name)
+    boot_cls, boot_why = _bootstrap.choice(regs.bootstrap, bootstrap)
+    boot = boot_cls()
+    log.info("rank %d of %d: bootstrap %s (%s); transport %s (%s)", boot.rank, boot.world_size, boot_cls.name,
+             boot_why, transport_name, transport_why)
     try:
         need = header_bytes(boot.world_size) + ALIGN
         if heap_size < need:

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any
+from typing import Any, Sequence, Union
 
 import torch
 
@@ -18,6 +18,12 @@ from ._kernels import _device_barrier_kernel, _wait_probe_kernel
 from .errors import IrisError, NotOnHeapError, SymmetryError, WaitTimeout
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
+from .transport import Transport
+
+#: What a factory's ``device=`` accepts (it must name this rank's device).
+DeviceLike = Union[torch.device, str, int, None]
+#: A Python scalar, as torch's factories take.
+Number = Union[int, float, bool]
 
 #: The ``iris_fw`` logger: at INFO, :func:`init` says which bootstrap and transport it chose and why.
 log = logging.getLogger("iris_fw")
@@ -171,8 +177,8 @@ class Context:
     ``registries`` (the plugins this context was created with).
     """
 
-    def __init__(self, transport, bootstrap, heap_size: int, *, wait_timeout: float, debug: bool,
-                 registries: Registries | None = None):
+    def __init__(self, transport: Transport, bootstrap: _bootstrap.Bootstrap, heap_size: int, *, wait_timeout: float,
+                 debug: bool, registries: Registries | None = None):
         self.transport = transport
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -467,19 +473,23 @@ class Context:
         t = self.heap.tensor(shape, dtype if dtype is not None else torch.get_default_dtype())
         return t.requires_grad_() if requires_grad else t
 
-    def empty(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def empty(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> torch.Tensor:
         """Uninitialized symmetric tensor, like :func:`torch.empty`."""
         return self._new(self._size(size), dtype, device, requires_grad)
 
-    def zeros(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def zeros(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> torch.Tensor:
         t = self._new(self._size(size), dtype, device)
         return t.zero_().requires_grad_(requires_grad)
 
-    def ones(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def ones(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+             requires_grad: bool = False) -> torch.Tensor:
         t = self._new(self._size(size), dtype, device)
         return t.fill_(1).requires_grad_(requires_grad)
 
-    def full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def full(self, size: int | Sequence[int], fill_value: Number, *, dtype: torch.dtype | None = None,
+             device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.full`: the dtype follows ``fill_value`` when not given."""
         dtype = dtype if dtype is not None else torch.tensor(fill_value).dtype
         t = self._new(self._size((size,)), dtype, device)
@@ -489,27 +499,32 @@ class Context:
         t = self._new(tuple(ref.shape), ref.dtype, None)
         return t.copy_(ref).requires_grad_(requires_grad)
 
-    def arange(self, start, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def arange(self, start: Number, end: Number | None = None, step: Number = 1, *, dtype: torch.dtype | None = None,
+               device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.arange` (``arange(end)`` or ``arange(start, end, step)``)."""
         self._check_device(device)
         if end is None:
             start, end = 0, start
         return self._from(torch.arange(start, end, step, dtype=dtype, device=self.device), requires_grad)
 
-    def linspace(self, start, end, steps, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def linspace(self, start: Number, end: Number, steps: int, *, dtype: torch.dtype | None = None,
+                 device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         self._check_device(device)
         return self._from(torch.linspace(start, end, steps, dtype=dtype, device=self.device), requires_grad)
 
-    def rand(self, *size, generator=None, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def rand(self, *size: int | Sequence[int], generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+             device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Uniform on [0, 1), like :func:`torch.rand`."""
         t = self._new(self._size(size), dtype, device)
         return t.uniform_(0, 1, generator=generator).requires_grad_(requires_grad)
 
-    def randn(self, *size, generator=None, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def randn(self, *size: int | Sequence[int], generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+              device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         t = self._new(self._size(size), dtype, device)
         return t.normal_(generator=generator).requires_grad_(requires_grad)
 
-    def randint(self, *args, generator=None, dtype=torch.int64, device=None, requires_grad=False) -> torch.Tensor:
+    def randint(self, *args: int | Sequence[int], generator: torch.Generator | None = None,
+                dtype: torch.dtype = torch.int64, device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
         if len(args) == 2:
             low, (high, size) = 0, args
@@ -522,16 +537,20 @@ class Context:
         t = self._new(self._size((size,)), dtype, device)
         return t.random_(low, high, generator=generator).requires_grad_(requires_grad)
 
-    def empty_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def empty_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                   requires_grad: bool = False) -> torch.Tensor:
         return self._new(tuple(t.shape), dtype or t.dtype, device, requires_grad)
 
-    def zeros_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def zeros_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                   requires_grad: bool = False) -> torch.Tensor:
         return self.zeros(tuple(t.shape), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
-    def ones_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def ones_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                  requires_grad: bool = False) -> torch.Tensor:
         return self.ones(tuple(t.shape), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
-    def full_like(self, t: torch.Tensor, fill_value, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def full_like(self, t: torch.Tensor, fill_value: Number, *, dtype: torch.dtype | None = None,
+                  device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         return self.full(tuple(t.shape), fill_value, dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
     def as_symmetric(self, t: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,11 @@ class Bootstrap(ABC):
         """Whether the environment says the program was launched for this bootstrap."""
         return False
 
+    @classmethod
+    def detected_because(cls, environ: Mapping[str, str]) -> str:
+        """Why :meth:`detect` recognized ``environ`` (for ``iris-fw info`` and the log)."""
+        return f"its detect() recognized the environment (priority {cls.priority})"
+
     @abstractmethod
     def all_gather(self, obj: Any) -> list:
         """Every rank's ``obj`` (picklable), indexed by rank."""
@@ -96,6 +101,10 @@ class SingleBootstrap(Bootstrap):
     def detect(cls, environ):
         return True
 
+    @classmethod
+    def detected_because(cls, environ):
+        return "no MPI or torchrun variables in the environment: one rank"
+
     def all_gather(self, obj):
         return [obj]
 
@@ -132,6 +141,14 @@ class TorchBootstrap(Bootstrap):
         if dist.is_available() and dist.is_initialized():
             return True
         return any(v in environ for v in _TORCHRUN_VARS) or all(v in environ for v in _TORCH_ENV_VARS)
+
+    @classmethod
+    def detected_because(cls, environ):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return "torch.distributed is initialized"
+        return "torchrun's variables: " + ", ".join(v for v in (*_TORCHRUN_VARS, *_TORCH_ENV_VARS) if v in environ)
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
         import torch.distributed as dist
@@ -201,6 +218,10 @@ class MpiBootstrap(Bootstrap):
     def detect(cls, environ):
         return any(v in environ for v in _MPI_VARS)
 
+    @classmethod
+    def detected_because(cls, environ):
+        return "MPI launcher variables: " + ", ".join(v for v in _MPI_VARS if v in environ)
+
     def __init__(self):
         from mpi4py import MPI
 
@@ -240,15 +261,31 @@ def _check_src(src: Any, world_size: int) -> None:
 def choose(registry, requested: str | None = None, environ: Mapping[str, str] | None = None) -> type[Bootstrap]:
     """The bootstrap class to use: ``requested`` (or ``IRIS_FW_BOOTSTRAP``) when given, else
     the first available one, by priority, whose ``detect`` recognizes the environment."""
+    return choice(registry, requested, environ)[0]
+
+
+def choice(registry, requested: str | None = None,
+           environ: Mapping[str, str] | None = None) -> tuple[type[Bootstrap], str]:
+    """:func:`choose`'s bootstrap class and why it was chosen (which variables it recognized,
+    and which detected bootstraps were passed over as unavailable)."""
     environ = os.environ if environ is None else environ
-    requested = requested or environ.get("IRIS_FW_BOOTSTRAP") or None
-    if requested not in (None, "auto"):
-        return registry.require_available(requested)
+    if requested not in (None, "", "auto"):
+        return registry.require_available(requested), f"init(bootstrap={requested!r})"
+    forced = environ.get("IRIS_FW_BOOTSTRAP") or "auto"
+    if forced != "auto":
+        return registry.require_available(forced), f"IRIS_FW_BOOTSTRAP={forced}"
     entries = sorted(registry, key=lambda e: (getattr(e.obj, "priority", 100), e.name))
+    passed = []
     for entry in entries:
-        if entry.availability()[0] and entry.obj.detect(environ):
-            return entry.obj
-    raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)")
+        if not entry.obj.detect(environ):
+            continue
+        ok, why = entry.availability()
+        if ok:
+            explain = getattr(entry.obj, "detected_because", None)
+            reason = explain(environ) if explain is not None else "its detect() recognized the environment"
+            return entry.obj, reason + "".join(f"; {p}" for p in passed)
+        passed.append(f"{entry.name} was detected but is unavailable: {why}")
+    raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)" + "".join(f"; {p}" for p in passed))
 
 
 @hookimpl

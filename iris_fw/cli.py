@@ -32,9 +32,26 @@ def _cmd_launch(args) -> int:
     return launch(args.program, nprocs, timeout=args.timeout)
 
 
+def _cmd_info(args) -> int:
+    import json
+
+    from .info import format_report, report
+
+    data = report()
+    print(json.dumps(data, indent=1) if args.json else format_report(data))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="iris-fw", description="iris-fw: fine-grained multi-GPU programming in Triton")
+    parser.add_argument("--version", action="version", version=f"iris-fw {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="versions, GPUs, interpreter, what init() would choose and why, mpirun, "
+                                    "/dev/shm, plugins and their load errors, environment variables")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (for bug reports)")
+    p.set_defaults(func=_cmd_info)
     p = sub.add_parser("plugins", help="list transports, bootstraps, schedulers, patterns and benchmarks, with availability")
     p.set_defaults(func=_cmd_plugins)
     p = sub.add_parser("launch", help="run a Python program as N ranks on this host (CPU ranks when no GPU is present)")

@@ -3,10 +3,11 @@ host-side collectives around them. Created by :func:`init`."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import weakref
-from typing import Any
+from typing import Any, Sequence, Union
 
 import torch
 
@@ -17,6 +18,15 @@ from ._kernels import _device_barrier_kernel, _wait_probe_kernel
 from .errors import IrisError, NotOnHeapError, SymmetryError, WaitTimeout
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
+from .transport import Transport
+
+#: What a factory's ``device=`` accepts (it must name this rank's device).
+DeviceLike = Union[torch.device, str, int, None]
+#: A Python scalar, as torch's factories take.
+Number = Union[int, float, bool]
+
+#: The ``iris_fw`` logger: at INFO, :func:`init` says which bootstrap and transport it chose and why.
+log = logging.getLogger("iris_fw")
 
 DEFAULT_HEAP_SIZE = 1 << 30
 DEFAULT_WAIT_TIMEOUT_S = 30.0
@@ -33,16 +43,26 @@ def header_bytes(world_size: int) -> int:
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
 
 
+def transport_choice(registry, requested: str | None = None) -> tuple[str, str]:
+    """The name of the transport :func:`init` uses, and why: ``requested`` if given (not
+    ``"auto"``), else ``IRIS_FW_TRANSPORT``, else ``host_shm`` under the interpreter, ``gpu_ipc``
+    when GPUs are present, otherwise ``host_shm``."""
+    if requested not in (None, "", "auto"):
+        return requested, f"init(transport={requested!r})"
+    forced = os.environ.get("IRIS_FW_TRANSPORT") or "auto"
+    if forced != "auto":
+        return forced, f"IRIS_FW_TRANSPORT={forced}"
+    if interpreting():
+        return "host_shm", "Triton's interpreter is on (TRITON_INTERPRET=1): CPU ranks share /dev/shm heaps"
+    if "gpu_ipc" not in registry:
+        return "host_shm", "no gpu_ipc transport is registered"
+    ok, why = registry.entry("gpu_ipc").availability()
+    return ("gpu_ipc", "GPUs are present and the interpreter is off") if ok else ("host_shm", f"gpu_ipc: {why}")
+
+
 def choose_transport(registry, requested: str | None = None):
-    """The transport class: ``requested`` (or ``IRIS_FW_TRANSPORT``) if given; otherwise
-    ``host_shm`` under the interpreter, ``gpu_ipc`` when GPUs are present, else ``host_shm``."""
-    requested = requested or os.environ.get("IRIS_FW_TRANSPORT") or None
-    if requested in (None, "auto"):
-        if not interpreting() and "gpu_ipc" in registry and registry.entry("gpu_ipc").availability()[0]:
-            requested = "gpu_ipc"
-        else:
-            requested = "host_shm"
-    return registry.require_available(requested)
+    """The transport class :func:`transport_choice` names (raises if it is not available here)."""
+    return registry.require_available(transport_choice(registry, requested)[0])
 
 
 def _check_int(value: Any, name: str, low: int | None = None, high: int | None = None) -> int:
@@ -110,8 +130,12 @@ def init(
     if debug is None:
         debug = os.environ.get("IRIS_FW_DEBUG", "0") not in ("", "0")
     regs = registries if registries is not None else load_registries()
-    transport_cls = choose_transport(regs.transport, transport)
-    boot = _bootstrap.choose(regs.bootstrap, bootstrap)()
+    transport_name, transport_why = transport_choice(regs.transport, transport)
+    transport_cls = regs.transport.require_available(transport_name)
+    boot_cls, boot_why = _bootstrap.choice(regs.bootstrap, bootstrap)
+    boot = boot_cls()
+    log.info("rank %d of %d: bootstrap %s (%s); transport %s (%s)", boot.rank, boot.world_size, boot_cls.name,
+             boot_why, transport_name, transport_why)
     try:
         need = header_bytes(boot.world_size) + ALIGN
         if heap_size < need:
@@ -153,8 +177,8 @@ class Context:
     ``registries`` (the plugins this context was created with).
     """
 
-    def __init__(self, transport, bootstrap, heap_size: int, *, wait_timeout: float, debug: bool,
-                 registries: Registries | None = None):
+    def __init__(self, transport: Transport, bootstrap: _bootstrap.Bootstrap, heap_size: int, *, wait_timeout: float,
+                 debug: bool, registries: Registries | None = None):
         self.transport = transport
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -449,19 +473,23 @@ class Context:
         t = self.heap.tensor(shape, dtype if dtype is not None else torch.get_default_dtype())
         return t.requires_grad_() if requires_grad else t
 
-    def empty(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def empty(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> torch.Tensor:
         """Uninitialized symmetric tensor, like :func:`torch.empty`."""
         return self._new(self._size(size), dtype, device, requires_grad)
 
-    def zeros(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def zeros(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> torch.Tensor:
         t = self._new(self._size(size), dtype, device)
         return t.zero_().requires_grad_(requires_grad)
 
-    def ones(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def ones(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+             requires_grad: bool = False) -> torch.Tensor:
         t = self._new(self._size(size), dtype, device)
         return t.fill_(1).requires_grad_(requires_grad)
 
-    def full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def full(self, size: int | Sequence[int], fill_value: Number, *, dtype: torch.dtype | None = None,
+             device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.full`: the dtype follows ``fill_value`` when not given."""
         dtype = dtype if dtype is not None else torch.tensor(fill_value).dtype
         t = self._new(self._size((size,)), dtype, device)
@@ -471,27 +499,32 @@ class Context:
         t = self._new(tuple(ref.shape), ref.dtype, None)
         return t.copy_(ref).requires_grad_(requires_grad)
 
-    def arange(self, start, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def arange(self, start: Number, end: Number | None = None, step: Number = 1, *, dtype: torch.dtype | None = None,
+               device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.arange` (``arange(end)`` or ``arange(start, end, step)``)."""
         self._check_device(device)
         if end is None:
             start, end = 0, start
         return self._from(torch.arange(start, end, step, dtype=dtype, device=self.device), requires_grad)
 
-    def linspace(self, start, end, steps, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def linspace(self, start: Number, end: Number, steps: int, *, dtype: torch.dtype | None = None,
+                 device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         self._check_device(device)
         return self._from(torch.linspace(start, end, steps, dtype=dtype, device=self.device), requires_grad)
 
-    def rand(self, *size, generator=None, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def rand(self, *size: int | Sequence[int], generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+             device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Uniform on [0, 1), like :func:`torch.rand`."""
         t = self._new(self._size(size), dtype, device)
         return t.uniform_(0, 1, generator=generator).requires_grad_(requires_grad)
 
-    def randn(self, *size, generator=None, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def randn(self, *size: int | Sequence[int], generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+              device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         t = self._new(self._size(size), dtype, device)
         return t.normal_(generator=generator).requires_grad_(requires_grad)
 
-    def randint(self, *args, generator=None, dtype=torch.int64, device=None, requires_grad=False) -> torch.Tensor:
+    def randint(self, *args: int | Sequence[int], generator: torch.Generator | None = None,
+                dtype: torch.dtype = torch.int64, device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
         if len(args) == 2:
             low, (high, size) = 0, args
@@ -504,16 +537,20 @@ class Context:
         t = self._new(self._size((size,)), dtype, device)
         return t.random_(low, high, generator=generator).requires_grad_(requires_grad)
 
-    def empty_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def empty_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                   requires_grad: bool = False) -> torch.Tensor:
         return self._new(tuple(t.shape), dtype or t.dtype, device, requires_grad)
 
-    def zeros_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def zeros_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                   requires_grad: bool = False) -> torch.Tensor:
         return self.zeros(tuple(t.shape), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
-    def ones_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def ones_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                  requires_grad: bool = False) -> torch.Tensor:
         return self.ones(tuple(t.shape), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
-    def full_like(self, t: torch.Tensor, fill_value, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def full_like(self, t: torch.Tensor, fill_value: Number, *, dtype: torch.dtype | None = None,
+                  device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         return self.full(tuple(t.shape), fill_value, dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
     def as_symmetric(self, t: torch.Tensor) -> torch.Tensor:

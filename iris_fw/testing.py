@@ -17,7 +17,6 @@ import gc
 import multiprocessing as mp
 import os
 import pickle
-import shutil
 import sys
 import time
 import traceback
@@ -25,6 +24,7 @@ from typing import Any, Callable
 
 import pytest
 
+from .info import find_mpirun  # noqa: F401  (tests find mpirun here)
 from .launch import cleanup_shm, free_port, gpu_count, new_shm_prefix, rank_environ, share_gpus
 
 #: Seconds one function may take on a pool before the pool is killed.
@@ -37,13 +37,6 @@ _FAILURE_GRACE_S = 10.0
 
 class RankFailure(AssertionError):
     """One or more ranks raised (or the pool died); the message holds every traceback."""
-
-
-def find_mpirun() -> str | None:
-    """``IRIS_FW_MPIRUN``, else the mpirun beside this Python (the ``mpich`` wheel's, also under
-    pyenv, whose shims hide it from PATH), else the one on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    return os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
 
 
 def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:

@@ -9,7 +9,7 @@ members (:meth:`Group.exchange`), choose the algorithm, plan it, and cache the l
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import torch
 import triton
@@ -24,6 +24,15 @@ try:
     from torch.distributed import ReduceOp
 except ImportError:  # pragma: no cover - torch builds without distributed
     ReduceOp = None
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+#: What ``group=`` accepts: ``None`` (every rank), a :class:`Group`, a list of ranks, or a
+#: ``torch.distributed.ProcessGroup`` (its ranks are looked up).
+GroupLike = Union[Group, Sequence[int], "torch.distributed.ProcessGroup", None]
+#: What ``op=`` accepts: a ``torch.distributed.ReduceOp`` or its name (``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"prod"``).
+ReduceOpLike = Union["torch.distributed.ReduceOp", str]
 
 #: Prepared calls a group keeps (least recently used dropped; re-validated when called again).
 MAX_CACHED_CALLS = 1024
@@ -61,7 +70,7 @@ def _ranks_of(ctx, group) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
-def new_group(ranks=None, *, workspace_bytes: int | None = None, ctx=None) -> Group:
+def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ctx: Context | None = None) -> Group:
     """Create (or return) the group of ``ranks`` (sorted; group rank = position), like
     ``torch.distributed.new_group``: collective over *every* rank of the context, members or
     not, because the group's workspace is a symmetric heap block (``workspace_bytes``, default
@@ -85,7 +94,7 @@ def new_group(ranks=None, *, workspace_bytes: int | None = None, ctx=None) -> Gr
     return group
 
 
-def destroy_group(group=None, *, ctx=None) -> None:
+def destroy_group(group: GroupLike = None, *, ctx: Context | None = None) -> None:
     """Drop a group (``None``: every group of the context), like
     ``torch.distributed.destroy_process_group``: collective over every rank. Its workspace is
     reclaimed at the next collective point."""
@@ -120,7 +129,7 @@ def _group(ctx, group) -> Group:
     return found
 
 
-def algorithms(collective: str, *, ctx=None) -> list[str]:
+def algorithms(collective: str, *, ctx: Context | None = None) -> list[str]:
     """The algorithm names registered for ``collective`` (``"all_reduce"``, ``"all_gather"``,
     ``"reduce_scatter"``, ``"all_to_all"``, ``"broadcast"``, ``"reduce"``, ``"gather"``,
     ``"scatter"``)."""
@@ -136,14 +145,14 @@ class Work:
     :meth:`synchronize` blocks the host and raises :class:`~iris_fw.WaitTimeout` if a
     device-side wait of this rank gave up."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: Context):
         self.ctx = ctx
         self._event = None
         if ctx.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
 
-    def wait(self, timeout=None) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
         if self._event is not None:
             torch.cuda.current_stream(self.ctx.device).wait_event(self._event)
         return True
@@ -253,8 +262,8 @@ def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:
 # ---- collectives ----------------------------------------------------------------------------------
 
 
-def all_reduce(tensor, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
-               algorithm: str = "auto", ctx=None):
+def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum", group: GroupLike = None,
+               async_op: bool = False, *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = ``tensor`` reduced with ``op`` over the group's ranks, in place, bitwise the
     same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum."""
     ctx = _ctx(ctx)
@@ -284,8 +293,9 @@ def _heap_offset(ctx, t) -> int | None:
     return ctx.heap.offset_of(t) if t.device == ctx.device else None
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, algorithm: str = "auto",
-                           ctx=None):
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: GroupLike = None,
+                           async_op: bool = False, *, algorithm: str = "auto",
+                           ctx: Context | None = None) -> Work | None:
     """``output_tensor`` (``size * input.numel()`` elements, e.g. ``[size * d0, …]`` or
     ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order."""
     ctx = _ctx(ctx)
@@ -317,8 +327,9 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _dispatch(ctx, group, key, prepare, input_tensor, output_tensor, async_op)
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
-                          algorithm: str = "auto", ctx=None):
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum",
+                          group: GroupLike = None, async_op: bool = False, *, algorithm: str = "auto",
+                          ctx: Context | None = None) -> Work | None:
     """``output`` = chunk ``r`` (``output.numel()`` elements) of ``input`` reduced with ``op``
     over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements."""
     ctx = _ctx(ctx)
@@ -357,8 +368,9 @@ def _splits(t, sizes, world: int, name: str) -> tuple[int, ...]:
     return tuple(s * row for s in sizes)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
-                      *, algorithm: str = "auto", ctx=None):
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int] | None = None,
+                      input_split_sizes: Sequence[int] | None = None, group: GroupLike = None, async_op: bool = False,
+                      *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """Rank ``r`` sends rows ``input_split_sizes[p]`` of ``input`` (dim 0, in order) to rank
     ``p`` and receives ``output_split_sizes[p]`` rows from it into ``output`` (in order);
     ``None`` splits equally. Every rank's send to ``p`` must match ``p``'s receive."""
@@ -396,7 +408,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return _dispatch(ctx, group, key, prepare, input, output, async_op)
 
 
-def broadcast(tensor, src=None, group=None, async_op=False, *, group_src=None, algorithm: str = "auto", ctx=None):
+def broadcast(tensor: torch.Tensor, src: int | None = None, group: GroupLike = None, async_op: bool = False, *,
+              group_src: int | None = None, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = rank ``src``'s ``tensor`` (``src`` a global rank, or ``group_src`` a rank
     of the group), in place."""
     ctx = _ctx(ctx)
@@ -414,8 +427,9 @@ def broadcast(tensor, src=None, group=None, async_op=False, *, group_src=None, a
     return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
 
 
-def reduce(tensor, dst=None, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
-           group_dst=None, algorithm: str = "auto", ctx=None):
+def reduce(tensor: torch.Tensor, dst: int | None = None, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum",
+           group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
+           ctx: Context | None = None) -> Work | None:
     """Rank ``dst``'s ``tensor`` = ``tensor`` reduced with ``op`` over the group, in place;
     the other ranks' tensors are left as they were."""
     ctx = _ctx(ctx)
@@ -449,15 +463,17 @@ def _rooted_list(ctx, g: Group, items, tensor, root: int, name: str):
     return list(items)
 
 
-def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, *, group_dst=None,
-           algorithm: str = "auto", ctx=None):
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int | None = None,
+           group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
+           ctx: Context | None = None) -> Work | None:
     """The root's ``gather_list[p]`` = group rank ``p``'s ``tensor`` (``dst``: a global rank,
     or ``group_dst``; default rank 0 of the group). Other ranks pass no list."""
     return _rooted_list_call("gather", "dst", tensor, gather_list, dst, group_dst, group, async_op, algorithm, ctx)
 
 
-def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, *, group_src=None,
-            algorithm: str = "auto", ctx=None):
+def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None,
+            group: GroupLike = None, async_op: bool = False, *, group_src: int | None = None, algorithm: str = "auto",
+            ctx: Context | None = None) -> Work | None:
     """Group rank ``p``'s ``tensor`` = the root's ``scatter_list[p]`` (``src``: a global rank,
     or ``group_src``; default rank 0 of the group). Other ranks pass no list."""
     return _rooted_list_call("scatter", "src", tensor, scatter_list, src, group_src, group, async_op, algorithm, ctx)
@@ -510,7 +526,8 @@ def _barrier_kernel(slots, counters, rank, world_size, heap_bases):
     tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
 
 
-def barrier(group=None, async_op=False, device_ids=None, *, ctx=None):
+def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None, *,
+            ctx: Context | None = None) -> Work | None:
     """Every member's work queued before the barrier finishes before any member's work after
     it starts; unless ``async_op`` (or while capturing a CUDA graph) the host also waits, as
     torch's barrier does, and raises :class:`~iris_fw.WaitTimeout` if a member never came."""

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import algorithm as al
-from .api import _check_tensor, _ctx, _dispatch, _fast_ok, _prepare
+from .api import GroupLike, _check_tensor, _ctx, _dispatch, _fast_ok, _prepare
+
+if TYPE_CHECKING:
+    from ..context import Context
 
 COLLECTIVE = "all_reduce_rmsnorm"
 #: dtypes of ``x`` / ``out``; ``residual`` has x's dtype or fp32, ``weight`` any of these.
@@ -87,7 +91,9 @@ def _check_norm_args(ctx, x, residual, weight, out, eps) -> tuple[int, int]:
     return x.numel() // hidden, hidden
 
 
-def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, group=None, algorithm: str = "auto", out=None, ctx=None):
+def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                       group: GroupLike = None, algorithm: str = "auto", out: torch.Tensor | None = None,
+                       ctx: Context | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused all-reduce + residual add + RMSNorm over the group, in one kernel per call::
 
         h = all_reduce(x) + residual;  residual[:] = h
@@ -122,7 +128,9 @@ def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, group=None, algorithm: 
     return out, residual
 
 
-def all_reduce_rmsnorm_reference(x, residual, weight, eps=1e-6, *, xs=None, group=None, dtype=torch.float64):
+def all_reduce_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                                 xs: list[torch.Tensor] | None = None, group: Any = None,
+                                 dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`all_reduce_rmsnorm` computes, in torch: returns ``(out, h)`` in ``dtype``
     (default float64) and leaves the arguments alone. The all-reduce sums ``xs`` (every rank's
     ``x``, in rank order) when given, else runs ``torch.distributed.all_reduce`` over ``group``

@@ -29,6 +29,8 @@ bound, the error record of a timed-out wait, and the device barrier's epoch and 
 import triton
 import triton.language as tl
 
+from . import nvshmem_device as _nvd
+
 # ---- heap header layout: int64 slot indices ------------------------------------------------
 HDR_ERR_FLAG = tl.constexpr(0)  # 0: no error; -1: being written; 1: a wait timed out
 HDR_ERR_COUNT = tl.constexpr(1)  # waits that timed out since the host last checked
@@ -42,6 +44,7 @@ HDR_ERR_SPINS = tl.constexpr(8)  # how many polls were made
 HDR_WAIT_BOUND = tl.constexpr(9)  # polls before a wait gives up (set by the host)
 HDR_BARRIER_EPOCH = tl.constexpr(10)  # device barrier: this rank's epoch
 HDR_PROBE = tl.constexpr(11)  # scratch flag the host uses to calibrate the wait bound
+HDR_SINK = tl.constexpr(15)  # NVSHMEM calls: masked-off lanes of a remote store land here
 HDR_BARRIER_SLOTS = tl.constexpr(16)  # device barrier: one arrival slot per rank from here
 HDR_SLOT_BYTES = tl.constexpr(8)
 
@@ -62,6 +65,24 @@ _RELEASE = tl.constexpr("release")
 _SYS = tl.constexpr("sys")
 _SET = tl.constexpr("set")
 _NO_MODIFIER = tl.constexpr("")
+
+# The device-backend seam (iris_fw/nvshmem_device.py): 0 (the default) compiles every primitive
+# as load/store and atomics on translated pointers; 1 reaches peers whose heap base is 0 (not
+# mapped: another node) through NVSHMEM device calls; 2 reaches every peer through them. A
+# constexpr global, so it is part of every kernel's cache key; only :func:`set_nvshmem_calls`
+# changes it, before kernels compile (the nvshmem transport calls it).
+NVSHMEM_CALLS = tl.constexpr(0)
+
+
+def set_nvshmem_calls(mode: int) -> None:
+    """Compile the primitives with NVSHMEM calls: ``mode`` 0 (none), 1 (peers not mapped here)
+    or 2 (every peer). Kernels compiled under another mode raise Triton's "global variable
+    changed" error at their next launch, so this is set once per process, before kernels
+    compile. Host-side; called by :mod:`iris_fw.nvshmem`."""
+    global NVSHMEM_CALLS
+    if mode not in (0, 1, 2):
+        raise ValueError(f"NVSHMEM call mode must be 0, 1 or 2, got {mode!r}")
+    NVSHMEM_CALLS = tl.constexpr(mode)
 
 
 @triton.jit
@@ -85,14 +106,27 @@ def heap_header(rank, heap_bases):
 
 
 @triton.jit
+def _sink(rank, heap_bases):
+    """The caller's header slot that masked-off lanes of NVSHMEM calls read and write."""
+    return heap_header(rank, heap_bases) + HDR_SINK
+
+
+@triton.jit
 def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
     """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other`` as in ``tl.load``."""
+    if NVSHMEM_CALLS:
+        return _nvd.load(ptr, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, _sink(rank, heap_bases),
+                         mask, other, cache_modifier, NVSHMEM_CALLS)
     return tl.load(translate(ptr, rank, peer, heap_bases), mask=mask, other=other, cache_modifier=cache_modifier)
 
 
 @triton.jit
 def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
     """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
+    if NVSHMEM_CALLS:
+        _nvd.store(ptr, value, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, _sink(rank, heap_bases),
+                   mask, cache_modifier, NVSHMEM_CALLS)
+        return
     tl.store(translate(ptr, rank, peer, heap_bases), value, mask=mask, cache_modifier=cache_modifier)
 
 
@@ -102,7 +136,10 @@ def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None):
 
     ``dst_ptr`` may be any local pointer (it need not be on the heap).
     """
-    value = tl.load(translate(src_ptr, rank, peer, heap_bases), mask=mask, other=other)
+    if NVSHMEM_CALLS:
+        value = load(src_ptr, rank, peer, heap_bases, mask=mask, other=other)
+    else:
+        value = tl.load(translate(src_ptr, rank, peer, heap_bases), mask=mask, other=other)
     tl.store(dst_ptr, value, mask=mask)
 
 
@@ -113,13 +150,20 @@ def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
     ``src_ptr`` may be any local pointer (it need not be on the heap).
     """
     value = tl.load(src_ptr, mask=mask)
-    tl.store(translate(dst_ptr, rank, peer, heap_bases), value, mask=mask)
+    if NVSHMEM_CALLS:
+        store(dst_ptr, value, rank, peer, heap_bases, mask=mask)
+    else:
+        tl.store(translate(dst_ptr, rank, peer, heap_bases), value, mask=mask)
 
 
 @triton.jit
 def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None):
     """Copy from ``src_rank``'s heap at ``src_ptr``'s offset to ``dst_rank``'s heap at
     ``dst_ptr``'s offset; the caller (``rank``) may be either of them or a third rank."""
+    if NVSHMEM_CALLS:
+        store(dst_ptr, load(src_ptr, rank, src_rank, heap_bases, mask=mask, other=other), rank, dst_rank, heap_bases,
+              mask=mask)
+        return
     value = tl.load(translate(src_ptr, rank, src_rank, heap_bases), mask=mask, other=other)
     tl.store(translate(dst_ptr, rank, dst_rank, heap_bases), value, mask=mask)
 
@@ -130,18 +174,27 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
 @triton.jit
 def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("add", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_add(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomically subtract ``val``; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("add", ptr, -val, -val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_add(translate(ptr, rank, peer, heap_bases), -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("cas", ptr, val, cmp, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, None, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_cas(translate(ptr, rank, peer, heap_bases), cmp, val, sem=sem, scope=scope)
 
 
@@ -166,36 +219,54 @@ def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
 @triton.jit
 def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomically exchange with ``val``; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("xchg", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return _xchg(translate(ptr, rank, peer, heap_bases), val, mask, sem, scope)
 
 
 @triton.jit
 def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic bitwise and; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("and", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_and(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic bitwise or; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("or", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_or(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic bitwise xor; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("xor", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_xor(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic minimum; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("min", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_min(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic maximum; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _nvd.atomic("max", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
+                           scope, NVSHMEM_CALLS, _xchg)
     return tl.atomic_max(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -211,7 +282,11 @@ def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = _SET, sem
     # All threads of the program reach this point before one of them releases.
     tl.debug_barrier()
     target = translate(flag_ptr, rank, peer, heap_bases)
-    if op == "set":
+    if NVSHMEM_CALLS:
+        OP: tl.constexpr = "xchg" if op == "set" else "add"
+        old = _nvd.atomic(OP, flag_ptr, value, value, target, rank, peer, heap_bases, None, sem, scope, NVSHMEM_CALLS,
+                          _xchg)
+    elif op == "set":
         old = _xchg(target, value, None, sem, scope)
     else:
         old = tl.atomic_add(target, value, sem=sem, scope=scope)
@@ -274,6 +349,17 @@ def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, 
 
 
 @triton.jit
+def _poll(flag_ptr, target, rank, peer, heap_bases, sem: tl.constexpr, scope: tl.constexpr):
+    """One read of the flag a wait polls (``target``: ``flag_ptr`` translated into ``peer``'s heap)."""
+    if NVSHMEM_CALLS:
+        seen = _nvd.atomic("fetch", flag_ptr, 0, 0, target, rank, peer, heap_bases, None, sem, scope, NVSHMEM_CALLS,
+                           _xchg)
+    else:
+        seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+    return seen
+
+
+@triton.jit
 def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: tl.constexpr = _ACQUIRE, scope: tl.constexpr = _SYS):
     """Poll the scalar flag at ``flag_ptr``'s offset in ``peer``'s heap until ``flag cmp value``
     holds (``cmp`` one of ``==, !=, >=, >, <=, <``), with acquire order.
@@ -288,11 +374,11 @@ def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: 
     )
     target = translate(flag_ptr, rank, peer, heap_bases)
     bound = tl.load(heap_header(rank, heap_bases) + HDR_WAIT_BOUND)
-    seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+    seen = _poll(flag_ptr, target, rank, peer, heap_bases, sem, scope)
     done = _compare(seen, value, cmp)
     spins = bound * 0
     while (done == 0) & (spins < bound):
-        seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+        seen = _poll(flag_ptr, target, rank, peer, heap_bases, sem, scope)
         done = _compare(seen, value, cmp)
         spins += 1
     if done == 0:

@@ -142,6 +142,14 @@ def _thread_index(_semantic=None):
 
 
 @core.extern
+def _holder_index(lanes, _semantic=None):
+    """For each element of the int32 block ``lanes``, the index of the thread holding it: a
+    genuine block (the compiler cannot fold what follows into one scalar)."""
+    return core.inline_asm_elementwise("mov.u32 $0, %tid.x; // $1", "=r,r", [lanes], dtype=core.int32, is_pure=True,
+                                       pack=1, _semantic=_semantic)
+
+
+@core.extern
 def _fence_acquire(_semantic=None):
     return core.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=core.int32,
                                        is_pure=False, pack=1, _semantic=_semantic)
@@ -189,8 +197,8 @@ def _from_thread0(x):
     elements across threads; with at least as many elements as threads none is replicated)."""
     bits = _signed(x)
     LOWEST: tl.constexpr = -(1 << (bits.dtype.primitive_bitwidth - 1))
-    tid = tl.zeros([_SHARE_LANES], dtype=tl.int32) + _thread_index()
-    lanes = tl.where(tid == 0, bits, tl.full([_SHARE_LANES], LOWEST, bits.dtype))
+    holder = _holder_index(tl.arange(0, _SHARE_LANES))
+    lanes = tl.where(holder == 0, bits, tl.full([_SHARE_LANES], LOWEST, bits.dtype))
     return tl.max(lanes, axis=0).to(x.dtype, bitcast=True)
 
 

@@ -378,9 +378,10 @@ def _transport_facts(ctx):
             "calls_env": os.environ.get(nv.ENV_CALLS, "auto")}
 
 
-def test_transport_set_up(world):
-    _need_nvshmem_gpu()
-    facts = world.run(_transport_facts)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4], ids=lambda w: f"w{w}")
+def test_transport_set_up(iris_pool, world_size):
+    _need_nvshmem_gpu()  # before any pool starts
+    facts = iris_pool(world_size).run(_transport_facts)
     W = len(facts)
     for r, f in enumerate(facts):
         assert f["unmapped"] == [], f"rank {r}: peers on one node must all be mapped: {f}"

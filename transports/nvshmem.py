@@ -16,7 +16,8 @@ exactly those of ``gpu_ipc``.
 
 Closing, collective: device work done, barrier, ``nvshmem_free``, ``nvshmemx_hostlib_finalize``,
 the Triton hooks removed. Multicast (NVLS) is never used: set-up exports
-``NVSHMEM_DISABLE_NVLS=1`` unless the variable is set.
+``NVSHMEM_DISABLE_NVLS=1`` unless the variable is set; a job on one host also gets
+``NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo`` and ``NVSHMEM_REMOTE_TRANSPORT=none`` unless set.
 """
 
 from __future__ import annotations
@@ -104,10 +105,14 @@ class NvshmemTransport(Transport):
         os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
         if "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(-(-(heap_size + _NVSHMEM_RESERVE) // _GRANULE) * _GRANULE)
+        if bootstrap.local_world_size == bootstrap.world_size:
+            # one host: NVSHMEM's unique-id bootstrap over loopback, no inter-node transport to probe
+            os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")
+            os.environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
         calls_choice = os.environ.get(nv.ENV_CALLS, "auto")
         nv.call_mode(calls_choice, [])  # validates the variable before anything starts
-        self._init_nvshmem(api, bootstrap)
         try:
+            self._init_nvshmem(api, bootstrap)
             self._set_up_heap(api, bootstrap, heap_size, home, calls_choice)
         except BaseException:
             self._release()

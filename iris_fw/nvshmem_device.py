@@ -61,56 +61,35 @@ def _call(name, args, types, ret, _semantic):
     return core.extern_elementwise("", "", args, {types: (name, ret)}, is_pure=False, _semantic=_semantic)
 
 
-def _by_width(prefix, suffix, args, lead, ret_of, _semantic):
-    """One call of ``nvshmem_<prefix>uintN_<suffix>`` dispatched on the type of ``args[1]``."""
-    table = {}
-    for bits, ty in ((8, core.uint8), (16, core.uint16), (32, core.uint32), (64, core.uint64)):
-        table[(core.int64, ty) + lead] = (f"nvshmem_{prefix}uint{bits}_{suffix}", ret_of(ty))
-    return core.extern_elementwise("", "", args, table, is_pure=False, _semantic=_semantic)
+_UINT = {8: core.uint8, 16: core.uint16, 32: core.uint32, 64: core.uint64}
 
 
 @core.extern
-def _g8(addr, pe, _semantic=None):
-    return _call("nvshmem_uint8_g", [addr, pe], (core.int64, core.int32), core.uint8, _semantic)
+def _g(BITS, addr, pe, _semantic=None):
+    """``nvshmem_uint<BITS>_g(addr, pe)``: ``pe``'s value at the symmetric ``addr``."""
+    bits = core._unwrap_if_constexpr(BITS)
+    return _call(f"nvshmem_uint{bits}_g", [addr, pe], (core.int64, core.int32), _UINT[bits], _semantic)
 
 
 @core.extern
-def _g16(addr, pe, _semantic=None):
-    return _call("nvshmem_uint16_g", [addr, pe], (core.int64, core.int32), core.uint16, _semantic)
-
-
-@core.extern
-def _g32(addr, pe, _semantic=None):
-    return _call("nvshmem_uint32_g", [addr, pe], (core.int64, core.int32), core.uint32, _semantic)
-
-
-@core.extern
-def _g64(addr, pe, _semantic=None):
-    return _call("nvshmem_uint64_g", [addr, pe], (core.int64, core.int32), core.uint64, _semantic)
+def _fetch(BITS, addr, pe, _semantic=None):
+    """``nvshmem_uint<BITS>_atomic_fetch(addr, pe)`` (32 or 64 bits)."""
+    bits = core._unwrap_if_constexpr(BITS)
+    return _call(f"nvshmem_uint{bits}_atomic_fetch", [addr, pe], (core.int64, core.int32), _UINT[bits], _semantic)
 
 
 @core.extern
 def _p(addr, bits, pe, _semantic=None):
     """``nvshmem_uintN_p(addr, bits, pe)``; returns a dummy int32 (the call returns nothing)."""
-    table = {(core.int64, ty, core.int32): (f"nvshmem_uint{w}_p", core.int32)
-             for w, ty in ((8, core.uint8), (16, core.uint16), (32, core.uint32), (64, core.uint64))}
+    table = {(core.int64, ty, core.int32): (f"nvshmem_uint{w}_p", core.int32) for w, ty in _UINT.items()}
     return core.extern_elementwise("", "", [addr, bits, pe], table, is_pure=False, _semantic=_semantic)
-
-
-@core.extern
-def _fetch32(addr, pe, _semantic=None):
-    return _call("nvshmem_uint32_atomic_fetch", [addr, pe], (core.int64, core.int32), core.uint32, _semantic)
-
-
-@core.extern
-def _fetch64(addr, pe, _semantic=None):
-    return _call("nvshmem_uint64_atomic_fetch", [addr, pe], (core.int64, core.int32), core.uint64, _semantic)
 
 
 def _amo_table(name, n_values):
     table = {}
-    for bits, ty in ((32, core.uint32), (64, core.uint64)):
-        table[(core.int64,) + (ty,) * n_values + (core.int32,)] = (f"nvshmem_uint{bits}_atomic_{name}", ty)
+    for bits in (32, 64):
+        table[(core.int64,) + (_UINT[bits],) * n_values + (core.int32,)] = (f"nvshmem_uint{bits}_atomic_{name}",
+                                                                             _UINT[bits])
     return table
 
 
@@ -159,33 +138,28 @@ def _fence_acquire(_semantic=None):
 
 
 @triton.jit
-def _signed(x):
-    """``x`` as a signed integer of its width (a bit cast)."""
+def _as_int(x, SIGNED: tl.constexpr):
+    """``x`` bit cast to the (signed or unsigned) integer type of its width."""
     BITS: tl.constexpr = x.dtype.primitive_bitwidth
     if BITS == 8:
-        out = x.to(tl.int8, bitcast=True)
+        out = x.to(tl.int8 if SIGNED else tl.uint8, bitcast=True)
     elif BITS == 16:
-        out = x.to(tl.int16, bitcast=True)
+        out = x.to(tl.int16 if SIGNED else tl.uint16, bitcast=True)
     elif BITS == 32:
-        out = x.to(tl.int32, bitcast=True)
+        out = x.to(tl.int32 if SIGNED else tl.uint32, bitcast=True)
     else:
-        out = x.to(tl.int64, bitcast=True)
+        out = x.to(tl.int64 if SIGNED else tl.uint64, bitcast=True)
     return out
 
 
 @triton.jit
+def _signed(x):
+    return _as_int(x, True)
+
+
+@triton.jit
 def _unsigned(x):
-    """``x`` as an unsigned integer of its width (a bit cast)."""
-    BITS: tl.constexpr = x.dtype.primitive_bitwidth
-    if BITS == 8:
-        out = x.to(tl.uint8, bitcast=True)
-    elif BITS == 16:
-        out = x.to(tl.uint16, bitcast=True)
-    elif BITS == 32:
-        out = x.to(tl.uint32, bitcast=True)
-    else:
-        out = x.to(tl.uint64, bitcast=True)
-    return out
+    return _as_int(x, False)
 
 
 @triton.jit
@@ -217,16 +191,18 @@ def by_call(peer, heap_bases, MODE: tl.constexpr):
 
 
 @triton.jit
-def _g(addr, pe, BITS: tl.constexpr):
-    if BITS == 8:
-        bits = _g8(addr, pe)
-    elif BITS == 16:
-        bits = _g16(addr, pe)
-    elif BITS == 32:
-        bits = _g32(addr, pe)
-    else:
-        bits = _g64(addr, pe)
-    return bits
+def _route(ptr, rank, peer, sink, mask):
+    """The int64 addresses and PEs of an element-wise call on ``ptr`` for ``peer``: masked-off
+    lanes go to ``sink`` on the caller (``rank``)."""
+    BITS: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth
+    tl.static_assert(BITS == 8 or BITS == 16 or BITS == 32 or BITS == 64,
+                     "NVSHMEM calls move 8-, 16-, 32- or 64-bit elements")
+    addr = ptr.to(tl.int64)
+    pe = peer.to(tl.int32)
+    if mask is not None:
+        addr = tl.where(mask, addr, sink.to(tl.int64))
+        pe = tl.where(mask, pe, rank.to(tl.int32))
+    return addr, pe
 
 
 @triton.jit
@@ -235,15 +211,8 @@ def get_value(ptr, rank, peer, sink, mask, other):
     Masked-off lanes read ``sink`` (a symmetric int64 slot of the caller's heap) from the
     caller and become ``other`` (when given)."""
     ELEM: tl.constexpr = ptr.dtype.element_ty
-    BITS: tl.constexpr = ELEM.primitive_bitwidth
-    tl.static_assert(BITS == 8 or BITS == 16 or BITS == 32 or BITS == 64,
-                     "NVSHMEM calls move 8-, 16-, 32- or 64-bit elements")
-    addr = ptr.to(tl.int64)
-    pe = peer.to(tl.int32)
-    if mask is not None:
-        addr = tl.where(mask, addr, sink.to(tl.int64))
-        pe = tl.where(mask, pe, rank.to(tl.int32))
-    value = _g(addr, pe, BITS).to(ELEM, bitcast=True)
+    addr, pe = _route(ptr, rank, peer, sink, mask)
+    value = _g(ELEM.primitive_bitwidth, addr, pe).to(ELEM, bitcast=True)
     if mask is not None:
         if other is not None:
             value = tl.where(mask, value, tl.cast(other, ELEM))
@@ -255,14 +224,7 @@ def put_value(ptr, value, rank, peer, sink, mask):
     """Write ``value`` at the caller's symmetric address ``ptr`` on ``peer``
     (``nvshmem_uintN_p``); masked-off lanes write into ``sink`` on the caller."""
     ELEM: tl.constexpr = ptr.dtype.element_ty
-    BITS: tl.constexpr = ELEM.primitive_bitwidth
-    tl.static_assert(BITS == 8 or BITS == 16 or BITS == 32 or BITS == 64,
-                     "NVSHMEM calls move 8-, 16-, 32- or 64-bit elements")
-    addr = ptr.to(tl.int64)
-    pe = peer.to(tl.int32)
-    if mask is not None:
-        addr = tl.where(mask, addr, sink.to(tl.int64))
-        pe = tl.where(mask, pe, rank.to(tl.int32))
+    addr, pe = _route(ptr, rank, peer, sink, mask)
     bits = _unsigned(tl.cast(value, ELEM))
     if ptr.type.is_block():
         bits = tl.broadcast_to(bits, ptr.shape)
@@ -321,10 +283,7 @@ def _atomic_bits(OP: tl.constexpr, addr, val, cmp, pe, ELEM: tl.constexpr):
     thread."""
     BITS: tl.constexpr = ELEM.primitive_bitwidth
     if OP == "fetch":
-        if BITS == 32:
-            old = _fetch32(addr, pe)
-        else:
-            old = _fetch64(addr, pe)
+        old = _fetch(BITS, addr, pe)
     elif OP == "cas":
         old = _cswap(addr, cmp, val, pe)
     elif OP == "xchg":
@@ -338,10 +297,7 @@ def _atomic_bits(OP: tl.constexpr, addr, val, cmp, pe, ELEM: tl.constexpr):
     elif OP == "add" and not ELEM.is_floating():
         old = _amo("fetch_add", addr, val, pe)
     else:  # min, max, float add: compare-and-swap until no other writer intervened
-        if BITS == 32:
-            cur = _fetch32(addr, pe)
-        else:
-            cur = _fetch64(addr, pe)
+        cur = _fetch(BITS, addr, pe)
         seen = _cswap(addr, cur, _apply(OP, cur, val, ELEM), pe)
         while seen != cur:
             cur = seen

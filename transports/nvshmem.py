@@ -32,6 +32,7 @@ from iris_fw import nvshmem as nv
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.transport import Transport
+from iris_fw.transports.gpu_ipc import _DeviceBlock  # device memory for torch, the same as gpu_ipc's
 
 #: Bytes of the symmetric heap NVSHMEM keeps for itself (teams, collectives' work arrays) on top
 #: of iris-fw's heap, when iris-fw sizes it (``NVSHMEM_SYMMETRIC_SIZE`` unset).
@@ -47,16 +48,6 @@ def _mpi_library() -> str | None:
     from mpi4py import MPI
 
     return MPI.Get_library_version()
-
-
-class _DeviceBlock:
-    """Device memory for torch (``__cuda_array_interface__``); lives as long as the storage."""
-
-    __slots__ = ("__cuda_array_interface__", "__weakref__")
-
-    def __init__(self, address: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
-                                         "version": 3, "strides": None}
 
 
 class NvshmemTransport(Transport):

@@ -1,0 +1,331 @@
+"""iris_fw.flash_decode: distributed decode attention against a float64 reference.
+
+Every rank draws the whole problem from a seed agreed per call (so each rank can build the
+float64 reference of the full sequence itself): ``q`` shared, each rank's K/V slice of its own
+length — uneven, one rank with an empty slice —, ``kv_lens`` with zeros (and, at batch >= 3, a
+sequence with no token on any rank: zeros out). Several calls run back to back with fresh
+inputs and no host synchronization, the first into a NaN-poisoned ``out``; every call's output
+is checked against float64 and is bitwise the same on every rank. The slices grow from call
+to call (a decode loop): later calls reuse the validated plan. GQA ratios 1, 4, 8; head dims
+16, 24, 64, 128 with ``Dv != D``; fp16, bf16, fp32; both schedulers; worlds 1-4. Mismatched
+arguments raise on every rank. On GPUs the sizes grow and a CUDA graph is replayed with fresh
+inputs.
+"""
+
+import pytest
+import torch
+
+from helpers import COMPILE_TARGETS, compile_in_child, fresh_seed
+from iris_fw.engine.contract import CollectiveMismatch
+
+EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
+SCHEDULERS = ("fused", "bulk_sync")
+
+#: (B, Hq, Hkv, D, Dv, dtype, kv_lens given): GQA 4 / 8 / 1 / 4, odd head dims, Dv != D.
+CASES = [
+    (2, 8, 2, 16, 16, torch.float16, False),
+    (1, 8, 1, 24, 40, torch.bfloat16, True),
+    (3, 2, 2, 64, 32, torch.float32, True),
+    (1, 4, 1, 128, 128, torch.bfloat16, False),
+]
+
+
+def _slices(ctx, case_index: int, call: int) -> list[int]:
+    """Every rank's S_r: uneven, rank 1 empty for even cases; on GPUs thousands of tokens.
+    Grows by one token per call (a decode loop)."""
+    w = ctx.world_size
+    base = [45, 0, 29, 13] if case_index % 2 == 0 else [20, 33, 7, 50]
+    if ctx.device.type != "cpu":
+        base = [4093, 0, 2500, 1031] if case_index % 2 == 0 else [1500, 3001, 257, 4096]
+    return [base[r % 4] + call for r in range(w)]
+
+
+def _draw(ctx, case, case_index, seed, calls, gpu_scale=True):
+    """``calls`` dicts of the whole problem, on the CPU: q, every rank's k, v and kv_lens."""
+    batch, hq, hkv, d, dv, dtype, lens = case
+    if ctx.device.type != "cpu" and gpu_scale:
+        batch = batch + 2
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(calls):
+        slices = _slices(ctx, case_index, i)
+        q = torch.randn(batch, hq, d, generator=g).to(dtype)
+        ks = [torch.randn(batch, s, hkv, d, generator=g).to(dtype) for s in slices]
+        vs = [(2 * torch.randn(batch, s, hkv, dv, generator=g)).to(dtype) for s in slices]
+        kv_lens = None
+        if lens:
+            kv_lens = []
+            for s in slices:
+                n = torch.randint(0, s + 1, (batch,), generator=g)
+                n[torch.rand(batch, generator=g) < 0.25] = 0
+                if batch >= 3:
+                    n[1] = 0  # a sequence without a token anywhere
+                kv_lens.append(n.to(torch.int32))
+        out.append({"q": q, "ks": ks, "vs": vs, "kv_lens": kv_lens})
+    return out
+
+
+def check(ctx, got, data, sm_scale, what):
+    """``got`` against the float64 reference. Bound: the output's rounding to its dtype, and
+    for 16-bit inputs the probabilities' rounding before the P·V product (as every flash
+    attention): a few ulps of the dtype times the largest |v|. Every rank's result bitwise equal."""
+    from iris_fw.flash_decode import flash_decode_reference
+
+    want = flash_decode_reference(data["q"], data["ks"], data["vs"], data["kv_lens"], sm_scale)
+    vmax = max([float(v.abs().max()) for v in data["vs"] if v.numel()] or [0.0])
+    eps = EPS[got.dtype]
+    err = (got.cpu().double() - want).abs()
+    tol = 2 * eps * (want.abs() + vmax) + 1e-6
+    bad = ~(err <= tol)
+    assert not bool(bad.any()), (f"{what}: {int(bad.sum())} of {bad.numel()} wrong, max error "
+                                 f"{float(err.nan_to_num(float('inf')).max()):.3g}, e.g. at {bad.nonzero()[0].tolist()}")
+    gathered = ctx.bootstrap.all_gather(got.cpu().contiguous().view(torch.uint8).clone())
+    assert all(torch.equal(x, gathered[0]) for x in gathered), f"{what}: ranks' outputs differ"
+
+
+def _decode_rank(ctx, cases, schedulers, calls=2):
+    from iris_fw.flash_decode import flash_decode
+
+    done = []
+    for scheduler in schedulers:
+        for idx, case in cases:
+            data = _draw(ctx, case, idx, fresh_seed(ctx), calls)
+            dev, r = ctx.device, ctx.rank
+            sm_scale = None if idx % 2 == 0 else 0.3
+            args = [(d["q"].to(dev), d["ks"][r].to(dev), d["vs"][r].to(dev),
+                     None if d["kv_lens"] is None else d["kv_lens"][r].to(dev)) for d in data]
+            outs = []
+            for i, (q, k, v, kv_lens) in enumerate(args):  # back to back: only the device orders them
+                out = None
+                if i == 0:
+                    out = torch.full((q.shape[0], q.shape[1], v.shape[3]), float("nan"), dtype=q.dtype, device=dev)
+                got = flash_decode(q, k, v, kv_lens=kv_lens, sm_scale=sm_scale, out=out, scheduler=scheduler)
+                assert out is None or got is out
+                outs.append(got)
+                if i == 0:
+                    prepared = len(ctx.comm_groups[None].calls)
+            assert len(ctx.comm_groups[None].calls) == prepared, "a growing S_r must not re-plan"
+            ctx.synchronize()
+            for i, got in enumerate(outs):
+                check(ctx, got, data[i], sm_scale, f"{scheduler} case {idx} {case} call {i}")
+            done.append((scheduler, idx))
+    return done
+
+
+_BY_WORLD = {1: [0, 1, 2, 3], 2: [0, 1, 2, 3], 3: [1, 2], 4: [0, 3]}
+
+
+def test_flash_decode(world):
+    """Both schedulers, the cases of this world size (every case runs at worlds 1 and 2;
+    3 and 4 run two each, so the default run stays short), two calls back to back."""
+    cases = [(i, CASES[i]) for i in _BY_WORLD[world.world_size]]
+    res = world.run(_decode_rank, cases, SCHEDULERS)
+    assert len(res[0]) == 2 * len(cases)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_flash_decode_all_cases(iris_pool, world_size):
+    """Every case at worlds 3 and 4, three calls each."""
+    iris_pool(world_size).run(_decode_rank, list(enumerate(CASES)), SCHEDULERS, calls=3)
+
+
+def _many_heads_rank(ctx):
+    """32 query heads on one kv head: more than a tile's rows (several head blocks per kv head);
+    the auto scheduler; a subgroup of ranks."""
+    from iris_fw import ccl
+    from iris_fw.flash_decode import flash_decode
+
+    case = (2, 32, 1, 16, 24, torch.float16, True)
+    data = _draw(ctx, case, 0, fresh_seed(ctx), 1)[0]
+    r, dev = ctx.rank, ctx.device
+    got = flash_decode(data["q"].to(dev), data["ks"][r].to(dev), data["vs"][r].to(dev),
+                       kv_lens=data["kv_lens"][r].to(dev))
+    ctx.synchronize()
+    check(ctx, got, data, None, "32 heads per kv head")
+    # a group of ranks 0 and 2 of 3: the sequence is split over the group's members only
+    group = ccl.new_group([0, 2])
+    if r in (0, 2):
+        part = {"q": data["q"], "ks": [data["ks"][0], data["ks"][2]], "vs": [data["vs"][0], data["vs"][2]],
+                "kv_lens": [data["kv_lens"][0], data["kv_lens"][2]]}
+        got = flash_decode(data["q"].to(dev), data["ks"][r].to(dev), data["vs"][r].to(dev),
+                           kv_lens=data["kv_lens"][r].to(dev), group=group, scheduler="bulk_sync")
+        ctx.synchronize()
+        from iris_fw.flash_decode import flash_decode_reference
+
+        want = flash_decode_reference(part["q"], part["ks"], part["vs"], part["kv_lens"])
+        assert torch.allclose(got.cpu().double(), want, atol=4 * EPS[torch.float16] * 4, rtol=0), "subgroup"
+    ccl.destroy_group(group)
+
+
+def test_many_heads_and_groups(iris_pool):
+    iris_pool(3).run(_many_heads_rank)
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def _bad_rank(ctx, what):
+    from iris_fw.flash_decode import flash_decode
+
+    dev, r = ctx.device, ctx.rank
+    b, hq, hkv, d = 2, 4, 2, 16
+    dtype = torch.float16
+    if what == "heads" and r == 1:
+        hq = 8
+    if what == "dtype" and r == 0:
+        dtype = torch.bfloat16
+    q = torch.randn(b, hq, d, device=dev).to(dtype)
+    k = torch.randn(b, 5 + r, hkv, d, device=dev).to(dtype)
+    v = torch.randn(b, 5 + r, hkv, d, device=dev).to(dtype)
+    kwargs = {}
+    if what == "scale":
+        kwargs["sm_scale"] = 0.5 if r == 1 else None  # None: 1/sqrt(16) = 0.25
+    if what == "scheduler":
+        kwargs["scheduler"] = "bulk_sync" if r == 0 else "fused"
+    if what == "lens" and r == 0:
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int32, device=dev)
+    if what == "lens_dtype":
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int64, device=dev)
+    if what == "head_dim" and r == 1:
+        k = torch.randn(b, 5 + r, hkv, d + 1, device=dev).to(dtype)
+    if what == "gqa":
+        q = torch.randn(b, 3, d, device=dev).to(dtype)
+    if what == "too_big":
+        q, k, v = (torch.zeros(b, 2, 300, device=dev), torch.zeros(b, 1, 2, 300, device=dev),
+                   torch.zeros(b, 1, 2, 300, device=dev))
+    with pytest.raises((CollectiveMismatch, ValueError, TypeError)) as info:
+        flash_decode(q, k, v, **kwargs)
+    # the group still works afterwards
+    q = torch.ones(1, 2, 16, device=dev)
+    k = torch.ones(1, 3, 1, 16, device=dev)
+    v = torch.full((1, 3, 1, 8), float(ctx.rank), device=dev)
+    o = flash_decode(q, k, v)
+    ctx.synchronize()
+    want = sum(range(ctx.world_size)) / ctx.world_size
+    assert torch.allclose(o.cpu(), torch.full((1, 2, 8), want)), o
+    return str(info.value)
+
+
+@pytest.mark.parametrize("what", ["heads", "dtype", "scale", "scheduler", "lens", "lens_dtype", "head_dim", "gqa",
+                                  "too_big"])
+def test_bad_input_raises_everywhere(iris_pool, what):
+    """A bad or mismatched argument on one rank (or all) raises on every rank, naming the ranks
+    and the argument; no hang."""
+    import time
+
+    t0 = time.monotonic()
+    msgs = iris_pool(2).run(_bad_rank, what)
+    assert time.monotonic() - t0 < 60
+    named = {"heads": "'query heads (q.shape[1])'", "dtype": "'dtype'", "scale": "'sm_scale'",
+             "scheduler": "'scheduler'", "lens": "'kv_lens given'"}
+    if what in named:
+        assert all(named[what] in m and "ranks 0" in m and "ranks 1" in m for m in msgs), msgs
+    if what == "lens_dtype":
+        assert all("kv_lens must be an int32 tensor" in m for m in msgs), msgs
+    if what == "head_dim":
+        assert "k's head dim" in msgs[1] and "rank 1 rejected its arguments" in msgs[0], msgs
+    if what == "gqa":
+        assert all("multiple of the kv heads" in m for m in msgs), msgs
+    if what == "too_big":
+        assert all("head dim D must be in [1, 256]" in m for m in msgs), msgs
+
+
+# ---- CUDA graphs (GPU) ----------------------------------------------------------------------------
+
+
+def _graph_rank(ctx, scheduler):
+    from iris_fw.flash_decode import flash_decode
+
+    case = (4, 32, 8, 128, 128, torch.bfloat16, True)
+    dev, r = ctx.device, ctx.rank
+    first = _draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0]
+    q = first["q"].to(dev)
+    k, v = first["ks"][r].to(dev), first["vs"][r].to(dev)
+    kv_lens = first["kv_lens"][r].to(dev)
+    reps = 3
+    outs = [torch.empty(q.shape[0], q.shape[1], v.shape[3], dtype=q.dtype, device=dev) for _ in range(reps)]
+
+    def step():
+        for o in outs:
+            flash_decode(q, k, v, kv_lens=kv_lens, out=o, scheduler=scheduler)
+
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        step()  # validates and plans outside the capture
+    torch.cuda.current_stream(dev).wait_stream(s)
+    ctx.synchronize()
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for rep in range(4):
+        data = _draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0]
+        q.copy_(data["q"])
+        k.copy_(data["ks"][r])
+        v.copy_(data["vs"][r])
+        kv_lens.copy_(data["kv_lens"][r])
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        ctx.synchronize()
+        for i, o in enumerate(outs):
+            check(ctx, o, data, None, f"graph {scheduler} replay {rep} call {i}")
+        ctx.barrier()
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_graph_replay(iris_pool, on_gpu, scheduler):
+    """Captured once (three calls), replayed with fresh q, k, v and kv_lens in the same tensors:
+    right every time (GPU only)."""
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(2).run(_graph_rank, scheduler)
+
+
+# ---- the kernels compiled for NVIDIA and AMD targets (no GPU needed) -------------------------------
+
+_COMPILE_JOBS = [  # (kernel, dtype, constexprs)
+    ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
+                                      "BLOCK_N": 64, "HAS_LENS": True, "FUSED": True, "EXACT": False}),
+    ("_flash_decode_kernel", "fp32", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
+                                      "BLOCK_N": 32, "HAS_LENS": False, "FUSED": False, "EXACT": True}),
+    ("_combine_kernel", "bf16", {"HQ": 32, "HKV": 8, "DV": 128, "ROWS": 16, "BDV": 128}),
+]
+
+
+def _compile_all(target_name):
+    """Compile every job for one target; print a line per job (in a child process that set
+    TRITON_INTERPRET=0 before importing Triton)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from iris_fw import flash_decode as mod
+
+    for name, elem, constexprs in _COMPILE_JOBS:
+        kernel = getattr(mod, name)
+        ptrs = {"q": elem, "k": elem, "v": elem, "out": elem, "kv_lens": "i32", "partials": "fp32",
+                "partial_lse": "fp32", "mine": "fp32", "recv": "fp32", "gathered": "fp32", "unit_counters": "i64",
+                "slots": "i64", "epochs": "i64", "heap_bases": "i64"}
+        sig, attrs = {}, {}
+        for i, arg in enumerate(kernel.arg_names):
+            if arg in constexprs:
+                sig[arg] = "constexpr"
+            elif arg in ptrs:
+                sig[arg] = "*" + ptrs[arg]
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            else:
+                sig[arg] = "fp32" if arg == "qk_scale" else "i32"
+        triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
+                       target=GPUTarget(*COMPILE_TARGETS[target_name]),
+                       options={"num_warps": 4, "num_stages": 3})
+        print("compiled", name, elem, flush=True)
+
+
+@pytest.mark.parametrize("target", sorted(COMPILE_TARGETS))
+def test_kernels_compile(tmp_path, target):
+    """Triton's interpreter accepts code the compilers reject: compile the kernels for sm_90 and
+    gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
+    compile_in_child(tmp_path, "test_flash_decode", "_compile_all", target, len(_COMPILE_JOBS))

@@ -420,17 +420,17 @@ def _key(q, k, v, kv_lens, sm_scale, scheduler):
 
 class FlashDecode:
     """A flash_decode prepared for one :class:`DecodeCall` on a group (kept in the group's call
-    cache): tuning, split count, scratch, launchers and — fused — the group's kernel
-    configuration. ``fd(q, k, v, kv_lens=None, out=None) -> o``; ``fd.partial(q, k, v,
+    cache): tuning (``tune``: default the table's row), split count, scratch, launchers and —
+    fused — the group's kernel configuration; made on every member of the group alike. ``fd(q, k, v, kv_lens=None, out=None) -> o``; ``fd.partial(q, k, v,
     kv_lens=None) -> packed`` runs the local kernel alone (no communication): this rank's
     partial, fp32 ``[B·Hq·(Dv+1)]`` = ``o [B, Hq, Dv]`` then natural-log ``lse [B, Hq]``
     (:meth:`unpack` splits it)."""
 
-    def __init__(self, group, call: DecodeCall):
+    def __init__(self, group, call: DecodeCall, tune: Tuning | None = None):
         ctx = group.ctx
         self.group, self.call = group, call
         dev = ctx.device
-        tune = tuning(dev, max(call.head_dim, call.v_head_dim))
+        tune = tune or tuning(dev, max(call.head_dim, call.v_head_dim))
         self.tune = tune
         g = call.q_heads // call.kv_heads
         self.rows = min(max(MIN_DOT, triton.next_power_of_2(g)), max(MIN_DOT, tune.max_rows))

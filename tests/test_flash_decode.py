@@ -83,51 +83,57 @@ def check(ctx, got, data, sm_scale, what):
     assert all(torch.equal(x, gathered[0]) for x in gathered), f"{what}: ranks' outputs differ"
 
 
-def _decode_rank(ctx, cases, schedulers, calls=2):
+def _decode_rank(ctx, runs, calls=2):
+    """``runs``: ``(scheduler, case index)`` pairs, each ``calls`` calls back to back."""
     from iris_fw.flash_decode import flash_decode
 
     done = []
-    for scheduler in schedulers:
-        for idx, case in cases:
-            data = _draw(ctx, case, idx, fresh_seed(ctx), calls)
-            dev, r = ctx.device, ctx.rank
-            sm_scale = None if idx % 2 == 0 else 0.3
-            args = [(d["q"].to(dev), d["ks"][r].to(dev), d["vs"][r].to(dev),
-                     None if d["kv_lens"] is None else d["kv_lens"][r].to(dev)) for d in data]
-            outs = []
-            for i, (q, k, v, kv_lens) in enumerate(args):  # back to back: only the device orders them
-                out = None
-                if i == 0:
-                    out = torch.full((q.shape[0], q.shape[1], v.shape[3]), float("nan"), dtype=q.dtype, device=dev)
-                got = flash_decode(q, k, v, kv_lens=kv_lens, sm_scale=sm_scale, out=out, scheduler=scheduler)
-                assert out is None or got is out
-                outs.append(got)
-                if i == 0:
-                    prepared = len(ctx.comm_groups[None].calls)
-            assert len(ctx.comm_groups[None].calls) == prepared, "a growing S_r must not re-plan"
-            ctx.synchronize()
-            for i, got in enumerate(outs):
-                check(ctx, got, data[i], sm_scale, f"{scheduler} case {idx} {case} call {i}")
-            done.append((scheduler, idx))
+    for scheduler, idx in runs:
+        case = CASES[idx]
+        data = _draw(ctx, case, idx, fresh_seed(ctx), calls)
+        dev, r = ctx.device, ctx.rank
+        sm_scale = None if idx % 2 == 0 else 0.3
+        args = [(d["q"].to(dev), d["ks"][r].to(dev), d["vs"][r].to(dev),
+                 None if d["kv_lens"] is None else d["kv_lens"][r].to(dev)) for d in data]
+        outs = []
+        for i, (q, k, v, kv_lens) in enumerate(args):  # back to back: only the device orders them
+            out = None
+            if i == 0:
+                out = torch.full((q.shape[0], q.shape[1], v.shape[3]), float("nan"), dtype=q.dtype, device=dev)
+            got = flash_decode(q, k, v, kv_lens=kv_lens, sm_scale=sm_scale, out=out, scheduler=scheduler)
+            assert out is None or got is out
+            outs.append(got)
+            if i == 0:
+                prepared = len(ctx.comm_groups[None].calls)
+        assert len(ctx.comm_groups[None].calls) == prepared, "a growing S_r must not re-plan"
+        ctx.synchronize()
+        for i, got in enumerate(outs):
+            check(ctx, got, data[i], sm_scale, f"{scheduler} case {idx} {case} call {i}")
+        done.append((scheduler, idx))
     return done
 
 
-_BY_WORLD = {1: [0, 1, 2, 3], 2: [0, 1, 2, 3], 3: [1, 2], 4: [0, 3]}
+#: CPU default run: (scheduler, case) pairs per world size — every case under both schedulers
+#: somewhere, the interpreter's cost kept small; GPUs and ``-m extended`` run all of them.
+_CPU_RUNS = {1: [("fused", 0), ("fused", 1), ("fused", 2), ("fused", 3), ("bulk_sync", 1)],
+             2: [("fused", 2), ("bulk_sync", 3)],
+             3: [("fused", 1), ("bulk_sync", 2)],
+             4: [("fused", 3), ("bulk_sync", 0)]}
+_ALL_RUNS = [(s, i) for s in SCHEDULERS for i in range(len(CASES))]
 
 
-def test_flash_decode(world):
-    """Both schedulers, the cases of this world size (every case runs at worlds 1 and 2;
-    3 and 4 run two each, so the default run stays short), two calls back to back."""
-    cases = [(i, CASES[i]) for i in _BY_WORLD[world.world_size]]
-    res = world.run(_decode_rank, cases, SCHEDULERS)
-    assert len(res[0]) == 2 * len(cases)
+def test_flash_decode(world, on_gpu):
+    """Two calls back to back per (scheduler, case): the first into a poisoned ``out``, the
+    second on slices one token longer."""
+    runs = _ALL_RUNS if on_gpu else _CPU_RUNS[world.world_size]
+    assert world.run(_decode_rank, runs)[0] == runs
 
 
 @pytest.mark.extended
-@pytest.mark.parametrize("world_size", [3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_flash_decode_all_cases(iris_pool, world_size):
-    """Every case at worlds 3 and 4, three calls each."""
-    iris_pool(world_size).run(_decode_rank, list(enumerate(CASES)), SCHEDULERS, calls=3)
+    """Every case under both schedulers at worlds 2-4, three calls each."""
+    iris_pool(world_size).run(_decode_rank, _ALL_RUNS, calls=3)
 
 
 def _many_heads_rank(ctx):
@@ -290,6 +296,32 @@ def test_fake_shape():
     with FakeTensorMode():
         q, k, v = torch.empty(3, 8, 24), torch.empty(3, 100, 2, 24), torch.empty(3, 100, 2, 40)
         assert torch.ops.iris_fw.flash_decode(q, k, v, None, None, "auto", None).shape == (3, 8, 40)
+
+
+# ---- the benchmark ------------------------------------------------------------------------------
+
+
+def _bench_rank(ctx):
+    from iris_fw.bench import BenchOptions
+    from iris_fw.bench.flash_decode import FlashDecodeBench
+
+    opts = BenchOptions(sizes=[4096], iters=1, warmup=0, quick=True, rotate_bytes=1 << 16, log=lambda msg: None)
+    return FlashDecodeBench().run(ctx, opts)
+
+
+def test_bench_rows(iris_pool, on_gpu):
+    """``iris-fw bench flash_decode``'s plugin on 2 CPU ranks (the full run on GPUs is
+    scripts/gpu_flash_decode.sh): a checked, timed row per method, the baseline skipped with a
+    reason."""
+    if on_gpu:
+        pytest.skip("the GPU run is scripts/gpu_flash_decode.sh")
+    rows = iris_pool(2).run(_bench_rank)[0]
+    timed = {r["method"]: r for r in rows if "eager_us" in r}
+    assert set(timed) == {"fused", "bulk_sync", "local_kernel", "torch_sdpa_local"}, rows
+    assert all(timed[m]["ok"] is True and timed[m]["max_err"] < 0.05 for m in ("fused", "bulk_sync")), rows
+    assert timed["local_kernel"]["kv_TBps"] > 0 and timed["local_kernel"]["kv_bytes_per_rank"] > 0
+    skipped = {r["method"]: r["skipped"] for r in rows if "skipped" in r}
+    assert "NCCL" in skipped["bsp_nccl"], skipped
 
 
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------

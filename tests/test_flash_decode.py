@@ -6,7 +6,8 @@ length — uneven, one rank with an empty slice —, ``kv_lens`` with zeros (and
 sequence with no token on any rank: zeros out). Several calls run back to back with fresh
 inputs and no host synchronization, the first into a NaN-poisoned ``out``; every call's output
 is checked against float64 and is bitwise the same on every rank. The slices grow from call
-to call (a decode loop): later calls reuse the validated plan. GQA ratios 1, 4, 8; head dims
+to call (a decode loop): later calls reuse the validated plan; half the cases read K/V through
+views of a larger (NaN-filled) cache. GQA ratios 1, 4, 8; head dims
 16, 24, 64, 128 with ``Dv != D``; fp16, bf16, fp32; both schedulers; worlds 1-4. Mismatched
 arguments raise on every rank. On GPUs the sizes grow and a CUDA graph is replayed with fresh
 inputs.
@@ -15,7 +16,7 @@ inputs.
 import pytest
 import torch
 
-from helpers import COMPILE_TARGETS, compile_in_child, fresh_seed
+from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
 from iris_fw.engine.contract import CollectiveMismatch
 
 EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
@@ -83,6 +84,16 @@ def check(ctx, got, data, sm_scale, what):
     assert all(torch.equal(x, gathered[0]) for x in gathered), f"{what}: ranks' outputs differ"
 
 
+def _strided(t, idx):
+    """Odd cases read K/V through a view of a larger cache (tokens and heads around it)."""
+    if idx % 2 == 0:
+        return t
+    b, s, h, d = t.shape
+    big = torch.full((b, s + 3, h + 1, d), float("nan"), dtype=t.dtype, device=t.device)
+    big[:, 2:2 + s, 1:].copy_(t)
+    return big[:, 2:2 + s, 1:]
+
+
 def _decode_rank(ctx, runs, calls=2):
     """``runs``: ``(scheduler, case index)`` pairs, each ``calls`` calls back to back."""
     from iris_fw.flash_decode import flash_decode
@@ -93,7 +104,7 @@ def _decode_rank(ctx, runs, calls=2):
         data = _draw(ctx, case, idx, fresh_seed(ctx), calls)
         dev, r = ctx.device, ctx.rank
         sm_scale = None if idx % 2 == 0 else 0.3
-        args = [(d["q"].to(dev), d["ks"][r].to(dev), d["vs"][r].to(dev),
+        args = [(d["q"].to(dev), _strided(d["ks"][r].to(dev), idx), _strided(d["vs"][r].to(dev), idx),
                  None if d["kv_lens"] is None else d["kv_lens"][r].to(dev)) for d in data]
         outs = []
         for i, (q, k, v, kv_lens) in enumerate(args):  # back to back: only the device orders them
@@ -343,16 +354,7 @@ def _graph_rank(ctx, scheduler):
         for o in outs:
             flash_decode(q, k, v, kv_lens=kv_lens, out=o, scheduler=scheduler)
 
-    s = torch.cuda.Stream(device=dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        step()  # validates and plans outside the capture
-    torch.cuda.current_stream(dev).wait_stream(s)
-    ctx.synchronize()
-    ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(ctx, step)
     for rep in range(4):
         data = _draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0]
         q.copy_(data["q"])
@@ -391,29 +393,15 @@ _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
 def _compile_all(target_name):
     """Compile every job for one target; print a line per job (in a child process that set
     TRITON_INTERPRET=0 before importing Triton)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from iris_fw import flash_decode as mod
 
     for name, elem, constexprs in _COMPILE_JOBS:
-        kernel = getattr(mod, name)
-        ptrs = {"q": elem, "k": elem, "v": elem, "out": elem, "kv_lens": "i32", "partials": "fp32",
-                "partial_lse": "fp32", "mine": "fp32", "recv": "fp32", "gathered": "fp32", "unit_counters": "i64",
-                "slots": "i64", "epochs": "i64", "heap_bases": "i64"}
-        sig, attrs = {}, {}
-        for i, arg in enumerate(kernel.arg_names):
-            if arg in constexprs:
-                sig[arg] = "constexpr"
-            elif arg in ptrs:
-                sig[arg] = "*" + ptrs[arg]
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            else:
-                sig[arg] = "fp32" if arg == "qk_scale" else "i32"
-        triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
-                       target=GPUTarget(*COMPILE_TARGETS[target_name]),
-                       options={"num_warps": 4, "num_stages": 3})
+        types = {"q": elem, "k": elem, "v": elem, "out": elem, "kv_lens": "i32", "partials": "fp32",
+                 "partial_lse": "fp32", "mine": "fp32", "recv": "fp32", "gathered": "fp32", "unit_counters": "i64",
+                 "slots": "i64", "epochs": "i64", "heap_bases": "i64"}
+        types = {k: "*" + t for k, t in types.items()}
+        types["qk_scale"] = "fp32"
+        compile_kernel(getattr(mod, name), target_name, constexprs, types, options={"num_warps": 4, "num_stages": 3})
         print("compiled", name, elem, flush=True)
 
 

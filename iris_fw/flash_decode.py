@@ -2,13 +2,19 @@
 sequence is split across the ranks, combined across ranks inside the attention kernel.
 
 ``flash_decode(q, k, v, *, kv_lens=None, sm_scale=None, out=None, scheduler="auto",
-group=None, ctx=None) -> o`` — shapes::
+block_table=None, group=None, ctx=None) -> o`` — shapes::
 
     q       [B, Hq, D]        the same on every rank
     k       [B, S_r, Hkv, D]  this rank's contiguous slice of the sequence (rank order = sequence
     v       [B, S_r, Hkv, Dv]   order); S_r may differ between ranks, 0 included
     kv_lens [B] int32         valid tokens of this rank's slice per sequence (optional; clamped to [0, S_r])
     o       [B, Hq, Dv]       softmax(q·Kᵀ·sm_scale)·V over the whole sequence, on every rank
+
+or paged (as vLLM)::
+
+    block_table [B, pages] int32        each sequence's pages of this rank's slice, in order
+    k [num_pages, page_size, Hkv, D]    the pages; S_r = pages * page_size
+    v [num_pages, page_size, Hkv, Dv]
 
 Query head ``h`` reads kv head ``h // (Hq / Hkv)`` (GQA; MQA and MHA alike); fp16, bf16, fp32;
 ``D`` and ``Dv`` any size up to 256 (masked to the next power of two). A sequence without any
@@ -142,14 +148,17 @@ def _unit(u, HQ: tl.constexpr, HKV: tl.constexpr, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _split_attention(q_ptr, k_ptr, v_ptr, n_tokens, rows_valid, stride_qh, stride_qd, stride_ks, stride_kd,
-                     stride_vs, stride_vd, qk_scale, D: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr,
-                     BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr):
+def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride_qh, stride_qd, stride_kp, stride_ks,
+                     stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr, DV: tl.constexpr,
+                     ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PAGE: tl.constexpr, EXACT: tl.constexpr):
     """Online softmax of the ``rows_valid`` query heads at ``q_ptr`` (``[ROWS, D]`` rows
-    ``stride_qh`` apart) over ``n_tokens`` tokens of one kv head (``k_ptr``: token 0's ``[D]``,
-    tokens ``stride_ks`` apart; ``v_ptr`` likewise ``[Dv]``). Scores are ``q·k · qk_scale`` in
-    base-2 units (``qk_scale`` includes log2(e)). Returns ``(acc [ROWS, BDV], m [ROWS], l [ROWS])``
-    in fp32: ``acc / l`` is the attention output, ``m + log2(l)`` the base-2 log-sum-exp."""
+    ``stride_qh`` apart) over tokens ``first … last-1`` of one kv head of one sequence's slice.
+    ``PAGE == 0``: token ``t``'s ``[D]`` key at ``k_ptr + t * stride_ks``; ``PAGE > 0`` (paged
+    KV): in page ``table[t // PAGE]``, row ``t % PAGE``: ``k_ptr + page * stride_kp + (t % PAGE)
+    * stride_ks``; values likewise (``[Dv]``). Scores are ``q·k · qk_scale`` in base-2 units
+    (``qk_scale`` includes log2(e)). Returns ``(acc [ROWS, BDV], m [ROWS], l [ROWS])`` in fp32:
+    ``acc / l`` is the attention output, ``m + log2(l)`` the base-2 log-sum-exp."""
     rows = tl.arange(0, ROWS)
     dq = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
@@ -159,22 +168,29 @@ def _split_attention(q_ptr, k_ptr, v_ptr, n_tokens, rows_valid, stride_qh, strid
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
     tok = tl.arange(0, BLOCK_N)
-    k_tile = k_ptr + dq[:, None] * stride_kd + tok[None, :] * stride_ks  # [BD, BLOCK_N]: Kᵀ
-    v_tile = v_ptr + tok[:, None] * stride_vs + dv[None, :] * stride_vd  # [BLOCK_N, BDV]
-    for n0 in range(0, n_tokens, BLOCK_N):
-        valid = (n0 + tok) < n_tokens
-        kt = tl.load(k_tile, mask=valid[None, :] & (dq[:, None] < D), other=0.0)
+    if PAGE == 0:  # contiguous: the tiles' pointers advance by BLOCK_N tokens
+        k_tile = k_ptr + first.to(tl.int64) * stride_ks + dq[:, None] * stride_kd + tok[None, :] * stride_ks
+        v_tile = v_ptr + first.to(tl.int64) * stride_vs + tok[:, None] * stride_vs + dv[None, :] * stride_vd
+    for n0 in range(first, last, BLOCK_N):
+        valid = (n0 + tok) < last
+        if PAGE > 0:  # paged: each token's row from the block table
+            t = n0 + tok
+            page = tl.load(table + t // PAGE, mask=valid, other=0).to(tl.int64)
+            k_tile = k_ptr + (page * stride_kp + (t % PAGE) * stride_ks)[None, :] + dq[:, None] * stride_kd
+            v_tile = v_ptr + (page * stride_vp + (t % PAGE) * stride_vs)[:, None] + dv[None, :] * stride_vd
+        kt = tl.load(k_tile, mask=valid[None, :] & (dq[:, None] < D), other=0.0)  # [BD, BLOCK_N]: Kᵀ
         s = tiles.dot(qt, kt, None, EXACT) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_tile, mask=valid[:, None] & (dv[None, :] < DV), other=0.0)
+        vt = tl.load(v_tile, mask=valid[:, None] & (dv[None, :] < DV), other=0.0)  # [BLOCK_N, BDV]
         acc = tiles.dot(p.to(vt.dtype), vt, acc * alpha[:, None], EXACT)
         m = m_new
-        k_tile += BLOCK_N * stride_ks
-        v_tile += BLOCK_N * stride_vs
+        if PAGE == 0:
+            k_tile += BLOCK_N * stride_ks
+            v_tile += BLOCK_N * stride_vs
     return acc, m, l
 
 
@@ -213,19 +229,21 @@ def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_
 
 
 @triton.jit
-def _flash_decode_kernel(q, k, v, kv_lens, out, partials, partial_lse, unit_counters, mine, recv, slots, epochs,
-                         batch, seq, n_split,
+def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_lse, unit_counters, mine, recv, slots,
+                         epochs, batch, seq, n_split,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
-                         stride_vb, stride_vs, stride_vh, stride_vd,
+                         stride_vb, stride_vs, stride_vh, stride_vd, stride_tb,
                          qk_scale, rank, world_size, heap_bases,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_LENS: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr):
+                         HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
-    ``q [B, HQ, D]``, ``k [B, seq, HKV, D]``, ``v [B, seq, HKV, DV]`` (strides given),
-    ``kv_lens`` int32 ``[B]`` (read if ``HAS_LENS``); ``out``: contiguous ``[B, HQ, DV]``
+    ``q [B, HQ, D]``, ``k [B, seq, HKV, D]``, ``v [B, seq, HKV, DV]`` (strides given), or with
+    ``PAGE > 0`` (paged KV) ``k [pages, PAGE, HKV, D]``, ``v [pages, PAGE, HKV, DV]`` and
+    ``block_table`` int32 ``[B, seq / PAGE]`` (rows ``stride_tb`` apart) naming each sequence's
+    pages in order; ``kv_lens`` int32 ``[B]`` (read if ``HAS_LENS``); ``out``: contiguous ``[B, HQ, DV]``
     (``FUSED``). Local scratch: ``partials`` fp32 ``[units, n_split, ROWS, DV]``,
     ``partial_lse`` fp32 ``[units, n_split, ROWS]``, ``unit_counters`` int64 ``[units]`` (zero
     between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
@@ -258,12 +276,15 @@ def _flash_decode_kernel(q, k, v, kv_lens, out, partials, partial_lse, unit_coun
         chunk = ((length + n_split - 1) // n_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         start = tl.minimum(s * chunk, length)
         b64 = b.to(tl.int64)
+        k_ptr = k + kvh * stride_kh
+        v_ptr = v + kvh * stride_vh
+        if PAGE == 0:
+            k_ptr += b64 * stride_kb
+            v_ptr += b64 * stride_vb
         acc, m, l = _split_attention(
-            q + b64 * stride_qb + h0 * stride_qh,
-            k + b64 * stride_kb + kvh * stride_kh + start.to(tl.int64) * stride_ks,
-            v + b64 * stride_vb + kvh * stride_vh + start.to(tl.int64) * stride_vs,
-            tl.minimum(chunk, length - start), rows_valid, stride_qh, stride_qd, stride_ks, stride_kd,
-            stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, EXACT)
+            q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, block_table + b64 * stride_tb, start,
+            tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+            stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         # this split's partial, normalized, and its base-2 log-sum-exp
         safe = tl.where(l > 0, l, 1.0)
         omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
@@ -329,13 +350,15 @@ class DecodeCall:
     has_lens: bool
     sm_scale: float
     scheduler: str
+    #: tokens per page of a paged KV cache (0: contiguous slices)
+    page_size: int = 0
 
     def fields(self, device_type: str) -> dict:
         return {"batch (q.shape[0])": self.batch, "query heads (q.shape[1])": self.q_heads,
                 "kv heads (k.shape[2])": self.kv_heads, "head dim (q.shape[2])": self.head_dim,
                 "value head dim (v.shape[3])": self.v_head_dim, "dtype": self.dtype,
                 "kv_lens given": self.has_lens, "sm_scale": self.sm_scale, "scheduler": self.scheduler,
-                "device type": device_type}
+                "page size (block_table given; k.shape[1])": self.page_size, "device type": device_type}
 
 
 def _check_tensor(ctx, t, name: str, dims: int) -> torch.Tensor:
@@ -367,7 +390,7 @@ def check_out(out, call: DecodeCall, device) -> None:
                          + ("" if out.is_contiguous() else " (not contiguous)"))
 
 
-def check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler) -> DecodeCall:
+def check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler, block_table=None) -> DecodeCall:
     """Validate one rank's arguments locally; the :class:`DecodeCall` they describe."""
     _check_tensor(ctx, q, "q", 3)
     _check_tensor(ctx, k, "k", 4)
@@ -378,12 +401,24 @@ def check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler) -> DecodeCall:
         if t.dtype != q.dtype:
             raise TypeError(f"flash_decode: {name} has dtype {t.dtype}, q has {q.dtype} (they must agree)")
     batch, hq, d = q.shape
-    if tuple(k.shape[:1]) != (batch,) or v.shape[0] != batch:
-        raise ValueError(f"flash_decode: k and v must have q's batch {batch} in dim 0, got k {list(k.shape)}, "
-                         f"v {list(v.shape)}")
-    if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
-        raise ValueError(f"flash_decode: v must be [B, S_r, Hkv, Dv] with k's S_r and Hkv, got k {list(k.shape)}, "
-                         f"v {list(v.shape)}")
+    page_size = 0
+    if block_table is None:
+        if k.shape[0] != batch or v.shape[0] != batch:
+            raise ValueError(f"flash_decode: k and v must have q's batch {batch} in dim 0, got k {list(k.shape)}, "
+                             f"v {list(v.shape)}")
+        if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
+            raise ValueError(f"flash_decode: v must be [B, S_r, Hkv, Dv] with k's S_r and Hkv, got k "
+                             f"{list(k.shape)}, v {list(v.shape)}")
+    else:
+        _check_tensor(ctx, block_table, "block_table", 2)
+        if block_table.dtype != torch.int32 or block_table.shape[0] != batch or block_table.stride(1) != 1:
+            raise ValueError(f"flash_decode: block_table must be an int32 tensor [B, pages] = [{batch}, …] with "
+                             f"contiguous rows, got {block_table.dtype} {list(block_table.shape)} strides "
+                             f"{list(block_table.stride())}")
+        if v.shape[:3] != k.shape[:3] or k.shape[1] < 1:
+            raise ValueError(f"flash_decode: with a block_table, k and v must be [pages, page_size, Hkv, D] and "
+                             f"[pages, page_size, Hkv, Dv] (the same pages), got k {list(k.shape)}, v {list(v.shape)}")
+        page_size = k.shape[1]
     hkv, dv = k.shape[2], v.shape[3]
     if k.shape[3] != d:
         raise ValueError(f"flash_decode: k's head dim (k.shape[3] = {k.shape[3]}) must be q's ({d})")
@@ -403,19 +438,30 @@ def check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler) -> DecodeCall:
         sm_scale = 1.0 / math.sqrt(d)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
         raise ValueError(f"flash_decode: sm_scale must be a finite number or None, got {sm_scale!r}")
-    return DecodeCall(batch, hq, hkv, d, dv, q.dtype, kv_lens is not None, float(sm_scale), _scheduler(scheduler))
+    return DecodeCall(batch, hq, hkv, d, dv, q.dtype, kv_lens is not None, float(sm_scale), _scheduler(scheduler),
+                      page_size)
 
 
-def _key(q, k, v, kv_lens, sm_scale, scheduler):
-    """The cached call's key (None when an argument is not a tensor: the full checks report it)."""
+def _key(q, k, v, kv_lens, sm_scale, scheduler, block_table):
+    """The cached call's key (None when an argument is not a tensor: the full checks report it).
+    Not in it: what may change from call to call on one rank and not on another — ``S_r``
+    (``k.shape[1]``), or with a block table the pages per sequence (``block_table.shape[1]``)
+    and in the cache (``k.shape[0]``) — else such a rank would validate alone."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         return None
     if kv_lens is not None and not isinstance(kv_lens, torch.Tensor):
         return None
     lens = None if kv_lens is None else (kv_lens.dtype, tuple(kv_lens.shape), kv_lens.device, kv_lens.is_contiguous())
+    if block_table is None:
+        layout = (k.shape[:1] + k.shape[2:], v.shape[:1] + v.shape[2:], k.dim() == 4 and v.dim() == 4
+                  and k.shape[1] == v.shape[1])
+    elif isinstance(block_table, torch.Tensor):
+        layout = (k.shape[1:], v.shape[1:], k.shape[0] == v.shape[0], block_table.dtype, block_table.shape[:1],
+                  block_table.device, block_table.dim() == 2 and block_table.stride(-1) == 1)
+    else:
+        return None
     return ("flash_decode", scheduler, q.dtype, k.dtype, v.dtype, tuple(q.shape), q.device, k.device, v.device,
-            k.dim(), v.dim(), k.shape[:1] + k.shape[2:], v.shape[:1] + v.shape[2:], k.dim() == 4 and v.dim() == 4
-            and k.shape[1] == v.shape[1], lens, sm_scale)
+            k.dim(), v.dim(), layout, lens, sm_scale)
 
 
 class FlashDecode:
@@ -449,7 +495,7 @@ class FlashDecode:
         constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim, ROWS=self.rows,
                           BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
                           BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
-                          HAS_LENS=call.has_lens, EXACT=call.dtype == torch.float32)
+                          HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
         options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         self.local_launch = KernelLauncher(_flash_decode_kernel, (self.nprog,),
                                            constexprs={**constexprs, "FUSED": False}, **options)
@@ -468,15 +514,20 @@ class FlashDecode:
                 constexprs={k: constexprs[k] for k in ("HQ", "HKV", "DV", "ROWS", "BDV")}, num_warps=tune.num_warps)
 
     # ---- launches -------------------------------------------------------------------------------
-    def _args(self, q, k, v, kv_lens) -> tuple:
-        return (q, k, v, self.no_lens if kv_lens is None else kv_lens)
+    def _args(self, q, k, v, kv_lens, block_table) -> tuple:
+        none = self.no_lens
+        return (q, k, v, none if kv_lens is None else kv_lens, none if block_table is None else block_table)
 
-    def _runtime(self, q, k, v) -> tuple:
+    def _runtime(self, q, k, v, block_table) -> tuple:
         g = self.group
-        return (self.call.batch, k.shape[1], self.n_split, *q.stride(), *k.stride(), *v.stride(), self.qk_scale,
-                g.rank, g.size, g.heap_bases)
+        if block_table is None:
+            seq, table_stride = k.shape[1], 0
+        else:
+            seq, table_stride = block_table.shape[1] * self.call.page_size, block_table.stride(0)
+        return (self.call.batch, seq, self.n_split, *q.stride(), *k.stride(), *v.stride(), table_stride,
+                self.qk_scale, g.rank, g.size, g.heap_bases)
 
-    def partial(self, q, k, v, kv_lens=None, mine=None) -> torch.Tensor:
+    def partial(self, q, k, v, kv_lens=None, mine=None, block_table=None) -> torch.Tensor:
         """This rank's packed partial (the local kernel, no communication): into ``mine``
         (fp32 ``[pack]``; default the plan's own buffer, overwritten by the next call)."""
         if mine is None:
@@ -484,9 +535,9 @@ class FlashDecode:
                 self.mine = torch.empty(self.pack, dtype=torch.float32, device=q.device)
             mine = self.mine
         if self.call.batch:
-            self.local_launch(*self._args(q, k, v, kv_lens), mine, self.partials, self.partial_lse,
+            self.local_launch(*self._args(q, k, v, kv_lens, block_table), mine, self.partials, self.partial_lse,
                               self.unit_counters, mine, mine, self.unit_counters, self.unit_counters,
-                              *self._runtime(q, k, v))
+                              *self._runtime(q, k, v, block_table))
         return mine
 
     def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -497,7 +548,7 @@ class FlashDecode:
         return (packed[..., :n * c.v_head_dim].view(*lead, c.batch, c.q_heads, c.v_head_dim),
                 packed[..., n * c.v_head_dim:].view(*lead, c.batch, c.q_heads))
 
-    def __call__(self, q, k, v, kv_lens=None, out=None) -> torch.Tensor:
+    def __call__(self, q, k, v, kv_lens=None, out=None, block_table=None) -> torch.Tensor:
         c = self.call
         if out is None:
             out = torch.empty(c.batch, c.q_heads, c.v_head_dim, dtype=c.dtype, device=q.device)
@@ -506,11 +557,11 @@ class FlashDecode:
         if not c.batch:
             return out
         if c.scheduler == "fused":
-            self.fused_launch(*self._args(q, k, v, kv_lens), out, self.partials, self.partial_lse,
+            self.fused_launch(*self._args(q, k, v, kv_lens, block_table), out, self.partials, self.partial_lse,
                               self.unit_counters, self.partials, self.recv, self.slots, self.epochs,
-                              *self._runtime(q, k, v))
+                              *self._runtime(q, k, v, block_table))
         else:
-            mine = self.partial(q, k, v, kv_lens, self.mine)
+            mine = self.partial(q, k, v, kv_lens, self.mine, block_table)
             api.all_gather_into_tensor(self.gathered, mine, group=self.group, ctx=self.group.ctx)
             self.combine_launch(self.gathered, out, c.batch, self.group.size)
         return out
@@ -521,16 +572,16 @@ class FlashDecode:
                 f"splits={self.n_split} programs={self.nprog} rows={self.rows}>")
 
 
-def _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler) -> FlashDecode:
+def _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table) -> FlashDecode:
     """The group's prepared call for these arguments, validated across the group on a miss."""
     g = api._group(ctx, group)
-    key = _key(q, k, v, kv_lens, sm_scale, scheduler)
+    key = _key(q, k, v, kv_lens, sm_scale, scheduler, block_table)
     fd = g.calls.get(key) if key is not None else None
     if fd is not None:
         return fd
     call, error = None, None
     try:
-        call = check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler)
+        call = check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler, block_table)
         fields = call.fields(ctx.device.type)
     except Exception as exc:  # every member must hear of it, or they would wait for this one
         error, fields = exc, {}
@@ -543,16 +594,17 @@ def _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler) -> FlashDecode:
     return fd
 
 
-def plan(q, k, v, *, kv_lens=None, sm_scale=None, scheduler: str = "auto", group=None, ctx=None) -> FlashDecode:
+def plan(q, k, v, *, kv_lens=None, sm_scale=None, scheduler: str = "auto", block_table=None, group=None,
+         ctx=None) -> FlashDecode:
     """The :class:`FlashDecode` that :func:`flash_decode` runs for such arguments (collective
     on first use: validated across the group), e.g. for its local kernel alone
     (:meth:`FlashDecode.partial`) or to call it with an ``out`` of its own."""
     ctx = ctx if ctx is not None else _context.current()
-    return _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler)
+    return _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
 
 
-def flash_decode(q, k, v, *, kv_lens=None, sm_scale=None, out=None, scheduler: str = "auto", group=None,
-                 ctx=None) -> torch.Tensor:
+def flash_decode(q, k, v, *, kv_lens=None, sm_scale=None, out=None, scheduler: str = "auto", block_table=None,
+                 group=None, ctx=None) -> torch.Tensor:
     """Decode attention over a sequence split across the group's ranks (collective): returns
     ``o [B, Hq, Dv]`` = softmax(q·Kᵀ·sm_scale)·V over every rank's slice, the same on every
     rank. ``q [B, Hq, D]`` (the same on every rank), ``k [B, S_r, Hkv, D]``, ``v [B, S_r, Hkv,
@@ -560,10 +612,13 @@ def flash_decode(q, k, v, *, kv_lens=None, sm_scale=None, out=None, scheduler: s
     tokens of this rank's slice; default all ``S_r``), ``sm_scale`` (default ``1/sqrt(D)``),
     ``out`` (a contiguous ``[B, Hq, Dv]`` tensor of q's dtype to write; default a new one),
     ``scheduler``: ``"auto"`` (= ``"fused"``), ``"fused"`` or ``"bulk_sync"``; ``group``: as
-    in :mod:`iris_fw.ccl` (default every rank). See the module docstring."""
+    in :mod:`iris_fw.ccl` (default every rank). Paged KV (as vLLM): ``block_table`` int32
+    ``[B, pages]`` lists each sequence's pages of this rank's slice in order, ``k [num_pages,
+    page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is
+    ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
     ctx = ctx if ctx is not None else _context.current()
-    fd = _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler)
-    return fd(q, k, v, kv_lens, out)
+    fd = _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    return fd(q, k, v, kv_lens, out, block_table)
 
 
 # ---- torch references -------------------------------------------------------------------------------

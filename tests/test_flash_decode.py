@@ -7,7 +7,8 @@ sequence with no token on any rank: zeros out). Several calls run back to back w
 inputs and no host synchronization, the first into a NaN-poisoned ``out``; every call's output
 is checked against float64 and is bitwise the same on every rank. The slices grow from call
 to call (a decode loop): later calls reuse the validated plan; half the cases read K/V through
-views of a larger (NaN-filled) cache. GQA ratios 1, 4, 8; head dims
+views of a larger (NaN-filled) cache; some runs read a paged cache (pages in random order
+among NaN-filled spares, through a block table). GQA ratios 1, 4, 8; head dims
 16, 24, 64, 128 with ``Dv != D``; fp16, bf16, fp32; both schedulers; worlds 1-4. Mismatched
 arguments raise on every rank. On GPUs the sizes grow and a CUDA graph is replayed with fresh
 inputs.
@@ -94,24 +95,54 @@ def _strided(t, idx):
     return big[:, 2:2 + s, 1:]
 
 
+def paged(k, v, kv_lens, page_size, seed):
+    """A paged copy of one rank's slices ``k [B, S, Hkv, D]``, ``v``: ``(k_cache [pages,
+    page_size, Hkv, D], v_cache, block_table [B, cdiv(S, page_size)] int32, kv_lens)``, pages in
+    random order among spare NaN-filled ones; ``kv_lens`` (default all S) marks the tail of the
+    last page invalid."""
+    b, s, h, _ = k.shape
+    per = -(-s // page_size)
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randperm(b * per + 3, generator=g)[:b * per].view(b, per).to(torch.int32)
+    caches = []
+    for t in (k, v):
+        cache = torch.full((b * per + 3, page_size, h, t.shape[3]), float("nan"), dtype=t.dtype, device=t.device)
+        for i in range(b):
+            for j in range(per):
+                n = min(page_size, s - j * page_size)
+                cache[int(table[i, j]), :n] = t[i, j * page_size:j * page_size + n]
+        caches.append(cache)
+    if kv_lens is None:
+        kv_lens = torch.full((b,), s, dtype=torch.int32)
+    return caches[0], caches[1], table.to(k.device), kv_lens.to(k.device)
+
+
 def _decode_rank(ctx, runs, calls=2):
-    """``runs``: ``(scheduler, case index)`` pairs, each ``calls`` calls back to back."""
+    """``runs``: ``(scheduler, case index, paged)``, each ``calls`` calls back to back."""
     from iris_fw.flash_decode import flash_decode
 
     done = []
-    for scheduler, idx in runs:
+    for scheduler, idx, is_paged in runs:
         case = CASES[idx]
         data = _draw(ctx, case, idx, fresh_seed(ctx), calls)
         dev, r = ctx.device, ctx.rank
         sm_scale = None if idx % 2 == 0 else 0.3
-        args = [(d["q"].to(dev), _strided(d["ks"][r].to(dev), idx), _strided(d["vs"][r].to(dev), idx),
-                 None if d["kv_lens"] is None else d["kv_lens"][r].to(dev)) for d in data]
+        args = []
+        for i, d in enumerate(data):
+            k, v = d["ks"][r].to(dev), d["vs"][r].to(dev)
+            kv_lens = None if d["kv_lens"] is None else d["kv_lens"][r].to(dev)
+            if is_paged:
+                k, v, table, kv_lens = paged(k, v, kv_lens, 8 if dev.type == "cpu" else 16, 1000 * idx + i)
+                args.append((d["q"].to(dev), k, v, kv_lens, table))
+            else:
+                args.append((d["q"].to(dev), _strided(k, idx), _strided(v, idx), kv_lens, None))
         outs = []
-        for i, (q, k, v, kv_lens) in enumerate(args):  # back to back: only the device orders them
+        for i, (q, k, v, kv_lens, table) in enumerate(args):  # back to back: only the device orders them
             out = None
             if i == 0:
                 out = torch.full((q.shape[0], q.shape[1], v.shape[3]), float("nan"), dtype=q.dtype, device=dev)
-            got = flash_decode(q, k, v, kv_lens=kv_lens, sm_scale=sm_scale, out=out, scheduler=scheduler)
+            got = flash_decode(q, k, v, kv_lens=kv_lens, sm_scale=sm_scale, out=out, scheduler=scheduler,
+                               block_table=table)
             assert out is None or got is out
             outs.append(got)
             if i == 0:
@@ -119,23 +150,24 @@ def _decode_rank(ctx, runs, calls=2):
         assert len(ctx.comm_groups[None].calls) == prepared, "a growing S_r must not re-plan"
         ctx.synchronize()
         for i, got in enumerate(outs):
-            check(ctx, got, data[i], sm_scale, f"{scheduler} case {idx} {case} call {i}")
-        done.append((scheduler, idx))
+            check(ctx, got, data[i], sm_scale, f"{scheduler} case {idx} {case}{' paged' * is_paged} call {i}")
+        done.append((scheduler, idx, is_paged))
     return done
 
 
 #: CPU default run: (scheduler, case) pairs per world size — every case under both schedulers
 #: somewhere, the interpreter's cost kept small; GPUs and ``-m extended`` run all of them.
-_CPU_RUNS = {1: [("fused", 0), ("fused", 1), ("fused", 2), ("fused", 3), ("bulk_sync", 1)],
-             2: [("fused", 2), ("bulk_sync", 3)],
-             3: [("fused", 1), ("bulk_sync", 2)],
-             4: [("fused", 3), ("bulk_sync", 0)]}
-_ALL_RUNS = [(s, i) for s in SCHEDULERS for i in range(len(CASES))]
+_CPU_RUNS = {1: [("fused", 0, False), ("fused", 1, False), ("fused", 2, False), ("fused", 3, False),
+                 ("bulk_sync", 1, False), ("fused", 2, True)],
+             2: [("fused", 2, False), ("bulk_sync", 3, False), ("fused", 1, True)],
+             3: [("fused", 1, False), ("bulk_sync", 2, False)],
+             4: [("fused", 3, False), ("bulk_sync", 0, True)]}
+_ALL_RUNS = [(s, i, p) for s in SCHEDULERS for i in range(len(CASES)) for p in (False, True)]
 
 
 def test_flash_decode(world, on_gpu):
-    """Two calls back to back per (scheduler, case): the first into a poisoned ``out``, the
-    second on slices one token longer."""
+    """Two calls back to back per (scheduler, case, contiguous or paged KV): the first into a
+    poisoned ``out``, the second on slices one token longer."""
     runs = _ALL_RUNS if on_gpu else _CPU_RUNS[world.world_size]
     assert world.run(_decode_rank, runs)[0] == runs
 
@@ -143,7 +175,7 @@ def test_flash_decode(world, on_gpu):
 @pytest.mark.extended
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_flash_decode_all_cases(iris_pool, world_size):
-    """Every case under both schedulers at worlds 2-4, three calls each."""
+    """Every case under both schedulers, contiguous and paged, at worlds 2-4, three calls each."""
     iris_pool(world_size).run(_decode_rank, _ALL_RUNS, calls=3)
 
 
@@ -208,6 +240,13 @@ def _bad_rank(ctx, what):
         k = torch.randn(b, 5 + r, hkv, d + 1, device=dev).to(dtype)
     if what == "gqa":
         q = torch.randn(b, 3, d, device=dev).to(dtype)
+    if what == "paged" and r == 0:
+        kwargs["block_table"] = torch.zeros(b, 1, dtype=torch.int32, device=dev)
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int32, device=dev)
+    if what == "paged" and r != 0:
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int32, device=dev)
+    if what == "table_dtype":
+        kwargs["block_table"] = torch.zeros(b, 1, dtype=torch.int64, device=dev)
     if what == "too_big":
         q, k, v = (torch.zeros(b, 2, 300, device=dev), torch.zeros(b, 1, 2, 300, device=dev),
                    torch.zeros(b, 1, 2, 300, device=dev))
@@ -225,7 +264,7 @@ def _bad_rank(ctx, what):
 
 
 @pytest.mark.parametrize("what", ["heads", "dtype", "scale", "scheduler", "lens", "lens_dtype", "head_dim", "gqa",
-                                  "too_big"])
+                                  "too_big", "paged", "table_dtype"])
 def test_bad_input_raises_everywhere(iris_pool, what):
     """A bad or mismatched argument on one rank (or all) raises on every rank, naming the ranks
     and the argument; no hang."""
@@ -235,7 +274,7 @@ def test_bad_input_raises_everywhere(iris_pool, what):
     msgs = iris_pool(2).run(_bad_rank, what)
     assert time.monotonic() - t0 < 60
     named = {"heads": "'query heads (q.shape[1])'", "dtype": "'dtype'", "scale": "'sm_scale'",
-             "scheduler": "'scheduler'", "lens": "'kv_lens given'"}
+             "scheduler": "'scheduler'", "lens": "'kv_lens given'", "paged": "'page size (block_table given"}
     if what in named:
         assert all(named[what] in m and "ranks 0" in m and "ranks 1" in m for m in msgs), msgs
     if what == "lens_dtype":
@@ -246,6 +285,8 @@ def test_bad_input_raises_everywhere(iris_pool, what):
         assert all("multiple of the kv heads" in m for m in msgs), msgs
     if what == "too_big":
         assert all("head dim D must be in [1, 256]" in m for m in msgs), msgs
+    if what == "table_dtype":
+        assert all("block_table must be an int32 tensor" in m for m in msgs), msgs
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------
@@ -338,54 +379,58 @@ def test_bench_rows(iris_pool, on_gpu):
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------
 
 
-def _graph_rank(ctx, scheduler):
+def _graph_rank(ctx, scheduler, is_paged):
     from iris_fw.flash_decode import flash_decode
 
     case = (4, 32, 8, 128, 128, torch.bfloat16, True)
     dev, r = ctx.device, ctx.rank
-    first = _draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0]
-    q = first["q"].to(dev)
-    k, v = first["ks"][r].to(dev), first["vs"][r].to(dev)
-    kv_lens = first["kv_lens"][r].to(dev)
+
+    def inputs(data, seed):
+        k, v = data["ks"][r].to(dev), data["vs"][r].to(dev)
+        kv_lens = data["kv_lens"][r].to(dev)
+        if is_paged:  # the same shapes every time: the same slices, pages shuffled anew
+            return (data["q"].to(dev), *paged(k, v, kv_lens, 16, seed))
+        return data["q"].to(dev), k, v, None, kv_lens
+
+    q, k, v, table, kv_lens = inputs(_draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0], 0)
     reps = 3
     outs = [torch.empty(q.shape[0], q.shape[1], v.shape[3], dtype=q.dtype, device=dev) for _ in range(reps)]
 
     def step():
         for o in outs:
-            flash_decode(q, k, v, kv_lens=kv_lens, out=o, scheduler=scheduler)
+            flash_decode(q, k, v, kv_lens=kv_lens, out=o, scheduler=scheduler, block_table=table)
 
     graph = capture_graph(ctx, step)
     for rep in range(4):
         data = _draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0]
-        q.copy_(data["q"])
-        k.copy_(data["ks"][r])
-        v.copy_(data["vs"][r])
-        kv_lens.copy_(data["kv_lens"][r])
+        for mine, new in zip((q, k, v, table, kv_lens), inputs(data, rep + 1)):
+            if mine is not None:
+                mine.copy_(new)
         for o in outs:
             o.fill_(float("nan"))
         graph.replay()
         ctx.synchronize()
         for i, o in enumerate(outs):
-            check(ctx, o, data, None, f"graph {scheduler} replay {rep} call {i}")
+            check(ctx, o, data, None, f"graph {scheduler}{' paged' * is_paged} replay {rep} call {i}")
         ctx.barrier()
 
 
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
-def test_graph_replay(iris_pool, on_gpu, scheduler):
-    """Captured once (three calls), replayed with fresh q, k, v and kv_lens in the same tensors:
-    right every time (GPU only)."""
+@pytest.mark.parametrize("scheduler,is_paged", [("fused", False), ("bulk_sync", False), ("fused", True)])
+def test_graph_replay(iris_pool, on_gpu, scheduler, is_paged):
+    """Captured once (three calls), replayed with fresh q, k, v and kv_lens (and, paged, a new
+    block table) in the same tensors: right every time (GPU only)."""
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
-    iris_pool(2).run(_graph_rank, scheduler)
+    iris_pool(2).run(_graph_rank, scheduler, is_paged)
 
 
 # ---- the kernels compiled for NVIDIA and AMD targets (no GPU needed) -------------------------------
 
 _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
     ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
-                                      "BLOCK_N": 64, "HAS_LENS": True, "FUSED": True, "EXACT": False}),
+                                      "BLOCK_N": 64, "HAS_LENS": True, "PAGE": 16, "FUSED": True, "EXACT": False}),
     ("_flash_decode_kernel", "fp32", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
-                                      "BLOCK_N": 32, "HAS_LENS": False, "FUSED": False, "EXACT": True}),
+                                      "BLOCK_N": 32, "HAS_LENS": False, "PAGE": 0, "FUSED": False, "EXACT": True}),
     ("_combine_kernel", "bf16", {"HQ": 32, "HKV": 8, "DV": 128, "ROWS": 16, "BDV": 128}),
 ]
 
@@ -400,6 +445,7 @@ def _compile_all(target_name):
                  "partial_lse": "fp32", "mine": "fp32", "recv": "fp32", "gathered": "fp32", "unit_counters": "i64",
                  "slots": "i64", "epochs": "i64", "heap_bases": "i64"}
         types = {k: "*" + t for k, t in types.items()}
+        types["block_table"] = "*i32"
         types["qk_scale"] = "fp32"
         compile_kernel(getattr(mod, name), target_name, constexprs, types, options={"num_warps": 4, "num_stages": 3})
         print("compiled", name, elem, flush=True)

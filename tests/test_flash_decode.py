@@ -181,7 +181,7 @@ def test_flash_decode_all_cases(iris_pool, world_size):
 
 def _many_heads_rank(ctx):
     """32 query heads on one kv head: more than a tile's rows (several head blocks per kv head);
-    the auto scheduler; a subgroup of ranks."""
+    the auto scheduler; a subgroup of ranks; an empty batch."""
     from iris_fw import ccl
     from iris_fw.flash_decode import flash_decode
 
@@ -205,6 +205,11 @@ def _many_heads_rank(ctx):
         want = flash_decode_reference(part["q"], part["ks"], part["vs"], part["kv_lens"])
         assert torch.allclose(got.cpu().double(), want, atol=4 * EPS[torch.float16] * 4, rtol=0), "subgroup"
     ccl.destroy_group(group)
+    # an empty batch: nothing launched, on every rank alike
+    for scheduler in SCHEDULERS:
+        o = flash_decode(torch.zeros(0, 4, 16, device=dev), torch.zeros(0, 3, 2, 16, device=dev),
+                         torch.zeros(0, 3, 2, 8, device=dev), scheduler=scheduler)
+        assert o.shape == (0, 4, 8)
 
 
 def test_many_heads_and_groups(iris_pool):

@@ -507,7 +507,11 @@ class FlashDecode:
                 buffers=[(2 * group.size * self.pack, f32, "partials exchange"),
                          (self.units * group.size, torch.int64, "arrival slots")])
         else:
-            self.mine = ctx.empty(self.pack, dtype=f32)  # symmetric: an all-gather may read it in place
+            # symmetric within the group — carved from its workspace, which every rank of the world
+            # made, so members-only calls keep the world's heap symmetric — and shared by every
+            # call of this size: an all-gather may read it in place
+            self.mine = group.config(("flash_decode.bulk_sync partial", self.pack),
+                                     lambda: group.carve(self.pack, f32, "flash_decode.bulk_sync partial"))
             self.gathered = torch.empty(group.size * self.pack, dtype=f32, device=dev)
             self.combine_launch = KernelLauncher(
                 _combine_kernel, (max(1, self.units),),

@@ -240,8 +240,10 @@ def _check_src(src: Any, world_size: int) -> None:
 def choose(registry, requested: str | None = None, environ: Mapping[str, str] | None = None) -> type[Bootstrap]:
     """The bootstrap class to use: ``requested`` (or ``IRIS_FW_BOOTSTRAP``) when given, else
     the first available one, by priority, whose ``detect`` recognizes the environment."""
+    from . import env
+
     environ = os.environ if environ is None else environ
-    requested = requested or environ.get("IRIS_FW_BOOTSTRAP") or None
+    requested = requested or env.get("IRIS_FW_BOOTSTRAP", environ)
     if requested not in (None, "auto"):
         return registry.require_available(requested)
     entries = sorted(registry, key=lambda e: (getattr(e.obj, "priority", 100), e.name))

@@ -22,6 +22,21 @@ def _cmd_plugins(args) -> int:
     return 0
 
 
+def _cmd_env(args) -> int:
+    from . import env
+
+    if args.markdown:
+        print(env.markdown_table(), end="")
+        return 0
+    values = env.in_effect()
+    for var in env.VARIABLES:
+        shown = f"{values[var.name]!r}" if var.name in values else f"{var.default_text} (default)"
+        print(f"{var.name:<24} {shown}")
+    for name in env.unknown():
+        print(f"{name:<24} unknown to iris-fw (a typo?)")
+    return 0
+
+
 def _cmd_launch(args) -> int:
     from .launch import default_world_size, launch
 
@@ -37,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list transports, bootstraps, schedulers, patterns and benchmarks, with availability")
     p.set_defaults(func=_cmd_plugins)
+    p = sub.add_parser("env", help="the IRIS_FW_* environment variables: values in effect, or --markdown for the table")
+    p.add_argument("--markdown", action="store_true", help="print the table of every variable (docs/environment.md)")
+    p.set_defaults(func=_cmd_env)
     p = sub.add_parser("launch", help="run a Python program as N ranks on this host (CPU ranks when no GPU is present)")
     p.add_argument("-n", "--nprocs", type=int, default=None, help="number of ranks (default: GPUs present, else 4)")
     p.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
@@ -49,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
-    return args.func(args)
+    from .errors import ArgumentError
+
+    try:
+        return args.func(args)
+    except ArgumentError as exc:  # bad input (a flag, an environment variable): the message, no traceback
+        print(f"iris-fw {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

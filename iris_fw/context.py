@@ -3,7 +3,6 @@ host-side collectives around them. Created by :func:`init`."""
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 
 from . import bootstrap as _bootstrap
+from . import env
 from . import interpreting
 from . import device as dev
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
@@ -19,7 +19,7 @@ from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
 
 DEFAULT_HEAP_SIZE = 1 << 30
-DEFAULT_WAIT_TIMEOUT_S = 30.0
+DEFAULT_WAIT_TIMEOUT_S = env.variable("IRIS_FW_WAIT_TIMEOUT").default
 #: Polls the wait-bound calibration makes, per transport kind (compiled vs interpreted).
 _PROBE_POLLS = {False: 200_000, True: 300}
 _MIN_WAIT_POLLS = 1000
@@ -36,7 +36,7 @@ def header_bytes(world_size: int) -> int:
 def choose_transport(registry, requested: str | None = None):
     """The transport class: ``requested`` (or ``IRIS_FW_TRANSPORT``) if given; otherwise
     ``host_shm`` under the interpreter, ``gpu_ipc`` when GPUs are present, else ``host_shm``."""
-    requested = requested or os.environ.get("IRIS_FW_TRANSPORT") or None
+    requested = requested or env.get("IRIS_FW_TRANSPORT")
     if requested in (None, "auto"):
         if not interpreting() and "gpu_ipc" in registry and registry.entry("gpu_ipc").availability()[0]:
             requested = "gpu_ipc"
@@ -104,11 +104,11 @@ def init(
     """
     _check_int(heap_size, "heap_size", 1)
     if wait_timeout is None:
-        wait_timeout = float(os.environ.get("IRIS_FW_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT_S))
+        wait_timeout = env.get("IRIS_FW_WAIT_TIMEOUT")
     if not wait_timeout > 0:
         raise ValueError(f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}")
     if debug is None:
-        debug = os.environ.get("IRIS_FW_DEBUG", "0") not in ("", "0")
+        debug = env.get("IRIS_FW_DEBUG")
     regs = registries if registries is not None else load_registries()
     transport_cls = choose_transport(regs.transport, transport)
     boot = _bootstrap.choose(regs.bootstrap, bootstrap)()

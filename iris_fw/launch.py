@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from . import _choose_interpreter, interpreting
+from . import _choose_interpreter, env, interpreting
 
 _GRACE_S = 5.0
 _POLL_S = 0.05
@@ -44,10 +44,7 @@ def share_gpus() -> bool:
     r mod count). For correctness testing on fewer GPUs than ranks: the ranks' kernels run in
     separate processes and time-slice on a shared GPU, so waits across ranks still complete,
     slowly; timings taken this way mean nothing."""
-    value = os.environ.get("IRIS_FW_SHARE_GPUS", "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"IRIS_FW_SHARE_GPUS must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env.get("IRIS_FW_SHARE_GPUS")
 
 
 def default_world_size() -> int:

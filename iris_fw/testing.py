@@ -25,10 +25,11 @@ from typing import Any, Callable
 
 import pytest
 
+from . import env
 from .launch import cleanup_shm, free_port, gpu_count, new_shm_prefix, rank_environ, share_gpus
 
 #: Seconds one function may take on a pool before the pool is killed.
-DEFAULT_JOB_TIMEOUT_S = float(os.environ.get("IRIS_FW_TEST_TIMEOUT", "300"))
+DEFAULT_JOB_TIMEOUT_S = env.get("IRIS_FW_TEST_TIMEOUT")
 #: In a rank's error: its GPU context is unusable (an illegal memory access poisons it for good).
 _POISONED = "AcceleratorError"
 #: After one rank fails, seconds the others get to report before the pool is killed.
@@ -43,7 +44,7 @@ def find_mpirun() -> str | None:
     """``IRIS_FW_MPIRUN``, else the mpirun beside this Python (the ``mpich`` wheel's, also under
     pyenv, whose shims hide it from PATH), else the one on PATH."""
     beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    return os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
+    return env.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
 
 
 def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:

@@ -19,13 +19,13 @@ import secrets
 import numpy as np
 import torch
 
-from iris_fw import interpreting
+from iris_fw import env, interpreting
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.transport import Transport
 
 SHM_DIR = "/dev/shm"
-DEFAULT_PREFIX = "iris_fw_"
+DEFAULT_PREFIX = env.variable("IRIS_FW_SHM_PREFIX").default
 
 
 def _interpreter_problem() -> str:
@@ -63,7 +63,7 @@ class HostShmTransport(Transport):
     def __init__(self, bootstrap, heap_size: int):
         self.device = torch.device("cpu")
         self._maps: list[mmap.mmap | None] = []
-        prefix = os.environ.get("IRIS_FW_SHM_PREFIX") or self.shm_prefix
+        prefix = env.get("IRIS_FW_SHM_PREFIX") if env.is_set("IRIS_FW_SHM_PREFIX") else self.shm_prefix
         name = f"{prefix}{secrets.token_hex(16)}"
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import env
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
@@ -152,7 +154,7 @@ def environment(ctx) -> dict:
 
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": os.environ.get("IRIS_FW_BENCH_COMMAND", " ".join(sys.argv)),
+        "command": env.get("IRIS_FW_BENCH_COMMAND") or " ".join(sys.argv),
         "world_size": ctx.world_size,
         "transport": ctx.transport.name,
         "torch": torch.__version__,

@@ -45,11 +45,11 @@ MAX_DEFAULT_WORKSPACE = 256 << 20
 def default_workspace_bytes(ctx) -> int:
     """A group's workspace unless ``workspace_bytes`` is given: ``IRIS_FW_CCL_WORKSPACE`` bytes,
     else a quarter of the heap up to :data:`MAX_DEFAULT_WORKSPACE`."""
-    import os
+    from .. import env
 
-    env = os.environ.get("IRIS_FW_CCL_WORKSPACE")
-    if env:
-        return int(env)
+    size = env.get("IRIS_FW_CCL_WORKSPACE")
+    if size is not None:
+        return size
     return min(ctx.heap_size // 4, MAX_DEFAULT_WORKSPACE)
 
 

@@ -52,11 +52,12 @@ from __future__ import annotations
 
 import inspect
 import operator
-import os
 
 import torch
 
 import iris_fw
+
+from .. import env
 
 __all__ = ["KernelLauncher", "bound_args_template", "fast_path_supported", "launch_entry", "make_key_fn", "spec_key"]
 
@@ -410,7 +411,7 @@ class KernelLauncher:
         self._version = _triton_version(triton.__version__)
         self._fast = (not self.interpreted and isinstance(kernel, JITFunction)
                       and fast_path_supported(triton.__version__)
-                      and os.environ.get("IRIS_FW_SLOW_LAUNCH", "0") in ("", "0"))
+                      and not env.get("IRIS_FW_SLOW_LAUNCH"))
 
     def __repr__(self):
         return (f"KernelLauncher({self.name}, grid={self.grid}, constexprs={self.constexprs}, "

@@ -13,17 +13,17 @@ loop plans (and allocates) once.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any
 
 from .. import context as _context
+from .. import env
 from .contract import PatternError, input_fingerprint
 from .scheduler import Scheduler
 from .tuning import lookup
 
 #: Ops an :class:`OpCache` keeps (``IRIS_FW_OP_CACHE_SIZE`` overrides).
-DEFAULT_OP_CACHE_SIZE = 32
+DEFAULT_OP_CACHE_SIZE = env.variable("IRIS_FW_OP_CACHE_SIZE").default
 
 
 class Op:
@@ -109,7 +109,7 @@ class OpCache:
 
     def __init__(self, capacity: int | None = None):
         if capacity is None:
-            capacity = int(os.environ.get("IRIS_FW_OP_CACHE_SIZE", DEFAULT_OP_CACHE_SIZE))
+            capacity = env.get("IRIS_FW_OP_CACHE_SIZE")
         if capacity < 1:
             raise ValueError(f"op cache capacity must be >= 1, got {capacity}")
         self.capacity = capacity

@@ -3,6 +3,8 @@ host-side collectives around them. Created by :func:`init`."""
 
 from __future__ import annotations
 
+import math
+import operator
 import time
 import weakref
 from typing import Any
@@ -14,7 +16,8 @@ from . import env
 from . import interpreting
 from . import device as dev
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
-from .errors import IrisError, NotOnHeapError, SymmetryError, WaitTimeout
+from .errors import (ArgumentError, ContextClosed, IrisError, NotOnHeapError, SymmetryError, WaitTimeout,
+                     bad_type)
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
 
@@ -46,12 +49,41 @@ def choose_transport(registry, requested: str | None = None):
 
 
 def _check_int(value: Any, name: str, low: int | None = None, high: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    """``value`` as an int (anything with ``__index__`` but a bool) in ``[low, high)``, else an
+    :class:`ArgumentTypeError` / :class:`ArgumentError` naming ``name``."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise bad_type(name, "an int", value)
+    value = operator.index(value)
     if (low is not None and value < low) or (high is not None and value >= high):
         bounds = f"[{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bounds}, got {value}")
+        raise ArgumentError(f"{name} must be in {bounds}, got {value}")
     return value
+
+
+#: Polls of a wait bound are an int64 on the device; longer bounds are cut to this.
+_MAX_WAIT_POLLS = 1 << 62
+
+
+def _check_seconds(value: Any, name: str) -> float:
+    """``value`` as a finite positive number of seconds, else an error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad_type(name, "a finite number of seconds > 0", value)
+    if not (math.isfinite(value) and value > 0):
+        raise ArgumentError(f"{name} must be a finite number of seconds > 0 (every wait is bounded; for slow "
+                            f"debugging pass a large value such as 3600), got {value!r}")
+    return float(value)
+
+
+def check_resources(transport_cls, boot, heap_size: int) -> None:
+    """Collective: every rank asks ``transport_cls.check_resources`` whether its host has room for
+    its heap; if any rank has not, every rank raises (that rank's error, naming it)."""
+    mine = transport_cls.check_resources(boot, heap_size)
+    problems = boot.all_gather(mine)
+    if mine is not None:
+        raise mine
+    for rank, problem in enumerate(problems):
+        if problem is not None:
+            raise type(problem)(f"rank {rank}: {problem}")
 
 
 def check_reports(label: str, reports: list, error: BaseException | None = None, ranks=None) -> None:
@@ -102,23 +134,28 @@ def init(
     :param debug: check every allocation's offset across ranks (``IRIS_FW_DEBUG=1``).
     :param registries: use these registries instead of loading the installed plugins.
     """
-    _check_int(heap_size, "heap_size", 1)
+    heap_size = _check_int(heap_size, "heap_size", 1)
     if wait_timeout is None:
         wait_timeout = env.get("IRIS_FW_WAIT_TIMEOUT")
-    if not wait_timeout > 0:
-        raise ValueError(f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}")
+    wait_timeout = _check_seconds(wait_timeout, "wait_timeout")
     if debug is None:
         debug = env.get("IRIS_FW_DEBUG")
+    elif not isinstance(debug, bool):
+        raise bad_type("debug", "a bool or None", debug)
+    for name, value in (("transport", transport), ("bootstrap", bootstrap)):
+        if value is not None and not isinstance(value, str):
+            raise bad_type(name, "a plugin name (str) or None", value)
     regs = registries if registries is not None else load_registries()
     transport_cls = choose_transport(regs.transport, transport)
     boot = _bootstrap.choose(regs.bootstrap, bootstrap)()
     try:
         need = header_bytes(boot.world_size) + ALIGN
         if heap_size < need:
-            raise ValueError(
+            raise ArgumentError(
                 f"heap_size={heap_size} is too small: {boot.world_size} ranks need at least {need} "
                 f"bytes ({need - ALIGN} of header plus one {ALIGN}-byte block)"
             )
+        check_resources(transport_cls, boot, heap_size)
         tr = transport_cls(boot, heap_size)
     except BaseException:
         boot.close()
@@ -248,11 +285,12 @@ class Context:
 
     @wait_timeout.setter
     def wait_timeout(self, seconds: float) -> None:
-        if not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ValueError(f"wait_timeout must be a positive number of seconds, got {seconds!r}")
-        self._wait_timeout = float(seconds)
+        self._check_open()
+        seconds = _check_seconds(seconds, "wait_timeout")
+        self._wait_timeout = seconds
         self.transport.synchronize()
-        self._hdr[dev.HDR_WAIT_BOUND.value] = max(_MIN_WAIT_POLLS, int(seconds * self._polls_per_s))
+        polls = min(float(_MAX_WAIT_POLLS), seconds * self._polls_per_s)
+        self._hdr[dev.HDR_WAIT_BOUND.value] = max(_MIN_WAIT_POLLS, int(polls))
 
     def _take_error(self) -> str | None:
         """Read and clear this rank's error record; a description, or ``None``."""
@@ -280,6 +318,7 @@ class Context:
     def synchronize(self) -> None:
         """Wait for this rank's queued device work; raise :class:`WaitTimeout` if a
         device-side wait on this rank gave up."""
+        self._check_open()
         self.transport.synchronize()
         error = self._take_error()
         if error:
@@ -322,7 +361,9 @@ class Context:
     # ---- checks -------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise IrisError("this iris_fw context is closed")
+            raise ContextClosed(
+                f"this iris_fw context (rank {self.rank} of {self.world_size}) is closed: create a new one with "
+                "iris_fw.init(); its heap tensors stay readable but are no longer shared with other ranks")
 
     def check_rank(self, value: Any, name: str = "rank") -> int:
         """``value`` if it is a valid rank, else a ValueError/TypeError naming ``name``."""
@@ -330,6 +371,7 @@ class Context:
 
     def is_symmetric(self, t: Any) -> bool:
         """Whether ``t`` is a tensor that lies on this rank's symmetric heap."""
+        self._check_open()
         return (
             isinstance(t, torch.Tensor)
             and t.device == self.device
@@ -338,6 +380,7 @@ class Context:
 
     def check_symmetric(self, t: Any, name: str = "tensor") -> torch.Tensor:
         """``t`` if it lies on this rank's heap, else :class:`NotOnHeapError` naming ``name``."""
+        self._check_open()
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor on the symmetric heap, got {type(t).__name__}")
         if t.device != self.device:
@@ -357,7 +400,7 @@ class Context:
     def peer_view(self, t: torch.Tensor, peer: int) -> torch.Tensor:
         """``peer``'s copy of the symmetric tensor ``t``, as a tensor over the peer's heap mapped
         in this process (same shape, strides, dtype; does not own the memory)."""
-        offset = self.offset_of(t)
+        offset = self.offset_of(t)  # checks the context is open
         self.check_rank(peer, "peer")
         raw = self.transport.wrap(self.transport.bases[peer] + offset, max(span_bytes(t), t.element_size()))[0]
         return torch.as_strided(raw.view(t.dtype), t.shape, t.stride())
@@ -375,6 +418,7 @@ class Context:
     def check_symmetry(self) -> None:
         """Collective: raise :class:`SymmetryError` describing the first live allocation whose
         offset or size differs between ranks."""
+        self._check_open()
         tables = self.bootstrap.all_gather([(b.offset, b.size, b.what, b.site) for b in self.heap.blocks()])
         longest = max(len(t) for t in tables)
         for i in range(longest):
@@ -406,6 +450,7 @@ class Context:
         """``src``'s ``value`` on every rank. A tensor is overwritten in place with ``src``'s
         data and returned (a symmetric tensor is copied straight from ``src``'s heap);
         anything else is pickled through the bootstrap and returned."""
+        self._check_open()
         self.check_rank(src, "src")
         if not isinstance(value, torch.Tensor):
             return self.bootstrap.broadcast(value, src)
@@ -473,12 +518,14 @@ class Context:
 
     def arange(self, start, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
         """Like :func:`torch.arange` (``arange(end)`` or ``arange(start, end, step)``)."""
+        self._check_open()
         self._check_device(device)
         if end is None:
             start, end = 0, start
         return self._from(torch.arange(start, end, step, dtype=dtype, device=self.device), requires_grad)
 
     def linspace(self, start, end, steps, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+        self._check_open()
         self._check_device(device)
         return self._from(torch.linspace(start, end, steps, dtype=dtype, device=self.device), requires_grad)
 

@@ -165,6 +165,8 @@ class Work:
 
 def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
     """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
+    if ctx._closed:
+        ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
     g = _group(ctx, group)
     run = g.calls.get(key)
     if run is None:

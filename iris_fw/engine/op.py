@@ -77,6 +77,8 @@ class Op:
         self._checked = input_fingerprint(inputs)
 
     def __call__(self, *inputs: Any):
+        if self.ctx.closed:
+            self.ctx._check_open()  # raises: the op's buffers belong to a closed context
         fingerprint = input_fingerprint(inputs)
         try:
             same = fingerprint == self._checked

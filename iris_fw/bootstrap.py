@@ -146,7 +146,10 @@ class TorchBootstrap(Bootstrap):
                     "bootstrap 'torch' needs an initialized torch.distributed or torchrun's "
                     f"environment; missing: {', '.join(missing)}"
                 )
-            dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                self._init_from_agent_store(timeout)
+            else:
+                dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
             self._owns_default = True
         self._group = None
         if dist.get_backend() != "gloo":
@@ -158,6 +161,17 @@ class TorchBootstrap(Bootstrap):
             self.local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
         else:
             self._set_local_ranks()
+
+    def _init_from_agent_store(self, timeout: datetime.timedelta) -> None:
+        """The default group over the store a launcher hosts (``iris-fw launch``, torchrun),
+        under a prefix new to each group this rank creates: keys of a previous group (a context
+        closed and created again) are never read."""
+        dist = self._dist
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timeout)
+        generation = store.add(f"iris_fw/groups_created/{rank}", 1)  # equal on every rank: inits are collective
+        dist.init_process_group(backend="gloo", store=dist.PrefixStore(f"iris_fw/{generation}", store), rank=rank,
+                                world_size=world_size, timeout=timeout)
 
     def all_gather(self, obj):
         out = [None] * self.world_size

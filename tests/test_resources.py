@@ -40,7 +40,7 @@ def _too_large_on_every_rank(ctx):
 
 
 def test_heap_too_large_raises_on_every_rank(iris_pool):
-    iris_pool(3).run(_too_large_on_every_rank, timeout=120)
+    iris_pool(2).run(_too_large_on_every_rank, timeout=120)
 
 
 _SMALL_SHM_SCRIPT = textwrap.dedent("""

@@ -21,7 +21,7 @@ import socket
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping
 
-from .errors import IrisError
+from .errors import ArgumentError, IrisError
 from .hookspecs import hookimpl
 
 #: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
@@ -248,7 +248,7 @@ class MpiBootstrap(Bootstrap):
 
 def _check_src(src: Any, world_size: int) -> None:
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < world_size:
-        raise ValueError(f"src must be a rank in [0, {world_size}), got {src!r}")
+        raise ArgumentError(f"src must be a rank in [0, {world_size}), got {src!r}")
 
 
 def choose(registry, requested: str | None = None, environ: Mapping[str, str] | None = None) -> type[Bootstrap]:

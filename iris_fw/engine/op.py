@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import context as _context
 from .. import env
+from ..errors import ArgumentError, ArgumentTypeError
 from .contract import PatternError, input_fingerprint
 from .scheduler import Scheduler
 from .tuning import lookup
@@ -42,7 +43,7 @@ class Op:
             self.pattern = self.ctx.registries.pattern.require_available(pattern)
             self.signature = self.pattern.signature(self.ctx, *inputs)
             if not isinstance(scheduler, str):
-                raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
+                raise ArgumentTypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
             requested = scheduler
             if scheduler == "auto":
                 choice = lookup(self.pattern, self.signature, self.ctx)
@@ -51,8 +52,8 @@ class Op:
                 if config is None and choice.config is not None:
                     config = self.pattern.Config(**choice.config)
             if config is not None and not isinstance(config, self.pattern.Config):
-                raise TypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
-                                f"or None, got {type(config).__name__}")
+                raise ArgumentTypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
+                                        f"or None, got {type(config).__name__}")
             self.scheduler: Scheduler = self.ctx.registries.scheduler.require_available(scheduler)
             fields = {"pattern": pattern, "scheduler": (requested, scheduler), "inputs": self.signature,
                       "config": config, "comm_sms": comm_sms, "device": self.ctx.device.type}
@@ -113,7 +114,7 @@ class OpCache:
         if capacity is None:
             capacity = env.get("IRIS_FW_OP_CACHE_SIZE")
         if capacity < 1:
-            raise ValueError(f"op cache capacity must be >= 1, got {capacity}")
+            raise ArgumentError(f"op cache capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._ops: OrderedDict = OrderedDict()
 

@@ -1,7 +1,7 @@
 """Rank program for the launcher's tests (tests/test_launch_control.py): ``launch_probe.py MODE``.
 
-* ``fail RANK CODE DIR``: the other ranks write their pid into DIR and sleep 120 s; once they all
-  have, rank RANK exits with CODE.
+* ``fail RANK CODE DIR``: the other ranks write their pid into DIR and sleep 120 s (printing the
+  time a SIGTERM reaches them); once they all have, rank RANK exits with CODE (printing the time).
 * ``sleep``: every rank prints its pid and ``ready``, then sleeps; on SIGINT/SIGTERM it prints what
   it got and exits 0.
 * ``job``: init twice (a second context after the first closed), report the bootstrap,
@@ -51,8 +51,14 @@ if mode == "fail":
         others = int(os.environ["WORLD_SIZE"]) - 1
         while len(os.listdir(folder)) < others:
             time.sleep(0.01)
-        print(f"rank {rank}: exiting with {sys.argv[3]}", flush=True)
+        print(f"rank {rank}: exiting with {sys.argv[3]} at {time.time():.3f}", flush=True)
         sys.exit(int(sys.argv[3]))
+
+    def _stopped(signum, frame):
+        print(f"rank {rank}: stopped at {time.time():.3f}", flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, _stopped)
     with open(os.path.join(folder, f"{rank}.tmp"), "w") as f:
         f.write(str(os.getpid()))
     os.rename(os.path.join(folder, f"{rank}.tmp"), os.path.join(folder, f"{rank}.pid"))

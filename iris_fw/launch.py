@@ -88,17 +88,18 @@ def rank_environ(rank: int, world_size: int, port: int, shm_prefix: str, base: d
     return env
 
 
-def cleanup_shm(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
-    """Remove segments whose names start with ``prefix``; return what was removed."""
+def cleanup_shm(prefix: str, shm_dir: str = "/dev/shm", select=None) -> list[str]:
+    """Remove segments whose names start with ``prefix`` (and for which ``select(name)`` holds,
+    when given); return what was removed."""
     removed = []
     if not prefix or not os.path.isdir(shm_dir):
         return removed
     for name in os.listdir(shm_dir):
-        if name.startswith(prefix):
+        if name.startswith(prefix) and (select is None or select(name)):
             try:
                 os.unlink(os.path.join(shm_dir, name))
                 removed.append(name)
-            except FileNotFoundError:
+            except OSError:  # gone meanwhile, or another user's
                 pass
     return removed
 

@@ -266,7 +266,9 @@ def _init_cases() -> list[Case]:
     ]
 
 
-def _gemm_args(c, m=8, k=16, n=8, dtype=torch.float32):
+def _gemm_args(c, m=None, k=16, n=8, dtype=torch.float32):
+    """Valid operands for all three ops (M divisible by the world size)."""
+    m = 8 * c.world_size if m is None else m
     return _t(c, m, k, dtype=dtype), _t(c, k, n, dtype=dtype)
 
 
@@ -296,13 +298,13 @@ def _ops_cases() -> list[Case]:
             Case(f"ops.{name}", "config 'big'", lambda c, a, op=op: op(*_gemm_args(c), config="big"), ArgumentTypeError,
                  ("config", "got str")),
             Case(f"ops.{name}", "M differs across ranks",
-                 lambda c, a, op=op: op(*_gemm_args(c, m=8 * (1 + (c.rank == 1)))), CollectiveMismatch,
+                 lambda c, a, op=op: op(*_gemm_args(c, m=8 * c.world_size * (1 + (c.rank == 1)))), CollectiveMismatch,
                  ("differs across ranks",), 2),
             Case(f"ops.{name}", "scheduler differs across ranks",
                  lambda c, a, op=op: op(*_gemm_args(c), scheduler=_rank1(c, "bulk_sync", "fused_sequential")),
                  CollectiveMismatch, ("scheduler", "differs across ranks"), 2),
             Case(f"ops.{name}", f"{first} a list on rank 1 only",
-                 lambda c, a, op=op: op(_rank1(c, [[1.0]], _t(c, 8, 16)), _t(c, 16, 8)),
+                 lambda c, a, op=op: op(_rank1(c, [[1.0]], _gemm_args(c)[0]), _gemm_args(c)[1]),
                  _one_bad(ArgumentTypeError), ("rank 1", first), 2),
         ]
     cases += [
@@ -315,7 +317,7 @@ def _ops_cases() -> list[Case]:
                                                              scheduler="producer_consumer", comm_sms=-1),
              ArgumentError, ("comm_sms", "got -1")),
         Case("ops.Op call", "inputs of another shape",
-             lambda c, a: a["op"](_t(c, 16, 16), _t(c, 16, 8)), PatternError, ("planned for inputs",)),
+             lambda c, a: a["op"](*_gemm_args(c, m=16 * c.world_size)), PatternError, ("planned for inputs",)),
     ]
     return cases
 

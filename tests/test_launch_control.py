@@ -39,7 +39,8 @@ def _pids(text):
     return [int(p) for p in re.findall(r"pid (\d+)", text)]
 
 
-@pytest.mark.parametrize("failing, n", [(1, 2), (2, 3), pytest.param(0, 3, marks=pytest.mark.extended)])
+@pytest.mark.parametrize("failing, n", [(1, 2), pytest.param(2, 3, marks=pytest.mark.extended),
+                                        pytest.param(0, 3, marks=pytest.mark.extended)])
 def test_a_failing_rank_stops_the_others_within_a_second(tmp_path, failing, n):
     """Rank ``failing`` exits with 3 once the others run (the old launcher only looked at the
     first running rank, so a failure of rank 1 while rank 0 ran went unnoticed)."""
@@ -136,18 +137,26 @@ def test_bad_flags_give_a_message(capsys):
     assert "name a module" in capsys.readouterr().err
 
 
-def test_module_mode_and_output_tags(tmp_path):
+def _module(tmp_path):
     (tmp_path / "probe_pkg").mkdir()
     (tmp_path / "probe_pkg" / "__init__.py").write_text("")
     (tmp_path / "probe_pkg" / "hello.py").write_text(
         "import os, sys\nprint('hello from', os.environ['RANK'], 'args', sys.argv[1:])\n"
         "print('to stderr', file=sys.stderr)\n")
-    env = {"PYTHONPATH": str(tmp_path)}
-    res = _run(["-n", "2", "-m", "probe_pkg.hello", "a", "--b", "-n", "7"], **env)
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_module_mode_and_output_tags(tmp_path):
+    res = _run(["-n", "2", "-m", "probe_pkg.hello", "a", "--b", "-n", "7"], **_module(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     for r in (0, 1):
         assert f"[rank {r}] hello from {r} args ['a', '--b', '-n', '7']" in res.stdout, res.stdout
         assert f"[rank {r}] to stderr" in res.stderr, res.stderr
+
+
+@pytest.mark.extended
+def test_output_tags_switched_off(tmp_path):
+    env = _module(tmp_path)
     res = _run(["-n", "2", "--no-tag-output", "-m", "probe_pkg.hello"], **env)
     assert res.returncode == 0 and "[rank" not in res.stdout + res.stderr, res.stdout + res.stderr
     assert sorted(line for line in res.stdout.splitlines() if line.startswith("hello")) == [

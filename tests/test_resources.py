@@ -177,7 +177,9 @@ _README_AFTER_WITH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.extended
 def test_result_used_after_the_with_block_does_not_crash(tmp_path):
+    """The README's example, used after its ``with`` block (the rank-pool test above is the quick variant)."""
     script = tmp_path / "after.py"
     script.write_text(_README_AFTER_WITH)
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -24,6 +24,7 @@ import torch
 from iris_fw import env, interpreting
 from iris_fw.errors import IrisError, NotOnHeapError
 from iris_fw.hookspecs import hookimpl
+from iris_fw.launch import cleanup_shm
 from iris_fw.transport import Transport
 
 SHM_DIR = "/dev/shm"
@@ -70,28 +71,20 @@ def remove_stale_segments(prefix: str, shm_dir: str = SHM_DIR) -> list[str]:
     unlinking it leaves (under any launcher; ``iris-fw launch`` also removes them at once).
     Returns the names removed."""
     pattern = re.compile(re.escape(prefix) + re.escape(_pid_namespace()) + r"-(\d+)_[0-9a-f]{32}")
-    removed = []
-    try:
-        names = os.listdir(shm_dir)
-    except OSError:
-        return removed
-    for name in names:
+
+    def owner_dead(name: str) -> bool:
         match = pattern.fullmatch(name)
         if match is None:
-            continue
+            return False
         try:
             os.kill(int(match.group(1)), 0)
-            continue  # the owner lives (or belongs to another user): not ours to judge
         except ProcessLookupError:
-            pass
-        except OSError:
-            continue
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-            removed.append(name)
+            return True
         except OSError:
             pass
-    return removed
+        return False  # the owner lives (or belongs to another user): not ours to judge
+
+    return cleanup_shm(prefix, shm_dir, select=owner_dead)
 
 
 class HostShmTransport(Transport):

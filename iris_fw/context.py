@@ -564,6 +564,8 @@ class Context:
         heap tensor: the shape and dtype come from the same call on the ``meta`` device (no
         memory), so a huge range is refused by the heap, not allocated by torch first."""
         for name, value in args.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_complex:
+                args[name] = value = value.item()  # as torch takes them
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise bad_type(name, "a number", value)
         if dtype is not None and not isinstance(dtype, torch.dtype):

@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     worker += ["--rotate", str(args.rotate)] if args.rotate else []
     worker += ["--heap-size", str(args.heap_size)] if args.heap_size else []
     worker += ["--quick"] if args.quick else []
-    return launch(worker, nprocs)
+    return launch(worker, nprocs, tag_output=False)  # rank 0 prints the tables: no prefixes
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ import json
 import math
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import torch
 import triton
@@ -598,8 +599,9 @@ def _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table) ->
     return fd
 
 
-def plan(q, k, v, *, kv_lens=None, sm_scale=None, scheduler: str = "auto", block_table=None, group=None,
-         ctx=None) -> FlashDecode:
+def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
+         sm_scale: float | None = None, scheduler: str = "auto", block_table: torch.Tensor | None = None,
+         group: Any = None, ctx: Any = None) -> FlashDecode:
     """The :class:`FlashDecode` that :func:`flash_decode` runs for such arguments (collective
     on first use: validated across the group), e.g. for its local kernel alone
     (:meth:`FlashDecode.partial`) or to call it with an ``out`` of its own."""
@@ -607,8 +609,9 @@ def plan(q, k, v, *, kv_lens=None, sm_scale=None, scheduler: str = "auto", block
     return _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
 
 
-def flash_decode(q, k, v, *, kv_lens=None, sm_scale=None, out=None, scheduler: str = "auto", block_table=None,
-                 group=None, ctx=None) -> torch.Tensor:
+def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
+                 sm_scale: float | None = None, out: torch.Tensor | None = None, scheduler: str = "auto",
+                 block_table: torch.Tensor | None = None, group: Any = None, ctx: Any = None) -> torch.Tensor:
     """Decode attention over a sequence split across the group's ranks (collective): returns
     ``o [B, Hq, Dv]`` = softmax(q·Kᵀ·sm_scale)·V over every rank's slice, the same on every
     rank. ``q [B, Hq, D]`` (the same on every rank), ``k [B, S_r, Hkv, D]``, ``v [B, S_r, Hkv,

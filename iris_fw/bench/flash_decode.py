@@ -38,10 +38,10 @@ from __future__ import annotations
 import gc
 import itertools
 import math
-import os
 
 import torch
 
+from .. import env
 from .. import flash_decode as fd
 from ..hookspecs import hookimpl
 from .ccl import GRAPH_CALLS, _attempt, _capture, _nccl_reason, parse_dtype
@@ -197,7 +197,7 @@ class FlashDecodeBench:
         for batch, ntok in itertools.product(batches, tokens):
             point = _Point(ctx, opts, batch, ntok, dtype)
             rows += self._one(ctx, opts, point, [m for m in methods if m not in skipped], gpu)
-            if os.environ.get("IRIS_FW_BENCH_TUNE") == "1" and (batch, ntok) == (TARGET if TARGET[0] in batches
+            if env.get("IRIS_FW_BENCH_TUNE") and (batch, ntok) == (TARGET if TARGET[0] in batches
                                                                                  and TARGET[1] in tokens
                                                                                  else (batches[0], tokens[0])):
                 rows += self._tune(ctx, opts, point)

@@ -23,7 +23,7 @@ import triton
 
 from .. import devinfo
 from ..engine.launcher import KernelLauncher
-from ..errors import IrisError
+from ..errors import ArgumentError, IrisError
 
 #: Smallest capacity class (bytes of one rank's message per kernel configuration).
 MIN_CAPACITY = 4096
@@ -223,7 +223,7 @@ def choose(group, call: Call, requested: str) -> Algorithm:
         algo = registry.require_available(f"{call.collective}.{requested}")
         ok, why = algo.supports(call)
         if not ok:
-            raise ValueError(f"algorithm {requested!r} cannot run this {call.collective}: {why}")
+            raise ArgumentError(f"algorithm {requested!r} cannot run this {call.collective}: {why}")
         return algo
     tried = []
     for name in auto_order(group.ctx, call.world, call.collective, call.nbytes):

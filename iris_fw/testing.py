@@ -30,6 +30,11 @@ from .launch import Rendezvous, cleanup_shm, gpu_count, new_shm_prefix, rank_env
 
 #: Seconds one function may take on a pool before the pool is killed.
 DEFAULT_JOB_TIMEOUT_S = env.get("IRIS_FW_TEST_TIMEOUT")
+#: Device-side wait bound of the pools' contexts. Generous: the ranks of a test reach a kernel
+#: tens of seconds apart when the host is loaded (the CPU interpreter on CI's 2 cores, or GPU
+#: test workers compiling the same kernels at once: a first fp32 GEMM compile outlasted a 30 s
+#: wait on one H200 with six workers). Tests of timeouts set their own short bound.
+POOL_WAIT_TIMEOUT_S = 120.0
 #: In a rank's error: its GPU context is unusable (an illegal memory access poisons it for good).
 _POISONED = "AcceleratorError"
 #: After one rank fails, seconds the others get to report before the pool is killed.
@@ -81,7 +86,8 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
 class RankPool:
     """``world_size`` rank processes, each with a context, that run functions on request."""
 
-    def __init__(self, world_size: int, heap_size: int, wait_timeout: float = 30.0, start_timeout: float = 300.0):
+    def __init__(self, world_size: int, heap_size: int, wait_timeout: float = POOL_WAIT_TIMEOUT_S,
+                 start_timeout: float = 300.0):
         self.world_size = world_size
         self.broken = False
         self._prefix = new_shm_prefix()

@@ -459,14 +459,14 @@ def _missing_rank(ctx):
     from iris_fw import ccl
 
     ccl.new_group()  # the world group, created by every rank
-    ctx.wait_timeout = 2.0
+    old, ctx.wait_timeout = ctx.wait_timeout, 2.0
     try:
         if ctx.rank == 0:
             t = torch.ones(10, device=ctx.device)
             with pytest.raises(WaitTimeout, match="did not enter"):
                 ccl.all_reduce(t)
     finally:
-        ctx.wait_timeout = 30.0
+        ctx.wait_timeout = old
     ccl.destroy_group()
 
 

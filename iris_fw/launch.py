@@ -106,7 +106,9 @@ def cleanup_shm(prefix: str, shm_dir: str = "/dev/shm", select=None) -> list[str
 
 def job_settings(nprocs: int, environ=None) -> dict:
     """The ``IRIS_FW_*`` settings every rank of an ``nprocs``-rank job gets: the bootstrap and
-    the transport resolved once, here. Raises :class:`EnvironmentVariableError` when the
+    the transport resolved once, here. The bootstrap stays ``auto`` unless the environment names
+    one: ranks get torchrun's variables, which the ``torch`` bootstrap recognizes, and a plugin
+    bootstrap asked before it (a lower ``priority``) may recognize a variable of its own. Raises :class:`EnvironmentVariableError` when the
     environment contradicts the job (or has an invalid ``IRIS_FW_*`` value), with what to do."""
     environ = os.environ if environ is None else environ
     env.in_effect(environ)  # every IRIS_FW_* value parses, or the launcher says which does not
@@ -138,7 +140,7 @@ def job_settings(nprocs: int, environ=None) -> dict:
             raise ArgumentError(
                 f"nprocs: -n {nprocs} needs {nprocs} GPUs (one per rank) and {gpus} are visible; launch -n {gpus}, "
                 "or set IRIS_FW_SHARE_GPUS=1 to let ranks share GPUs (correctness tests only)")
-    return {"IRIS_FW_BOOTSTRAP": "single" if bootstrap == "single" else "torch", "IRIS_FW_TRANSPORT": transport}
+    return {"IRIS_FW_BOOTSTRAP": bootstrap, "IRIS_FW_TRANSPORT": transport}
 
 
 class Rendezvous:
@@ -213,7 +215,7 @@ def launch(argv: list[str], nprocs: int, timeout: float | None = None, *, module
     settings = job_settings(nprocs)
     tag = nprocs > 1 if tag_output is None else bool(tag_output)
     prefix = new_shm_prefix()
-    store = Rendezvous() if settings["IRIS_FW_BOOTSTRAP"] == "torch" else None
+    store = Rendezvous() if settings["IRIS_FW_BOOTSTRAP"] != "single" else None
     command = [sys.executable, *(["-m"] if module else []), *argv]
     procs: list[subprocess.Popen] = []
     taggers: list[_Tagger] = []

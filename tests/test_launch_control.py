@@ -114,6 +114,8 @@ def test_job_settings():
     assert launch_mod.job_settings(1, {"IRIS_FW_BOOTSTRAP": "single", "TRITON_INTERPRET": "1"}) == {
         "IRIS_FW_BOOTSTRAP": "single", "IRIS_FW_TRANSPORT": "host_shm"}
     assert launch_mod.job_settings(3, {"TRITON_INTERPRET": "1"}) == {
+        "IRIS_FW_BOOTSTRAP": "auto", "IRIS_FW_TRANSPORT": "host_shm"}
+    assert launch_mod.job_settings(3, {"TRITON_INTERPRET": "1", "IRIS_FW_BOOTSTRAP": "torch"}) == {
         "IRIS_FW_BOOTSTRAP": "torch", "IRIS_FW_TRANSPORT": "host_shm"}
     with pytest.raises(EnvironmentVariableError, match="contradicts TRITON_INTERPRET=1"):
         launch_mod.job_settings(2, {"IRIS_FW_TRANSPORT": "gpu_ipc", "TRITON_INTERPRET": "1"})

@@ -65,7 +65,8 @@ class AllReduce:
 
 
 def main() -> int:
-    with iris_fw.init(heap_size=1 << 24) as ctx:
+    # the inbox holds world_size x n floats: ~16 MiB per rank on GPUs, where n is 4 Mi
+    with iris_fw.init(heap_size=(1 << 28) if torch.cuda.is_available() else (1 << 24)) as ctx:
         w, n = ctx.world_size, (1000 if ctx.device.type == "cpu" else (1 << 22) + 5)
         all_reduce = AllReduce(ctx, n)
         oks = []

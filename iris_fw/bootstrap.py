@@ -21,7 +21,7 @@ import socket
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping
 
-from .errors import IrisError
+from .errors import ArgumentError, IrisError
 from .hookspecs import hookimpl
 
 #: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
@@ -163,7 +163,10 @@ class TorchBootstrap(Bootstrap):
                     "bootstrap 'torch' needs an initialized torch.distributed or torchrun's "
                     f"environment; missing: {', '.join(missing)}"
                 )
-            dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                self._init_from_agent_store(timeout)
+            else:
+                dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
             self._owns_default = True
         self._group = None
         if dist.get_backend() != "gloo":
@@ -175,6 +178,17 @@ class TorchBootstrap(Bootstrap):
             self.local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
         else:
             self._set_local_ranks()
+
+    def _init_from_agent_store(self, timeout: datetime.timedelta) -> None:
+        """The default group over the store a launcher hosts (``iris-fw launch``, torchrun),
+        under a prefix new to each group this rank creates: keys of a previous group (a context
+        closed and created again) are never read."""
+        dist = self._dist
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timeout)
+        generation = store.add(f"iris_fw/groups_created/{rank}", 1)  # equal on every rank: inits are collective
+        dist.init_process_group(backend="gloo", store=dist.PrefixStore(f"iris_fw/{generation}", store), rank=rank,
+                                world_size=world_size, timeout=timeout)
 
     def all_gather(self, obj):
         out = [None] * self.world_size
@@ -260,7 +274,7 @@ class MpiBootstrap(Bootstrap):
 
 def _check_src(src: Any, world_size: int) -> None:
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < world_size:
-        raise ValueError(f"src must be a rank in [0, {world_size}), got {src!r}")
+        raise ArgumentError(f"src must be a rank in [0, {world_size}), got {src!r}")
 
 
 def choose(registry, requested: str | None = None, environ: Mapping[str, str] | None = None) -> type[Bootstrap]:
@@ -273,10 +287,12 @@ def choice(registry, requested: str | None = None,
            environ: Mapping[str, str] | None = None) -> tuple[type[Bootstrap], str]:
     """:func:`choose`'s bootstrap class and why it was chosen (which variables it recognized,
     and which detected bootstraps were passed over as unavailable)."""
+    from . import env
+
     environ = os.environ if environ is None else environ
     if requested not in (None, "", "auto"):
         return registry.require_available(requested), f"init(bootstrap={requested!r})"
-    forced = environ.get("IRIS_FW_BOOTSTRAP") or "auto"
+    forced = env.get("IRIS_FW_BOOTSTRAP", environ) or "auto"
     if forced != "auto":
         return registry.require_available(forced), f"IRIS_FW_BOOTSTRAP={forced}"
     entries = sorted(registry, key=lambda e: (getattr(e.obj, "priority", 100), e.name))

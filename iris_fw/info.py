@@ -26,8 +26,10 @@ SHM_DIR = "/dev/shm"
 def find_mpirun() -> str | None:
     """``IRIS_FW_MPIRUN``, else the mpirun beside this Python (the ``mpich`` wheel's, also under
     pyenv, whose shims hide it from PATH), else the one on PATH."""
+    from . import env
+
     beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    return os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
+    return env.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
 
 
 def versions() -> dict[str, str]:
@@ -68,7 +70,9 @@ def interpreter() -> tuple[bool, str]:
     from . import interpreting
 
     names, no_gpu = gpus()
-    forced = os.environ.get("IRIS_FW_TRANSPORT", "auto") or "auto"
+    from . import env
+
+    forced = env.get("IRIS_FW_TRANSPORT") or "auto"
     if interpreting():
         if forced == "host_shm":
             return True, "IRIS_FW_TRANSPORT=host_shm asks for CPU ranks"

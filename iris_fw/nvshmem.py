@@ -35,13 +35,12 @@ import os
 import sys
 from typing import Any, Callable
 
+from . import env
 from .errors import IrisError
 
 ENV_HOME = "IRIS_FW_NVSHMEM_HOME"
 ENV_CALLS = "IRIS_FW_NVSHMEM_CALLS"
 ENV_BOOTSTRAP = "IRIS_FW_NVSHMEM_BOOTSTRAP"
-CALL_CHOICES = ("auto", "all")
-BOOTSTRAP_CHOICES = ("uid", "mpi")
 
 #: ``iris_fw.device.NVSHMEM_CALLS`` values.
 CALLS_OFF, CALLS_REMOTE, CALLS_ALL = 0, 1, 2
@@ -61,10 +60,10 @@ _WHEEL_DIR = os.path.join("nvidia", "nvshmem")
 # ---- finding the installation ---------------------------------------------------------------------
 
 
-def find_home(environ=os.environ) -> tuple[str | None, str]:
+def find_home(environ=None) -> tuple[str | None, str]:
     """The NVSHMEM installation folder (holding ``lib/``) and where it was found, or ``(None,
-    why not)``."""
-    forced = environ.get(ENV_HOME)
+    why not)``; ``environ`` (default ``os.environ``) gives ``IRIS_FW_NVSHMEM_HOME``."""
+    forced = env.get(ENV_HOME, environ)
     if forced:
         if os.path.isdir(os.path.join(forced, "lib")):
             return forced, f"{ENV_HOME}={forced}"
@@ -122,8 +121,6 @@ def problem(*, cuda: bool, hip: bool, capability: tuple[int, int] | None, interp
                 f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} (Volta) or newer")
     if home is None:
         return home_why
-    if bootstrap_choice not in BOOTSTRAP_CHOICES:
-        return f"{ENV_BOOTSTRAP} must be one of {', '.join(BOOTSTRAP_CHOICES)}, got {bootstrap_choice!r}"
     if bootstrap_choice == "mpi":
         if mpi_library is None:
             return f"{ENV_BOOTSTRAP}=mpi needs mpi4py (pip install 'iris-fw[mpi]') and Open MPI"
@@ -136,9 +133,7 @@ def problem(*, cuda: bool, hip: bool, capability: tuple[int, int] | None, interp
 
 def call_mode(choice: str, unmapped_peers: list[int]) -> int:
     """``iris_fw.device.NVSHMEM_CALLS`` for ``IRIS_FW_NVSHMEM_CALLS=choice`` on a rank whose
-    peers ``unmapped_peers`` have no load/store mapping."""
-    if choice not in CALL_CHOICES:
-        raise ValueError(f"{ENV_CALLS} must be one of {', '.join(CALL_CHOICES)}, got {choice!r}")
+    peers ``unmapped_peers`` have no load/store mapping (``choice`` as :mod:`iris_fw.env` parsed it)."""
     if choice == "all":
         return CALLS_ALL
     return CALLS_REMOTE if unmapped_peers else CALLS_OFF
@@ -435,7 +430,7 @@ def detach() -> None:
         _link.uninstall()
 
 
-def describe(environ=os.environ) -> dict[str, Any]:
+def describe(environ=None) -> dict[str, Any]:
     """What ``iris-fw info`` and the GPU script print: the installation, its version, the device
     bitcode per shipped architecture."""
     home, why = find_home(environ)

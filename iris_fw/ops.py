@@ -7,6 +7,10 @@ rank's result as a new tensor::
     c = iris_fw.ops.all_gather_gemm(a_shard, b_local)         # [M/W, K] gathered @ [K, N/W] -> [M, N/W]
     c = iris_fw.ops.gemm_reduce_scatter(a_local, b_local)     # [M, K/W] @ [K/W, N] summed -> [M/W, N]
     c = iris_fw.ops.gemm_all_reduce(a_local, b_local, bias=b) # [M, K/W] @ [K/W, N] summed (+ bias) -> [M, N]
+    o = iris_fw.ops.flash_decode(q, k_local, v_local)         # decode attention over a sequence split by rank
+
+``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers, ``"fused"`` (one kernel
+that combines across ranks) and ``"bulk_sync"``; the GEMM schedulers below are the engine's.
 
 ``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
 ``fused_sequential``, ``wg_specialized``, ``copy_engine``, ``library`` — no fusion: cuBLAS
@@ -31,12 +35,14 @@ import torch
 
 from . import context as _context
 from .engine.op import Op
+from .flash_decode import flash_decode
 from .gemm import GemmConfig, matmul
 
 if TYPE_CHECKING:
     from .context import Context
 
-__all__ = ["Op", "all_gather_gemm", "gemm_all_reduce", "gemm_all_scatter", "gemm_reduce_scatter", "matmul", "plan"]
+__all__ = ["Op", "all_gather_gemm", "flash_decode", "gemm_all_reduce", "gemm_all_scatter", "gemm_reduce_scatter",
+           "matmul", "plan"]
 
 
 def plan(pattern: str, *inputs: Any, ctx: Context | None = None, scheduler: str = "auto", config: Any = None,

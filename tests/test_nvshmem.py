@@ -19,8 +19,9 @@ import torch
 
 import iris_fw
 from iris_fw import device as dv
+from iris_fw import env
 from iris_fw import nvshmem as nv
-from iris_fw.errors import IrisError
+from iris_fw.errors import EnvironmentVariableError, IrisError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -52,10 +53,9 @@ def test_available_on_a_hopper_gpu_with_nvshmem():
     (dict(cuda=False, capability=None), "no CUDA GPU"),
     (dict(capability=(6, 1)), "unsupported GPU: compute capability 6.1"),
     (dict(home=None, home_why="NVSHMEM is not installed: pip install nvidia-nvshmem-cu13"), "pip install nvidia-nvshmem"),
-    (dict(bootstrap_choice="pmix"), "IRIS_FW_NVSHMEM_BOOTSTRAP must be one of uid, mpi"),
     (dict(bootstrap_choice="mpi", mpi_library=None), "needs mpi4py"),
     (dict(bootstrap_choice="mpi", mpi_library="MPICH Version: 4.2.0\nMPICH Release date"), "built for Open MPI"),
-], ids=["interpreter", "rocm", "no-gpu", "pascal", "no-wheel", "bad-bootstrap", "no-mpi", "mpich"])
+], ids=["interpreter", "rocm", "no-gpu", "pascal", "no-wheel", "no-mpi", "mpich"])
 def test_unavailable_reasons(overrides, words):
     why = _problem(**overrides)
     assert words in why, why
@@ -100,8 +100,21 @@ def test_call_mode_choice():
     assert nv.call_mode("auto", []) == nv.CALLS_OFF  # every peer mapped: kernels as on gpu_ipc
     assert nv.call_mode("auto", [2, 3]) == nv.CALLS_REMOTE
     assert nv.call_mode("all", []) == nv.CALLS_ALL
-    with pytest.raises(ValueError, match="IRIS_FW_NVSHMEM_CALLS must be one of auto, all"):
-        nv.call_mode("always", [])
+
+
+@pytest.mark.parametrize("name, text, words", [
+    (nv.ENV_CALLS, "always", "one of auto, all"),
+    (nv.ENV_BOOTSTRAP, "pmix", "one of uid, mpi"),
+])
+def test_bad_variables_raise_and_make_the_plugin_unavailable(monkeypatch, name, text, words):
+    assert env.get(nv.ENV_CALLS, {nv.ENV_CALLS: " ALL"}) == "all"
+    assert env.get(nv.ENV_BOOTSTRAP, {}) == "uid"
+    with pytest.raises(EnvironmentVariableError, match=f"{name}='{text}' is not valid: expected {words}"):
+        env.get(name, {name: text})
+    monkeypatch.setenv(name, text)
+    if name == nv.ENV_BOOTSTRAP:  # read by availability: the plugin says why, naming the variable
+        ok, why = iris_fw.context.load_registries().transport.entry("nvshmem").availability()
+        assert not ok and name in why, why
 
 
 def test_call_mode_setter_checks_its_argument():
@@ -136,13 +149,59 @@ def _exchange(ctx):
     return api.created, uid, rank, world_size
 
 
-def test_unique_id_broadcast_from_rank0(iris_pool):
-    results = iris_pool(3).run(_exchange)  # three rank processes, the torch (gloo) bootstrap
+def _check_exchange(results):
     W = len(results)
     for r, (created, uid, rank, world_size) in enumerate(results):
         assert created == (1 if r == 0 else 0), "only rank 0 creates the unique id"
         assert uid == bytes([1]) * nv.UNIQUE_ID_BYTES, f"rank {r} joined with another rank's id"
         assert (rank, world_size) == (r, W)
+
+
+class _ThreadBootstrap:
+    """The part of a bootstrap :func:`nv.init_by_unique_id` uses, for ranks that are threads of
+    this process (every wait bounded)."""
+
+    def __init__(self, shared, rank, world_size):
+        self.shared, self.rank, self.world_size = shared, rank, world_size
+
+    def broadcast(self, obj, src):
+        if self.rank == src:
+            self.shared["value"] = obj
+        self.shared["barrier"].wait()
+        value = self.shared["value"]
+        self.shared["barrier"].wait()  # nobody overwrites it before every rank has read it
+        return value
+
+
+def test_unique_id_broadcast_from_rank0():
+    """Three ranks (threads): rank 0 alone creates the id, every rank joins with it."""
+    import threading
+
+    W = 3
+    shared = {"barrier": threading.Barrier(W, timeout=30)}
+    results, errors = [None] * W, []
+
+    def rank_main(r):
+        try:
+            api = _FakeApi(r)
+            nv.init_by_unique_id(api, _ThreadBootstrap(shared, r, W))
+            results[r] = (api.created, *api.joined)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and all(not t.is_alive() for t in threads), errors
+    _check_exchange(results)
+
+
+@pytest.mark.extended
+def test_unique_id_broadcast_through_the_torch_bootstrap(iris_pool):
+    """The same through a real bootstrap: three rank processes, the torch (gloo) bootstrap."""
+    _check_exchange(iris_pool(3).run(_exchange))
 
 
 def test_malformed_unique_id_raises():
@@ -375,7 +434,7 @@ def _transport_facts(ctx):
     ctx.barrier()
     del t
     return {"mode": tr.call_mode, "unmapped": tr.unmapped, "seen": seen, "version": tr.version,
-            "calls_env": os.environ.get(nv.ENV_CALLS, "auto")}
+            "calls_env": env.get(nv.ENV_CALLS)}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4], ids=lambda w: f"w{w}")

@@ -27,12 +27,12 @@ import os
 import torch
 
 from iris_fw import device as dv
-from iris_fw import interpreting
+from iris_fw import env, interpreting
 from iris_fw import nvshmem as nv
-from iris_fw.errors import IrisError
+from iris_fw.errors import EnvironmentVariableError, IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.transport import Transport
-from iris_fw.transports.gpu_ipc import _DeviceBlock  # device memory for torch, the same as gpu_ipc's
+from iris_fw.transports.gpu_ipc import GpuIpcTransport, _DeviceBlock
 
 #: Bytes of the symmetric heap NVSHMEM keeps for itself (teams, collectives' work arrays) on top
 #: of iris-fw's heap, when iris-fw sizes it (``NVSHMEM_SYMMETRIC_SIZE`` unset).
@@ -58,8 +58,11 @@ class NvshmemTransport(Transport):
         cuda = torch.cuda.is_available()
         hip = bool(torch.version.hip)
         capability = torch.cuda.get_device_capability(0) if cuda and not hip else None
-        home, why = nv.find_home()
-        choice = os.environ.get(nv.ENV_BOOTSTRAP, "uid")
+        try:
+            home, why = nv.find_home()
+            choice = env.get(nv.ENV_BOOTSTRAP)
+        except EnvironmentVariableError as exc:
+            return False, str(exc)
         problem = nv.problem(cuda=cuda, hip=hip, capability=capability, interpreting=interpreting(), home=home,
                              home_why=why, bootstrap_choice=choice,
                              mpi_library=_mpi_library() if choice == "mpi" else None)
@@ -70,17 +73,21 @@ class NvshmemTransport(Transport):
                 problem = str(exc)
         return (not problem), problem
 
+    @classmethod
+    def check_resources(cls, bootstrap, heap_size):
+        """gpu_ipc's check: the heaps of the ranks on this rank's GPU fit its free memory, less a
+        reserve (1 GiB, which also holds the part of NVSHMEM's heap iris-fw adds for NVSHMEM)."""
+        return GpuIpcTransport.check_resources(bootstrap, heap_size)
+
     def __init__(self, bootstrap, heap_size: int):
+        calls_choice = env.get(nv.ENV_CALLS)  # a bad value raises here, naming the variable
+        env.get(nv.ENV_BOOTSTRAP)
         ok, why = self.available()
         if not ok:
             raise IrisError(f"transport 'nvshmem' is unavailable: {why}")
-        count = torch.cuda.device_count()
-        local = bootstrap.local_rank
-        if local >= count:
-            raise IrisError(
-                f"nvshmem: local rank {local} has no GPU: {count} visible on this host "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); NVSHMEM needs one GPU per rank"
-            )
+        # GPU local_rank (modulo the GPU count under IRIS_FW_SHARE_GPUS=1: several PEs on one GPU,
+        # NVSHMEM's multiple-processes-per-GPU mode), chosen as gpu_ipc chooses it
+        local, _ = GpuIpcTransport._gpu_of(bootstrap)
         self.device = torch.device("cuda", local)
         torch.cuda.set_device(self.device)
         torch.zeros(1, device=self.device)  # the device's primary context is current: NVSHMEM uses it
@@ -100,8 +107,6 @@ class NvshmemTransport(Transport):
             # one host: NVSHMEM's unique-id bootstrap over loopback, no inter-node transport to probe
             os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")
             os.environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
-        calls_choice = os.environ.get(nv.ENV_CALLS, "auto")
-        nv.call_mode(calls_choice, [])  # validates the variable before anything starts
         try:
             self._init_nvshmem(api, bootstrap)
             self._set_up_heap(api, bootstrap, heap_size, home, calls_choice)
@@ -114,8 +119,7 @@ class NvshmemTransport(Transport):
     def _init_nvshmem(api: nv.HostApi, bootstrap) -> None:
         if api.initialized():
             raise IrisError("nvshmem: NVSHMEM is already initialised in this process (one nvshmem context at a time)")
-        choice = os.environ.get(nv.ENV_BOOTSTRAP, "uid")
-        if choice == "mpi":
+        if env.get(nv.ENV_BOOTSTRAP) == "mpi":
             if bootstrap.name != "mpi":
                 raise IrisError(f"nvshmem: {nv.ENV_BOOTSTRAP}=mpi needs the 'mpi' bootstrap (run under mpirun), "
                                 f"this job uses {bootstrap.name!r}")

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import env
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: The ``measured`` column of every row taken on CPU ranks, and the note printed before them.
 CPU_LABEL = "cpu-interpreter"
@@ -156,7 +158,7 @@ def environment(ctx) -> dict:
 
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": os.environ.get("IRIS_FW_BENCH_COMMAND", " ".join(sys.argv)),
+        "command": env.get("IRIS_FW_BENCH_COMMAND") or " ".join(sys.argv),
         "world_size": ctx.world_size,
         "transport": ctx.transport.name,
         "torch": torch.__version__,
@@ -420,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     worker += ["--heap-size", str(args.heap_size)] if args.heap_size else []
     worker += ["--quick"] if args.quick else []
     worker += ["--cases", args.cases] if args.cases else []
-    return launch(worker, nprocs)
+    return launch(worker, nprocs, tag_output=False)  # rank 0 prints the tables: no prefixes
 
 
 if __name__ == "__main__":

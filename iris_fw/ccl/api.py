@@ -8,6 +8,7 @@ members (:meth:`Group.exchange`), choose the algorithm, plan it, and cache the l
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
@@ -17,6 +18,7 @@ import triton.language as tl
 
 from .. import context as _context
 from .. import tilecomm as tc
+from ..errors import ArgumentError, ArgumentTypeError, bad_type
 from . import algorithm as al
 from .group import Group, default_workspace_bytes
 
@@ -62,11 +64,11 @@ def _ranks_of(ctx, group) -> tuple[int, ...]:
         import torch.distributed as dist
 
         if not isinstance(group, dist.ProcessGroup):
-            raise TypeError(f"group must be None, an iris_fw.ccl.Group, a list of ranks or a torch ProcessGroup, "
-                            f"got {type(group).__name__}")
+            raise ArgumentTypeError(f"group must be None, an iris_fw.ccl.Group, a list of ranks or a torch ProcessGroup, "
+                                    f"got {type(group).__name__}")
         ranks = dist.get_process_group_ranks(group)
     if len(set(ranks)) != len(ranks) or not ranks or any(not 0 <= r < ctx.world_size for r in ranks):
-        raise ValueError(f"group must list distinct ranks in [0, {ctx.world_size}), got {list(ranks)}")
+        raise ArgumentError(f"group must list distinct ranks in [0, {ctx.world_size}), got {list(ranks)}")
     return tuple(sorted(ranks))
 
 
@@ -79,7 +81,14 @@ def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ct
     error, ranks_t, size = None, None, None
     try:
         ranks_t = _ranks_of(ctx, ranks)
-        size = default_workspace_bytes(ctx) if workspace_bytes is None else int(workspace_bytes)
+        if workspace_bytes is None:
+            size = default_workspace_bytes(ctx)
+        elif isinstance(workspace_bytes, bool) or not hasattr(type(workspace_bytes), "__index__"):
+            raise bad_type("workspace_bytes", "an int (bytes) or None", workspace_bytes)
+        else:
+            size = operator.index(workspace_bytes)
+        if size < Group.min_workspace_bytes():
+            raise ArgumentError(f"workspace_bytes must be at least {Group.min_workspace_bytes()} for a group, got {size}")
     except Exception as exc:
         error = exc
     ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error)
@@ -121,11 +130,11 @@ def _group(ctx, group) -> Group:
         found = ctx.comm_groups.get(ranks)
         if found is None:
             if len(ranks) != ctx.world_size:
-                raise ValueError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
-                                 f"on every rank first (as torch.distributed.new_group)")
+                raise ArgumentError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
+                                    f"on every rank first (as torch.distributed.new_group)")
             found = new_group(ranks, ctx=ctx)  # the world: every rank is in this call
     if found.rank is None:
-        raise ValueError(f"rank {ctx.rank} is not in the group {list(found.ranks)} it called a collective on")
+        raise ArgumentError(f"rank {ctx.rank} is not in the group {list(found.ranks)} it called a collective on")
     return found
 
 
@@ -174,8 +183,14 @@ class Work:
 
 def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
     """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
+    if ctx._closed:
+        ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
     g = _group(ctx, group)
-    run = g.calls.get(key)
+    try:
+        run = g.calls.get(key)
+    except TypeError:  # an unhashable argument (e.g. op=[1]): the full checks report it
+        prepare(g)(src, dst)
+        return Work(ctx) if async_op else None
     if run is None:
         run = prepare(g)
         g.calls[key] = run
@@ -193,7 +208,7 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
     try:
         fields, call, extra = check()
         if not isinstance(algorithm, str):
-            raise TypeError(f"algorithm must be a name or 'auto', got {algorithm!r}")
+            raise ArgumentTypeError(f"algorithm must be a name or 'auto', got {algorithm!r}")
         fields["algorithm"] = algorithm
     except Exception as exc:  # every member must hear of it, or they would wait for this one
         error = exc
@@ -220,13 +235,13 @@ def _identity(src, dst) -> None:
 
 def _check_tensor(ctx, t, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != ctx.device:
-        raise ValueError(f"{name} must be on this rank's device {ctx.device}, got a tensor on {t.device}")
+        raise ArgumentError(f"{name} must be on this rank's device {ctx.device}, got a tensor on {t.device}")
     if t.dtype not in al.DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in al.DTYPES)}")
+        raise ArgumentTypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in al.DTYPES)}")
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (shape {list(t.shape)}, strides {list(t.stride())})")
+        raise ArgumentError(f"{name} must be contiguous (shape {list(t.shape)}, strides {list(t.stride())})")
     return t
 
 
@@ -234,28 +249,30 @@ def _op_name(op, dtype) -> str:
     try:
         name = _OPS[op]
     except (KeyError, TypeError):
-        raise ValueError(f"op must be a torch.distributed.ReduceOp (SUM, AVG, MAX, MIN, PRODUCT) or one of "
-                         f"{al.REDUCE_OPS}, got {op!r}") from None
+        raise ArgumentError(f"op must be a torch.distributed.ReduceOp (SUM, AVG, MAX, MIN, PRODUCT) or one of "
+                            f"{al.REDUCE_OPS}, got {op!r}") from None
     if name == "avg" and dtype not in al.FLOAT_DTYPES:
-        raise ValueError(f"op AVG needs a floating dtype, got {dtype}")
+        raise ArgumentError(f"op AVG needs a floating dtype, got {dtype}")
     return name
 
 
-def _fast_ok(ctx, a, b=None) -> bool:
+def _fast_ok(ctx, *tensors) -> bool:
     """Whether the call's tensors can take the cached path (else the full checks report them)."""
     dev = ctx.device
-    if not (isinstance(a, torch.Tensor) and a.device == dev and a.is_contiguous()):
-        return False
-    return b is None or (isinstance(b, torch.Tensor) and b.device == dev and b.is_contiguous())
+    return all(isinstance(t, torch.Tensor) and t.device == dev and t.is_contiguous() for t in tensors)
 
 
 def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:
     if group_rank is not None:
-        if not isinstance(group_rank, int) or not 0 <= group_rank < g.size:
-            raise ValueError(f"group_{name} must be a rank of the group in [0, {g.size}), got {group_rank!r}")
+        if isinstance(group_rank, bool) or not isinstance(group_rank, int):
+            raise bad_type(f"group_{name}", f"a rank of the group in [0, {g.size})", group_rank)
+        if not 0 <= group_rank < g.size:
+            raise ArgumentError(f"group_{name} must be a rank of the group in [0, {g.size}), got {group_rank!r}")
         return group_rank
-    if not isinstance(rank, int) or rank not in g.ranks:
-        raise ValueError(f"{name} must be a (global) rank of the group {list(g.ranks)}, got {rank!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise bad_type(name, f"a (global) rank of the group {list(g.ranks)}", rank)
+    if rank not in g.ranks:
+        raise ArgumentError(f"{name} must be a (global) rank of the group {list(g.ranks)}, got {rank!r}")
     return g.ranks.index(rank)
 
 
@@ -309,11 +326,11 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
             _check_tensor(ctx, input_tensor, "input_tensor")
             _check_tensor(ctx, output_tensor, "output_tensor")
             if output_tensor.dtype != input_tensor.dtype:
-                raise TypeError(f"output_tensor has dtype {output_tensor.dtype}, input_tensor {input_tensor.dtype}")
+                raise ArgumentTypeError(f"output_tensor has dtype {output_tensor.dtype}, input_tensor {input_tensor.dtype}")
             if output_tensor.numel() != g.size * input_tensor.numel():
-                raise ValueError(f"output_tensor must hold {g.size} x input_tensor.numel() = "
-                                 f"{g.size * input_tensor.numel()} elements, got {output_tensor.numel()} "
-                                 f"(shape {list(output_tensor.shape)})")
+                raise ArgumentError(f"output_tensor must hold {g.size} x input_tensor.numel() = "
+                                    f"{g.size * input_tensor.numel()} elements, got {output_tensor.numel()} "
+                                    f"(shape {list(output_tensor.shape)})")
             fields = {"dtype": input_tensor.dtype, "input numel": input_tensor.numel()}
             call = al.Call("all_gather", input_tensor.dtype, input_tensor.numel(), g.size)
             return fields, call, _heap_offset(ctx, input_tensor)
@@ -341,10 +358,10 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
             _check_tensor(ctx, input, "input")
             _check_tensor(ctx, output, "output")
             if output.dtype != input.dtype:
-                raise TypeError(f"output has dtype {output.dtype}, input {input.dtype}")
+                raise ArgumentTypeError(f"output has dtype {output.dtype}, input {input.dtype}")
             if input.numel() != g.size * output.numel():
-                raise ValueError(f"input must hold {g.size} x output.numel() = {g.size * output.numel()} elements, "
-                                 f"got {input.numel()} (shape {list(input.shape)})")
+                raise ArgumentError(f"input must hold {g.size} x output.numel() = {g.size * output.numel()} elements, "
+                                    f"got {input.numel()} (shape {list(input.shape)})")
             name = _op_name(op, input.dtype)
             fields = {"dtype": input.dtype, "output numel": output.numel(), "op": name}
             return fields, al.Call("reduce_scatter", input.dtype, output.numel(), g.size, op=name), None
@@ -360,11 +377,11 @@ def _splits(t, sizes, world: int, name: str) -> tuple[int, ...]:
     row = t.numel() // rows if rows else 0
     if sizes is None:
         if rows % world:
-            raise ValueError(f"{name} has {rows} rows, not divisible by the group size {world}; pass split sizes")
+            raise ArgumentError(f"{name} has {rows} rows, not divisible by the group size {world}; pass split sizes")
         return tuple([rows // world * row] * world)
     sizes = [int(s) for s in sizes]
     if len(sizes) != world or any(s < 0 for s in sizes) or sum(sizes) != rows:
-        raise ValueError(f"{name} split sizes must be {world} non-negative row counts summing to {rows}, got {sizes}")
+        raise ArgumentError(f"{name} split sizes must be {world} non-negative row counts summing to {rows}, got {sizes}")
     return tuple(s * row for s in sizes)
 
 
@@ -385,10 +402,10 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
             _check_tensor(ctx, input, "input")
             _check_tensor(ctx, output, "output")
             if output.dtype != input.dtype:
-                raise TypeError(f"output has dtype {output.dtype}, input {input.dtype}")
+                raise ArgumentTypeError(f"output has dtype {output.dtype}, input {input.dtype}")
             if tuple(input.shape[1:]) != tuple(output.shape[1:]):
-                raise ValueError(f"input and output must have the same shape past dim 0, got "
-                                 f"{list(input.shape)} and {list(output.shape)}")
+                raise ArgumentError(f"input and output must have the same shape past dim 0, got "
+                                    f"{list(input.shape)} and {list(output.shape)}")
             send = _splits(input, input_split_sizes, g.size, "input")
             recv = _splits(output, output_split_sizes, g.size, "output")
             call = al.Call("all_to_all", input.dtype, input.numel(), g.size)
@@ -398,7 +415,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
             for i, (send, _) in enumerate(extras):
                 for j, (_, recv) in enumerate(extras):
                     if send[j] != recv[i]:
-                        raise ValueError(
+                        raise ArgumentError(
                             f"iris_fw.ccl.all_to_all_single: rank {g.ranks[i]} sends {send[j]} elements to rank "
                             f"{g.ranks[j]}, which expects {recv[i]} from it (input/output split sizes)")
             return al.Call(**{**call.__dict__, "splits": tuple(send for send, _ in extras)})
@@ -453,13 +470,13 @@ def _rooted_list(ctx, g: Group, items, tensor, root: int, name: str):
     if g.rank != root:
         return None
     if not isinstance(items, (list, tuple)) or len(items) != g.size:
-        raise ValueError(f"{name} must be a list of {g.size} tensors on the root, got {type(items).__name__}"
-                         + (f" of {len(items)}" if isinstance(items, (list, tuple)) else ""))
+        raise ArgumentError(f"{name} must be a list of {g.size} tensors on the root, got {type(items).__name__}"
+                            + (f" of {len(items)}" if isinstance(items, (list, tuple)) else ""))
     for i, t in enumerate(items):
         _check_tensor(ctx, t, f"{name}[{i}]")
         if t.dtype != tensor.dtype or t.numel() != tensor.numel():
-            raise ValueError(f"{name}[{i}] must have tensor's dtype {tensor.dtype} and {tensor.numel()} elements, "
-                             f"got {t.dtype} with {t.numel()}")
+            raise ArgumentError(f"{name}[{i}] must have tensor's dtype {tensor.dtype} and {tensor.numel()} elements, "
+                                f"got {t.dtype} with {t.numel()}")
     return list(items)
 
 

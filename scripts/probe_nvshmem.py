@@ -9,7 +9,8 @@ right neighbour (the rank itself at W = 1):
 * atomics into rank 0's heap from every rank: int32 add (exact sum), float32 add (float64 sum),
   int32 max, int32 xchg into the right neighbour (the old values are the initial ones), int64 cas
   (succeeds once, then returns the stored value);
-* signal / wait_until: a ring of rounds, fresh data each round, mismatches counted on the device.
+* signal / wait_until: the signal suite's ring (tests/test_signal.py): each round a put to the right
+  neighbour, a signal, a wait for the left one's, mismatches counted on the device.
 
 Then, with ``--time``, it times put and get bandwidth (1 MiB and 64 MiB of float32) and the ring's
 round time (put + signal + wait). Rank 0 writes everything as JSON to ``--out``. Kernels take their
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import traceback
 
@@ -31,6 +33,9 @@ import triton.language as tl
 import iris_fw
 from iris_fw import device as dv
 from iris_fw import env
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from test_signal import _ping_kernel as _ring_kernel  # noqa: E402  (the signal suite's message ring)
 
 _BLOCK = 1024
 _POISON = {torch.int8: -7, torch.bfloat16: -7.0, torch.float32: -7.0, torch.int64: -7}
@@ -81,28 +86,6 @@ def _atomics_kernel(iacc, facc, macc, xslots, cslots, ivals, fvals, iold, xold, 
         second = dv.atomic_cas(cslots + rank, zero, (rank + 100).to(tl.int64), rank, target, heap_bases)
         tl.store(cold, first)
         tl.store(cold + 1, second)
-
-
-@triton.jit(do_not_specialize=["n", "rounds", "rank", "world_size"])
-def _ring_kernel(data, box, flag, n, rounds, rank, world_size, heap_bases, BLOCK: tl.constexpr):
-    """Each round: put ``data + round`` into the right neighbour's ``box``, signal it, wait for the
-    left neighbour's, compare with what the left neighbour sent (mismatches added to ``flag[1]``),
-    acknowledge (``flag[2]`` of the left neighbour) so the box may be reused."""
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    right = (rank + 1) % world_size
-    left = (rank + world_size - 1) % world_size
-    for r in range(0, rounds):
-        dv.wait_until(flag + 2, ">=", r, rank, rank, heap_bases)
-        v = tl.load(data + offs, mask=mask) + r
-        dv.store(box + offs, v, rank, right, heap_bases, mask=mask)
-        dv.signal(flag, r + 1, rank, right, heap_bases, op="set")
-        dv.wait_until(flag, ">=", r + 1, rank, rank, heap_bases)
-        got = tl.load(box + offs, mask=mask)
-        want = dv.load(data + offs, rank, left, heap_bases, mask=mask) + r
-        bad = tl.sum(((got != want) & mask).to(tl.int32))
-        tl.atomic_add(flag + 1, bad, sem="relaxed", scope="sys")
-        dv.signal(flag + 2, 1, rank, left, heap_bases, op="add")
 
 
 def _data(n, dtype, seed, device):

@@ -183,7 +183,8 @@ def test_loop_of_ops_on_a_small_heap(iris_pool):
 
 @pytest.mark.extended
 def test_thousand_calls_of_each_op(iris_pool):
-    iris_pool(2).run(_loop, 1000)
+    """3000 calls on interpreted CPU ranks take ~10 minutes on two cores: a longer job bound."""
+    iris_pool(2).run(_loop, 1000, timeout=1800)
 
 
 def _cache_bound(ctx):

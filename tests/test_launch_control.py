@@ -167,15 +167,16 @@ def test_output_tags_switched_off(tmp_path):
 
 @pytest.mark.slow
 def test_ranks_agree_on_settings_and_nothing_listens_beyond_loopback():
-    """Two contexts one after the other in a 2-rank job: one bootstrap and transport everywhere,
-    the rendezvous store (hosted by the launcher) and gloo on 127.0.0.1 only."""
+    """Two contexts one after the other in a 2-rank job: one bootstrap and transport everywhere
+    (the launcher leaves IRIS_FW_BOOTSTRAP on auto; every rank detects torch), the rendezvous
+    store (hosted by the launcher) and gloo on 127.0.0.1 only."""
     n = min(iris_fw.testing.gpu_count(), 2) or 2
     res = _run(["-n", str(n), PROBE, "job"], timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     transport = "gpu_ipc" if iris_fw.testing.gpu_count() else "host_shm"
     for r in range(n):
         for attempt in (0, 1):
-            line = f"[rank {r}] attempt {attempt}: bootstrap=torch transport={transport} env=torch,{transport} exposed=[]"
+            line = f"[rank {r}] attempt {attempt}: bootstrap=torch transport={transport} env=auto,{transport} exposed=[]"
             assert line in res.stdout, res.stdout + res.stderr
 
 

@@ -130,6 +130,10 @@ def init(
 #: argument is optional. Filled by :class:`Context`, never at import.
 _created: "list[weakref.ref[Context]]" = []
 
+#: Polls per second of a device-side wait, measured once per process for each (transport,
+#: device): a context created after the first skips the calibration (see ``_calibrate_wait``).
+_poll_rates: "dict[tuple[str, str], float]" = {}
+
 
 def current() -> "Context":
     """The most recently created context of this process that is still open."""
@@ -188,6 +192,9 @@ class Context:
         self.comm_groups: dict = {}
         self.wait_timeout = wait_timeout
         self.barrier()
+        # contexts closed or gone drop out here, so creating and dropping contexts in a loop
+        # accumulates nothing
+        _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
         _created.append(weakref.ref(self))
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -229,6 +236,9 @@ class Context:
 
     # ---- bounded waits --------------------------------------------------------------------------
     def _calibrate_wait(self) -> float:
+        key = (self.transport.name, str(self.device))
+        if key in _poll_rates:
+            return _poll_rates[key]
         polls = _PROBE_POLLS[self.transport.interpreted]
         self._hdr[dev.HDR_WAIT_BOUND.value] = polls
         _wait_probe_kernel[(1,)](self.rank, self.heap_bases)  # compile / warm up
@@ -238,7 +248,8 @@ class Context:
         self.transport.synchronize()
         elapsed = time.perf_counter() - start
         self._hdr[:_N_ERR_SLOTS] = 0
-        return polls / max(elapsed, 1e-9)
+        _poll_rates[key] = polls / max(elapsed, 1e-9)
+        return _poll_rates[key]
 
     @property
     def wait_timeout(self) -> float:

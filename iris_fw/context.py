@@ -502,8 +502,9 @@ class Context:
         t = self._new(self._size(size), dtype, device)
         return t.normal_(generator=generator).requires_grad_(requires_grad)
 
-    def randint(self, *args, generator=None, dtype=torch.int64, device=None, requires_grad=False) -> torch.Tensor:
-        """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
+    @staticmethod
+    def randint_args(args: tuple) -> tuple:
+        """``(low, high, size)`` from ``randint``'s ``(high, size)`` or ``(low, high, size)``."""
         if len(args) == 2:
             low, (high, size) = 0, args
         elif len(args) == 3:
@@ -512,6 +513,11 @@ class Context:
             raise TypeError(f"randint takes (high, size) or (low, high, size), got {len(args)} positional arguments")
         if not high > low:
             raise ValueError(f"randint: high must be greater than low, got low={low}, high={high}")
+        return low, high, size
+
+    def randint(self, *args, generator=None, dtype=torch.int64, device=None, requires_grad=False) -> torch.Tensor:
+        """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
+        low, high, size = self.randint_args(args)
         t = self._new(self._size((size,)), dtype, device)
         return t.random_(low, high, generator=generator).requires_grad_(requires_grad)
 

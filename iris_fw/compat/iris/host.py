@@ -329,15 +329,11 @@ class Iris:
         """Like ``torch.randint``: ``randint(high, size)``, ``randint(low, high, size)`` (or the
         keywords); int64 unless ``dtype`` is given."""
         self._check_layout(layout)
-        given = list(args) + [v for v in (low, high, size) if v is not None]
-        if len(given) == 2 and low is None:
-            lo, (hi, shape) = 0, given
-        elif len(given) == 3:
-            lo, hi, shape = given
-        else:
-            raise ValueError(f"randint takes (high, size) or (low, high, size), got {len(given)} arguments")
-        if not hi > lo:
-            raise ValueError(f"randint: high must be greater than low, got low={lo}, high={hi}")
+        given = tuple(args) + tuple(v for v in (low, high, size) if v is not None)
+        try:
+            lo, hi, shape = iris_fw.Context.randint_args(given)
+        except TypeError as exc:  # Iris raises ValueError for a wrong argument count
+            raise ValueError(str(exc)) from None
         shape = self._parse_size(tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,))
         t = self._new(shape, dtype or torch.int64, device, out)
         return self._finish(t.random_(lo, hi, generator=generator), requires_grad)

@@ -59,6 +59,14 @@ def _gemm_shapes(A, B) -> tuple[int, int, int]:
     return A.shape[0], B.shape[1], A.shape[1]
 
 
+def _gemm_into(C, A, B) -> tuple[int, int, int]:
+    """``(M, N, K)`` of ``C[M, N] = A[M, K] @ B[K, N]``, all of one dtype (else ``ValueError``)."""
+    M, N, K = _gemm_shapes(A, B)
+    _check(tuple(C.shape) == (M, N), f"Output tensor shape {tuple(C.shape)} doesn't match expected ({M}, {N})")
+    _check(C.dtype == A.dtype, f"All tensors must have same dtype, got A:{A.dtype}, B:{B.dtype}, C:{C.dtype}")
+    return M, N, K
+
+
 def _workspace(workspace, operation, shape, dtype, shmem, config, variant="") -> FusedWorkspace:
     workspace = workspace if workspace is not None else FusedWorkspace()
     workspace.operation, workspace.shape, workspace.dtype = operation, tuple(shape), dtype
@@ -73,9 +81,7 @@ def _workspace(workspace, operation, shape, dtype, shmem, config, variant="") ->
 def matmul_all_reduce_preamble(shmem, C, A, B, config=None, workspace=None) -> FusedWorkspace:
     """Validate the call; a workspace for :func:`matmul_all_reduce`."""
     config = _config(config, shmem)
-    M, N, K = _gemm_shapes(A, B)
-    _check(tuple(C.shape) == (M, N), f"Output tensor shape {tuple(C.shape)} doesn't match expected ({M}, {N})")
-    _check(C.dtype == A.dtype, f"All tensors must have same dtype, got A:{A.dtype}, B:{B.dtype}, C:{C.dtype}")
+    M, N, K = _gemm_into(C, A, B)
     return _workspace(workspace, "matmul_all_reduce", (M, N, K), A.dtype, shmem, config, config.all_reduce_variant)
 
 
@@ -167,9 +173,7 @@ def matmul_all_gather(shmem, output_tensor, A, B, bias=None, async_op=False, con
 def matmul_reduce_scatter_preamble(shmem, C, A, B, config=None, workspace=None) -> FusedWorkspace:
     """Validate the call and zero ``C`` (tiles this rank does not own stay zero, as in Iris)."""
     config = _config(config, shmem)
-    M, N, K = _gemm_shapes(A, B)
-    _check(tuple(C.shape) == (M, N), f"C must have shape ({M}, {N}), got {tuple(C.shape)}")
-    _check(C.dtype == A.dtype, f"C must have A's dtype {A.dtype}, got {C.dtype}")
+    M, N, K = _gemm_into(C, A, B)
     C.zero_()
     return _workspace(workspace, "matmul_reduce_scatter", (M, N, K), A.dtype, shmem, config, "two_shot")
 

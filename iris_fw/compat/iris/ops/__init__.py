@@ -4,15 +4,15 @@ or ``iris.ops.<name>(shmem, output, A, B, …)``), mapped onto iris-fw:
 =========================  =======================================================  ==================================
 Iris                        computes (every rank)                                    iris-fw
 =========================  =======================================================  ==================================
-``matmul_all_reduce``       ``C[M, N] = Σ_r A_r[M, K] @ B_r[K, N]``                  ``torch.matmul`` + ``iris_fw.ccl.all_reduce``
+``matmul_all_reduce``       ``C[M, N] = Σ_r A_r[M, K] @ B_r[K, N]``                  ``iris_fw.ops.gemm_all_reduce``
 ``all_gather_matmul``       ``C[M, N] = concat_K(A_r[M, K/W]) @ B[K, N] (+ bias[M])`` ``iris_fw.ccl.all_gather_into_tensor`` + ``torch.addmm``
 ``matmul_all_gather``       ``C[W·M, N]``: rows ``r·M…`` = ``A_r[M, K] @ B (+ bias_r[M])``  ``iris_fw.ops.gemm_all_scatter`` (on the transposes)
-``matmul_reduce_scatter``   ``C[M, N]``: this rank's tiles of ``Σ_r A_r @ B_r``, zeros elsewhere  ``torch.matmul`` + ``iris_fw.ccl.all_reduce``
+``matmul_reduce_scatter``   ``C[M, N]``: this rank's tiles of ``Σ_r A_r @ B_r``, zeros elsewhere  ``iris_fw.ops.gemm_all_reduce``, owned tiles kept
 =========================  =======================================================  ==================================
 
-``matmul_all_reduce`` becomes iris-fw's fused GEMM + all-reduce op once that exists; until then
-it is a local GEMM followed by iris-fw's all-reduce (per rank the product is rounded to the
-output dtype before the reduction, as in Iris). ``matmul_reduce_scatter``'s tiles: the
+``matmul_all_reduce`` is iris-fw's fused GEMM + all-reduce (partial tiles in the output dtype,
+summed in fp32 in rank order); Iris's ``one_shot``/``two_shot`` variants pick that op's
+algorithm of the same name, the others leave the choice to it. ``matmul_reduce_scatter``'s tiles: the
 ``block_size_m x block_size_n`` tiles of ``config`` numbered row-major, ``T // W`` consecutive
 ones per rank (the last rank also the remainder), as Iris's kernel assigns them. Iris's
 ``async_op`` is accepted; iris-fw's calls are ordered on the stream either way.
@@ -20,12 +20,16 @@ ones per rank (the last rank also the remainder), as Iris's kernel assigns them.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
 
 import iris_fw
+import iris_fw.gemm
 import iris_fw.ops
+from iris_fw.plugins.gemm_all_reduce import ALGORITHMS as _GEMM_ALL_REDUCE_ALGORITHMS
+from iris_fw.plugins.gemm_all_reduce import GemmAllReduceConfig
 
-from ..ccl.all_reduce import _ALGORITHMS
 from ..ccl.reduce_scatter import owned_tiles
 from ..ccl.utils import context_of
 from .config import FusedConfig
@@ -88,9 +92,14 @@ def matmul_all_reduce_preamble(shmem, C, A, B, config=None, workspace=None) -> F
 def matmul_all_reduce(shmem, C, A, B, async_op=False, config=None, workspace=None) -> FusedWorkspace:
     """``C[M, N]`` = the sum over ranks of ``A[M, K] @ B[K, N]`` (each rank its own ``A``, ``B``)."""
     config = _config(config, shmem)
+    fw = context_of(shmem)
     workspace = matmul_all_reduce_preamble(shmem, C, A, B, config, workspace)
-    torch.matmul(A, B, out=C)
-    iris_fw.ccl.all_reduce(C, "sum", algorithm=_ALGORITHMS[config.all_reduce_variant], ctx=context_of(shmem))
+    op_config = None  # the op's choice of tiles and algorithm
+    if config.all_reduce_variant in _GEMM_ALL_REDUCE_ALGORITHMS:
+        M, N, K = workspace.shape
+        tiles = iris_fw.gemm.default_config(M, N, K, A.dtype, fw.device)
+        op_config = GemmAllReduceConfig(**asdict(tiles), algorithm=config.all_reduce_variant)
+    C.copy_(iris_fw.ops.gemm_all_reduce(A, B, ctx=fw, config=op_config))
     return workspace
 
 
@@ -184,8 +193,7 @@ def matmul_reduce_scatter(shmem, C, A, B, async_op=False, config=None, workspace
     fw = context_of(shmem)
     workspace = matmul_reduce_scatter_preamble(shmem, C, A, B, config, workspace)
     M, N = C.shape
-    total = torch.matmul(A, B)
-    iris_fw.ccl.all_reduce(total, "sum", ctx=fw)
+    total = iris_fw.ops.gemm_all_reduce(A, B, ctx=fw)
     mine = owned_tiles(M, N, config.block_size_m, config.block_size_n, fw.rank, fw.world_size,
                        layout="block_floor", device=C.device)
     C.copy_(torch.where(mine, total, C))

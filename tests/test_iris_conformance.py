@@ -2,7 +2,8 @@
 ``iris.DeviceContext`` called the way Iris's own tests call them — ``get(ptr, out, cur_rank,
 peer)`` reads ``peer`` —, with every dtype and block size Iris's tests use, ``other=`` for
 masked-off lanes, every cache modifier Iris's tests pass, ``volatile`` and ``hint``; every
-atomic under contention from all ranks with Iris's ``sem``/``scope`` values. Worlds 1-4.
+atomic under contention from all ranks with Iris's ``sem``/``scope`` values. Worlds 1-4 (on CPU
+ranks 1 and 3 by default, all with ``-m extended``).
 
 The default run covers each operation, dtype, block size and modifier at least once (modifiers
 rotate over the cases); ``pytest -m extended`` runs the full products. Each case checks every
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 
 import iris_fw.compat.iris as iris
-from helpers import compile_in_child, fresh_seed, poison_value, random_data, same
+from helpers import compile_in_child, fresh_seed, on_worlds, poison_value, random_data, same
 
 #: Dtypes and block sizes of Iris's load/store/get/put/copy tests (test_load.py … test_copy.py).
 RMA_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
@@ -129,6 +130,7 @@ def _rma(ctx, full, batch=24):
     shmem.barrier()
 
 
+@on_worlds(1, 3)
 def test_rma(world):
     """Every RMA function × dtype, block sizes and cache modifiers rotating, other=, volatile."""
     world.run(_rma, False)
@@ -230,6 +232,7 @@ def _atomics(ctx, full, batch=32):
     shmem.barrier()
 
 
+@on_worlds(1, 3)
 def test_atomics(world):
     """Every atomic × its Iris dtypes, blocks/sem/scope rotating, all ranks contending."""
     world.run(_atomics, False)
@@ -300,6 +303,7 @@ def _device_context(ctx):
     assert 1 <= counter[7].item() <= world and counter[8].item() == 7
 
 
+@on_worlds(1, 3)
 def test_device_context(world):
     """``iris.DeviceContext.initialize(ctx_tensor, rank, world_size)`` and every method."""
     world.run(_device_context)

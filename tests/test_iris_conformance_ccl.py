@@ -4,7 +4,8 @@ column-chunked all_to_all, gemm_reduce_scatter, ``Config``, ``ReduceOp``), ``shm
 (matmul_all_reduce, all_gather_matmul sharding A along K, matmul_all_gather,
 matmul_reduce_scatter, their configs and workspaces) and the tile collectives of
 ``iris.DeviceContext`` (Iris's tests/context kernels), with Iris's shapes (small on CPU ranks,
-Iris's own on GPUs) and a ragged one. References in float64; worlds 1-4.
+Iris's own on GPUs) and a ragged one. References in float64; worlds 1-4 (on CPU ranks one
+world per test by default, all with ``-m extended``).
 """
 
 import pytest
@@ -15,7 +16,7 @@ import triton.language as tl
 import iris_fw.compat.iris as iris
 from iris_fw.compat.iris.ccl import Config, ReduceOp
 from iris_fw.compat.iris.ops import FusedConfig
-from helpers import fresh_seed
+from helpers import fresh_seed, on_worlds
 
 
 def _rand(shape, dtype, seed, rank, device, scale=1.0):
@@ -46,15 +47,8 @@ def _close(got, want64, dtype, what, magnitude, terms=1, sequential=False):
                                 f"(bounds there {bound[bad].min().item():.3g}…)")
 
 
-@pytest.fixture(params=[2, 3], ids=lambda w: f"w{w}")
-def world23(request, iris_pool):
-    """Worlds 2 and 3 (3 catches power-of-two assumptions) for the default run; the extended
-    tests run every world size 1-4 (the ``world`` fixture)."""
-    return iris_pool(request.param)
-
-
 #: The default run's dtype at each world size (every dtype runs at every world in -m extended).
-DEFAULT_DTYPE = {2: torch.float16, 3: torch.bfloat16}
+DEFAULT_DTYPE = {1: torch.float32, 2: torch.float16, 3: torch.bfloat16, 4: torch.float32}
 
 
 def _shapes(ctx, shapes):
@@ -143,10 +137,11 @@ def _ccl(ctx, dtype, shapes, full=False):
         shmem.barrier()
 
 
-def test_ccl(world23):
-    """Iris's (M, N) shapes on GPUs, a ragged one on CPU ranks (fp16 at 2 ranks, bf16 at 3)."""
-    world23.run(_ccl, DEFAULT_DTYPE[world23.world_size], {"cuda": [(128, 64), (1024, 256), (200, 72)],
-                                                          "cpu": [(12, 20)]})
+@on_worlds(3)
+def test_ccl(world):
+    """Iris's (M, N) shapes on GPUs, a ragged one on CPU ranks (3 ranks and bf16 there by
+    default; every world and dtype in :func:`test_ccl_iris_shapes`)."""
+    world.run(_ccl, DEFAULT_DTYPE[world.world_size], {"cuda": [(128, 64), (1024, 256), (200, 72)], "cpu": [(12, 20)]})
 
 
 @pytest.mark.extended
@@ -202,14 +197,15 @@ def _ccl_api(ctx):
     shmem.barrier()
 
 
-def test_ccl_api(world23):
-    world23.run(_ccl_api)
+@on_worlds(2)
+def test_ccl_api(world):
+    world.run(_ccl_api)
 
 
 # ---- shmem.ops -------------------------------------------------------------------------------------
 
 
-def _ops(ctx, dtype, shapes):
+def _ops(ctx, dtype, shapes, full=True):
     shapes = _shapes(ctx, shapes)
     shmem = iris.Iris(context=ctx)
     me, world, dev = ctx.rank, ctx.world_size, ctx.device
@@ -225,7 +221,8 @@ def _ops(ctx, dtype, shapes):
         B = [_rand((K, N), dtype, seed + 1, r, "cpu", 0.5) for r in range(world)]
         a, b = shmem.as_symmetric(A[me].to(dev)), shmem.as_symmetric(B[me].to(dev))
         # matmul_all_reduce: Σ_r A_r @ B_r, every variant
-        for variant in ("one_shot", "two_shot", "atomic"):
+        # every variant where kernels are fast; on CPU ranks by default an explicit algorithm and the op's choice
+        for variant in ("one_shot", "two_shot", "atomic") if full or dev.type == "cuda" else ("two_shot", "atomic"):
             C = shmem.full((M, N), float("nan"), dtype=dtype)
             ws = shmem.ops.matmul_all_reduce(C, a, b, config=FusedConfig(all_reduce_variant=variant))
             check(C, sum(x.double() @ y.double() for x, y in zip(A, B)), f"matmul_all_reduce {variant}")
@@ -275,10 +272,12 @@ def _ops(ctx, dtype, shapes):
     shmem.barrier()
 
 
-def test_ops(world23):
-    """fp32 at 2 ranks, bf16 at 3 (fp16 too on GPUs); Iris's shapes on GPUs."""
-    world23.run(_ops, {2: torch.float32, 3: torch.bfloat16}[world23.world_size],
-                {"cuda": [(64, 64, 128), (512, 256, 512), (1024, 2048, 1024)], "cpu": [(24, 20, 32)]})
+@on_worlds(2)
+def test_ops(world):
+    """Iris's shapes on GPUs, a ragged one on CPU ranks (2 ranks and fp32 there by default; every
+    world and dtype in :func:`test_ops_iris_shapes`)."""
+    world.run(_ops, {1: torch.float16, 2: torch.float32, 3: torch.bfloat16, 4: torch.float16}[world.world_size],
+              {"cuda": [(64, 64, 128), (512, 256, 512), (1024, 2048, 1024)], "cpu": [(24, 20, 32)]}, False)
 
 
 @pytest.mark.extended
@@ -400,10 +399,12 @@ def _tiles(ctx, dtype, shapes):
         assert torch.equal(out.cpu(), want), f"DeviceContext.all_to_all {dtype} {(M, N, BM, BN)}"
 
 
-def test_tile_collectives(world23):
-    """Iris's tests/context shapes on GPUs; on CPU ranks a ragged one (fp16 at 2 ranks, bf16 at 3)."""
-    world23.run(_tiles, DEFAULT_DTYPE[world23.world_size],
-                {"cuda": [(128, 64, 64, 32), (256, 128, 64, 16), (100, 100, 64, 64)], "cpu": [(20, 24, 16, 16)]})
+@on_worlds(3)
+def test_tile_collectives(world):
+    """Iris's tests/context shapes on GPUs; on CPU ranks a ragged one of two tiles (3 ranks and
+    bf16 there by default; every world and dtype in :func:`test_tile_collectives_iris_shapes`)."""
+    world.run(_tiles, DEFAULT_DTYPE[world.world_size],
+              {"cuda": [(128, 64, 64, 32), (256, 128, 64, 16), (100, 100, 64, 64)], "cpu": [(20, 12, 16, 16)]})
 
 
 @pytest.mark.extended

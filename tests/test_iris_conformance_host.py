@@ -4,7 +4,7 @@ calling conventions (a size as ints, one tuple or a nested one; zero-element and
 ``out=``, ``dtype=``, ``device=``, ``layout=``, ``requires_grad=``, ``memory_format=``; ``arange``
 with fractional and negative steps; ``linspace`` with ``steps`` as a tuple; complex dtypes),
 Iris's error types, logging, and unchanged Iris programs run through ``iris-fw run --as-iris``.
-Worlds 1-4 where ranks matter.
+Worlds 1-4 where ranks matter (on CPU ranks a few by default, all with ``-m extended``).
 """
 
 import gc
@@ -20,7 +20,7 @@ import torch
 
 import iris_fw.compat.iris as iris
 from iris_fw.compat.iris import host as iris_host
-from helpers import fresh_seed
+from helpers import fresh_seed, on_worlds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "iris_programs")
@@ -73,6 +73,7 @@ def _create_drop(ctx, cycles):
     assert not grown, f"rank {ctx.rank}: grew over {cycles} create/drop cycles: {grown} ({before} -> {after})"
 
 
+@on_worlds(2)
 def test_create_drop_accumulates_nothing(world):
     world.run(_create_drop, 30)
 
@@ -126,6 +127,7 @@ def _host_api(ctx):
     shmem.barrier()
 
 
+@on_worlds(1, 3)
 def test_host_api(world):
     world.run(_host_api)
 
@@ -224,6 +226,7 @@ def _factories(ctx):
     assert torch.equal(s, ext) and sym(s) and not shmem.is_symmetric(ext) and s.data_ptr() != ext.data_ptr()
 
 
+@on_worlds(2)
 def test_factories(world):
     world.run(_factories)
 
@@ -276,6 +279,7 @@ def _arange_linspace(ctx):
         torch.set_default_dtype(default)
 
 
+@on_worlds(1)
 def test_arange_linspace(world):
     world.run(_arange_linspace)
 

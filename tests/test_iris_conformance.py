@@ -94,40 +94,51 @@ def _rma_cases(full: bool):
     return cases
 
 
+def _in_batches(shmem, cases, batch, stage, launch, check):
+    """Runs ``cases`` in batches: ``stage`` every case of a batch (allocate and fill), one
+    barrier, ``launch`` each, one barrier, ``check`` each (barriers dominate on CPU ranks)."""
+    for first in range(0, len(cases), batch):
+        staged = [stage(case) for case in cases[first:first + batch]]
+        shmem.barrier()
+        for case in staged:
+            launch(*case)
+        shmem.barrier()
+        for case in staged:
+            check(*case)
+        del staged
+    shmem.barrier()
+
+
 def _rma(ctx, full, batch=24):
-    """Runs the cases in batches: allocate and fill every case of a batch, one barrier, the
-    kernels, one barrier, then check (barriers dominate on CPU ranks)."""
     shmem = iris.Iris(context=ctx)  # the pool's context
     me, world, hb = ctx.rank, ctx.world_size, shmem.get_heap_bases()
     seed = fresh_seed(ctx)
-    cases = list(enumerate(_rma_cases(full)))
-    for first in range(0, len(cases), batch):
-        staged = []
-        for case_no, (op, dtype, block, lcm, scm, vol) in cases[first:first + batch]:
-            values = [random_data(block, dtype, ctx.device, seed + 97 * case_no + r) for r in range(world)]
-            poison = poison_value(dtype)
-            staged.append((op, dtype, block, lcm, scm, vol, values, shmem.as_symmetric(values[me]),
-                           shmem.full((world, block), poison, dtype=dtype), poison))
-        shmem.barrier()
-        for op, dtype, block, lcm, scm, vol, values, data, results, poison in staged:
-            n_valid = block - 1 if block > 1 else 1  # a masked-off last lane where there is one
-            _rma_kernel[(1,)](data, results, _float_or_int(dtype, 3), hb, me, world, n_valid, OP=op, LCM=lcm,
-                              SCM=scm, VOLATILE=vol, BLOCK=block)
-        shmem.barrier()
-        for op, dtype, block, lcm, scm, vol, values, data, results, poison in staged:
-            n_valid = block - 1 if block > 1 else 1
-            other = _float_or_int(dtype, 3)
-            what = f"{op} {dtype} block {block} lcm={lcm!r} scm={scm!r} volatile={vol} (rank {me})"
-            for r in range(world):  # row r: rank r's data (pulled from r, or pushed by r)
-                got, want = results[r], values[r]
-                assert same(got[:n_valid], want[:n_valid]), f"{what}: row {r} wrong"
-                tail = got[n_valid:]
-                if op == "load":
-                    assert same(tail, torch.full_like(tail, other)), f"{what}: masked lanes must read other={other}"
-                else:
-                    assert same(tail, torch.full_like(tail, poison)), f"{what}: masked lanes were written"
-        del staged
-    shmem.barrier()
+
+    def stage(numbered):
+        case_no, (op, dtype, block, lcm, scm, vol) = numbered
+        values = [random_data(block, dtype, ctx.device, seed + 97 * case_no + r) for r in range(world)]
+        poison = poison_value(dtype)
+        n_valid = block - 1 if block > 1 else 1  # a masked-off last lane where there is one
+        return (op, dtype, block, lcm, scm, vol, n_valid, values, shmem.as_symmetric(values[me]),
+                shmem.full((world, block), poison, dtype=dtype), poison)
+
+    def launch(op, dtype, block, lcm, scm, vol, n_valid, values, data, results, poison):
+        _rma_kernel[(1,)](data, results, _float_or_int(dtype, 3), hb, me, world, n_valid, OP=op, LCM=lcm,
+                          SCM=scm, VOLATILE=vol, BLOCK=block)
+
+    def check(op, dtype, block, lcm, scm, vol, n_valid, values, data, results, poison):
+        other = _float_or_int(dtype, 3)
+        what = f"{op} {dtype} block {block} lcm={lcm!r} scm={scm!r} volatile={vol} (rank {me})"
+        for r in range(world):  # row r: rank r's data (pulled from r, or pushed by r)
+            got, want = results[r], values[r]
+            assert same(got[:n_valid], want[:n_valid]), f"{what}: row {r} wrong"
+            tail = got[n_valid:]
+            if op == "load":
+                assert same(tail, torch.full_like(tail, other)), f"{what}: masked lanes must read other={other}"
+            else:
+                assert same(tail, torch.full_like(tail, poison)), f"{what}: masked lanes were written"
+
+    _in_batches(shmem, list(enumerate(_rma_cases(full))), batch, stage, launch, check)
 
 
 @on_worlds(1, 3)
@@ -202,34 +213,34 @@ def _atomic_cases(full: bool):
 
 
 def _atomics(ctx, full, batch=32):
-    """In batches, like :func:`_rma`: fill, barrier, kernels, barrier, check."""
     shmem = iris.Iris(context=ctx)
     me, world, hb = ctx.rank, ctx.world_size, shmem.get_heap_bases()
     cases = [c for c in _atomic_cases(full)
              # Triton's interpreter has no bf16 atomic add ("Unsupported data type"); GPUs run it
              if not (c[1] == torch.bfloat16 and ctx.device.type == "cpu")]
-    for first in range(0, len(cases), batch):
-        staged = [(op, dtype, block, sem, scope, shmem.full((block,), _ATOMIC_INIT.get(op, 0), dtype=dtype),
-                   torch.zeros(world, block, dtype=dtype, device=ctx.device))
-                  for op, dtype, block, sem, scope in cases[first:first + batch]]
-        shmem.barrier()
-        for op, dtype, block, sem, scope, results, olds in staged:
-            _atomic_kernel[(1,)](results, olds, hb, me, world, OP=op, SEM=sem, SCOPE=scope, BLOCK=block)
-        shmem.barrier()
-        for op, dtype, block, sem, scope, results, olds in staged:
-            what = f"atomic_{op} {dtype} block {block} sem={sem} scope={scope} (rank {me})"
-            if op == "cas":  # one winner per slot; the winner saw 0
-                winner = int(results[0].item())
-                assert 1 <= winner <= world and torch.all(results == winner), f"{what}: {results.tolist()}"
-                if winner == me + 1:
-                    assert torch.all(olds[me] == 0), f"{what}: the winner must have seen 0"
-            else:
-                want = _atomic_want(op, world)
-                assert torch.all(results == want), f"{what}: {results.tolist()} != {want}"
-            if op in ("add", "sub") and world == 1:
-                assert torch.all(olds == 0), f"{what}: returned {olds.tolist()}, the old value was 0"
-        del staged
-    shmem.barrier()
+
+    def stage(case):
+        op, dtype, block, sem, scope = case
+        return (*case, shmem.full((block,), _ATOMIC_INIT.get(op, 0), dtype=dtype),
+                torch.zeros(world, block, dtype=dtype, device=ctx.device))
+
+    def launch(op, dtype, block, sem, scope, results, olds):
+        _atomic_kernel[(1,)](results, olds, hb, me, world, OP=op, SEM=sem, SCOPE=scope, BLOCK=block)
+
+    def check(op, dtype, block, sem, scope, results, olds):
+        what = f"atomic_{op} {dtype} block {block} sem={sem} scope={scope} (rank {me})"
+        if op == "cas":  # one winner per slot; the winner saw 0
+            winner = int(results[0].item())
+            assert 1 <= winner <= world and torch.all(results == winner), f"{what}: {results.tolist()}"
+            if winner == me + 1:
+                assert torch.all(olds[me] == 0), f"{what}: the winner must have seen 0"
+        else:
+            want = _atomic_want(op, world)
+            assert torch.all(results == want), f"{what}: {results.tolist()} != {want}"
+        if op in ("add", "sub") and world == 1:
+            assert torch.all(olds == 0), f"{what}: returned {olds.tolist()}, the old value was 0"
+
+    _in_batches(shmem, cases, batch, stage, launch, check)
 
 
 @on_worlds(1, 3)

@@ -21,6 +21,13 @@ ALL_REDUCE_VARIANTS = ("atomic", "ring", "two_shot", "one_shot", "spinlock")
 REDUCE_SCATTER_VARIANTS = ("two_shot", "ring_chunked", "inreg", "twophase", "auto")
 
 
+def check_positive(config, names) -> None:
+    """``ValueError`` naming the first of ``config``'s fields ``names`` that is not positive (Iris's check)."""
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+
+
 @dataclass
 class Config:
     """Collective parameters (Iris's fields and defaults)."""
@@ -44,9 +51,8 @@ class Config:
     def __post_init__(self):
         if self.num_xcds is None:
             self.num_xcds = 1
-        for name in ("block_size_m", "block_size_n", "swizzle_size", "comm_sms", "num_xcds", "all_reduce_num_rings"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        check_positive(self, ("block_size_m", "block_size_n", "swizzle_size", "comm_sms", "num_xcds",
+                              "all_reduce_num_rings"))
         if self.chunk_size is None:
             self.chunk_size = min(self.swizzle_size * self.swizzle_size, max(1, self.comm_sms // self.num_xcds))
         if self.all_reduce_variant not in ALL_REDUCE_VARIANTS:

@@ -390,10 +390,11 @@ def _tiles(ctx, dtype, shapes):
                 assert torch.all(got[~owned] == -7), f"{what}: tiles of other ranks were written"
         # all_to_all: column chunks of (M, N*W)
         wide = [_rand((M, N * world), dtype, seed + 1, r, "cpu") for r in range(world)]
+        src = shmem.as_symmetric(wide[me].to(dev))  # written before the barrier: peers read it
         out = shmem.full((M, N * world), -7.0, dtype=dtype)
         shmem.barrier()
         _all_to_all_kernel[(triton.cdiv(M, BM) * triton.cdiv(N * world, BN),)](
-            shmem.as_symmetric(wide[me].to(dev)), out, context, M, N * world, me, world, BM, BN)
+            src, out, context, M, N * world, me, world, BM, BN)
         shmem.barrier()
         want = torch.cat([wide[s][:, me * N:(me + 1) * N] for s in range(world)], dim=1)
         assert torch.equal(out.cpu(), want), f"DeviceContext.all_to_all {dtype} {(M, N, BM, BN)}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping
 
@@ -123,6 +124,10 @@ class TorchBootstrap(Bootstrap):
 
     name = "torch"
     priority = 10
+    #: Open torch bootstraps of this process: the one that created the default process group
+    #: hands that duty (destroying it) to another open one when it closes first (contexts made
+    #: and dropped in any order share the group).
+    _open: "weakref.WeakSet[TorchBootstrap]" = weakref.WeakSet()
 
     @classmethod
     def available(cls):
@@ -173,6 +178,7 @@ class TorchBootstrap(Bootstrap):
             self._group = dist.new_group(backend="gloo", timeout=timeout)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        TorchBootstrap._open.add(self)
         if "LOCAL_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
             self.local_rank = int(os.environ["LOCAL_RANK"])
             self.local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
@@ -205,11 +211,16 @@ class TorchBootstrap(Bootstrap):
         self._dist.barrier(group=self._group)
 
     def close(self):
+        TorchBootstrap._open.discard(self)
         if self._group is not None:
             self._dist.destroy_process_group(self._group)
             self._group = None
         if self._owns_default and self._dist.is_initialized():
-            self._dist.destroy_process_group()
+            heir = next(iter(TorchBootstrap._open), None)
+            if heir is not None:
+                heir._owns_default = True
+            else:
+                self._dist.destroy_process_group()
             self._owns_default = False
 
 

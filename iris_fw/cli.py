@@ -59,6 +59,31 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _cmd_run(args) -> int:
+    """``iris-fw run [--as-iris] [-n N] program.py|-m module [args…]``: run it here (under
+    torchrun/mpirun: as this rank), or as N ranks on this host with ``-n``."""
+    if not args.program:
+        print("iris-fw run: name a program, e.g. iris-fw run --as-iris program.py", file=sys.stderr)
+        return 2
+    if args.nprocs is not None:
+        from .launch import launch
+
+        return launch((["-m", "iris_fw.compat.run"] if args.as_iris else []) + args.program, args.nprocs,
+                      timeout=args.timeout)
+    from .compat.run import main as run_as_iris, run_program
+
+    return run_as_iris(args.program) if args.as_iris else run_program(args.program)
+
+
+def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``iris-fw run``'s own options and the program (from its path or ``-m``; its arguments
+    are the program's even where they look like ours)."""
+    i, takes_value = 1, ("-n", "--nprocs", "--timeout")
+    while i < len(argv) and argv[i] != "-m" and argv[i].startswith("-"):
+        i += 2 if argv[i] in takes_value else 1
+    return argv[:i], argv[i:]
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import __version__
 
@@ -83,12 +108,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="prefix every output line with [rank N] (default: on with more than one rank)")
     p.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or module [args...] with -m")
     p.set_defaults(func=_cmd_launch)
+    p = sub.add_parser("run", help="run a Python program (-n: as N ranks on this host); --as-iris: programs written "
+                                   "for AMD Iris, unchanged (`iris` is iris-fw's compat layer)")
+    p.add_argument("--as-iris", action="store_true", help="map `import iris` / `iris.*` to iris_fw.compat.iris")
+    p.add_argument("-n", "--nprocs", type=int, default=None, help="start this many ranks on this host")
+    p.add_argument("--timeout", type=float, default=None, help="with -n: stop the job after this many seconds")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="program.py [args...] or -m module [args...]")
+    p.set_defaults(func=_cmd_run)
     sub.add_parser("bench", help="run benchmarks on N ranks (see iris-fw bench --help)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # everything after it belongs to the bench's own parser
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["run"]:
+        own, program = _split_run(argv)
+        args = parser.parse_args(own)
+        args.program = program
+        return args.func(args)
     args = parser.parse_args(argv)
     from .errors import ArgumentError
 

@@ -203,6 +203,10 @@ def init(
 #: argument is optional. Filled by :class:`Context`, never at import.
 _created: "list[weakref.ref[Context]]" = []
 
+#: Polls per second of a device-side wait, measured once per process for each (transport,
+#: device): a context created after the first skips the calibration (see ``_calibrate_wait``).
+_poll_rates: "dict[tuple[str, str], float]" = {}
+
 
 def current() -> "Context":
     """The most recently created context of this process that is still open."""
@@ -261,6 +265,9 @@ class Context:
         self.comm_groups: dict = {}
         self.wait_timeout = wait_timeout
         self.barrier()
+        # contexts closed or gone drop out here, so creating and dropping contexts in a loop
+        # accumulates nothing
+        _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
         _created.append(weakref.ref(self))
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -302,6 +309,9 @@ class Context:
 
     # ---- bounded waits --------------------------------------------------------------------------
     def _calibrate_wait(self) -> float:
+        key = (self.transport.name, str(self.device))
+        if key in _poll_rates:
+            return _poll_rates[key]
         polls = _PROBE_POLLS[self.transport.interpreted]
         self._hdr[dev.HDR_WAIT_BOUND.value] = polls
         _wait_probe_kernel[(1,)](self.rank, self.heap_bases)  # compile / warm up
@@ -311,7 +321,8 @@ class Context:
         self.transport.synchronize()
         elapsed = time.perf_counter() - start
         self._hdr[:_N_ERR_SLOTS] = 0
-        return polls / max(elapsed, 1e-9)
+        _poll_rates[key] = polls / max(elapsed, 1e-9)
+        return _poll_rates[key]
 
     @property
     def wait_timeout(self) -> float:
@@ -638,9 +649,9 @@ class Context:
         t = self._new(self._size(size), dtype, device, requires_grad, generator)
         return t.normal_(generator=generator).requires_grad_(requires_grad)
 
-    def randint(self, *args: int | Sequence[int], generator: torch.Generator | None = None,
-                dtype: torch.dtype = torch.int64, device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
-        """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
+    @staticmethod
+    def randint_args(args: tuple) -> tuple:
+        """``(low, high, size)`` from ``randint``'s ``(high, size)`` or ``(low, high, size)``."""
         if len(args) == 2:
             low, (high, size) = 0, args
         elif len(args) == 3:
@@ -652,6 +663,12 @@ class Context:
                 raise bad_type(name, "an int", value)
         if not high > low:
             raise ArgumentError(f"randint: high must be greater than low, got low={low}, high={high}")
+        return low, high, size
+
+    def randint(self, *args: int | Sequence[int], generator: torch.Generator | None = None,
+                dtype: torch.dtype = torch.int64, device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
+        """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
+        low, high, size = self.randint_args(args)
         t = self._new(self._size((size,)), dtype, device, requires_grad, generator)
         return t.random_(low, high, generator=generator).requires_grad_(requires_grad)
 

@@ -7,16 +7,25 @@ anywhere can import it.
 destinations, as data flows), then ``rank`` (the calling rank), then the peer rank(s), then
 ``heap_bases``, then keyword options (``mask``, ``other``, ``sem``, ``scope``, …)::
 
-    load(ptr, rank, peer, heap_bases, mask=None, other=None)
-    store(ptr, value, rank, peer, heap_bases, mask=None)
-    get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None)
-    put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None)
-    copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None)
-    atomic_<op>(ptr, val, rank, peer, heap_bases, mask=None, sem="acq_rel", scope="sys")
-    atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem="acq_rel", scope="sys")
+    load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier="", volatile=False, hint=None)
+    store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier="", hint=None)
+    get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None, load_cache_modifier="",
+        store_cache_modifier="", hint=None)                      # put and copy take the same options
+    put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None, ...)
+    copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None, ...)
+    atomic_<op>(ptr, val, rank, peer, heap_bases, mask=None, sem="acq_rel", scope="sys", hint=None)
+    atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem="acq_rel", scope="sys", hint=None)
     signal(flag_ptr, value, rank, peer, heap_bases, op="set", sem="release", scope="sys")
     wait_until(flag_ptr, cmp, value, rank, peer, heap_bases, sem="acquire", scope="sys")
     barrier(rank, world_size, heap_bases)
+
+``mask``/``other`` are ``tl.load``'s (``other``: what masked-off lanes of a load read; ``get``,
+``put`` and ``copy`` store nothing there). Cache modifiers are ``tl.load``/``tl.store``'s
+(loads ``".ca"``, ``".cg"``, ``".cv"``; stores ``".wb"``, ``".cg"``, ``".cs"``, ``".wt"``; ``""``
+or ``None``: none); ``volatile=True`` issues the load volatile, which subsumes a load cache
+modifier (the modifier is then left out: PTX rejects the combination). ``hint`` is a
+vectorization hint on the translated pointer (``tl.multiple_of`` + ``tl.max_contiguous``): an
+int for a 1-D block, a tuple per dimension for 2-D.
 
 Every pointer argument is an address in the *caller's* heap (a symmetric tensor the caller
 allocated); the primitive translates it to the same offset in the peer's heap. ``peer`` may
@@ -112,90 +121,127 @@ def _sink(rank, heap_bases):
 
 
 @triton.jit
-def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
-    """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other`` as in ``tl.load``."""
-    if NVSHMEM_CALLS:
-        return _nvd.load(ptr, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, _sink(rank, heap_bases),
-                         mask, other, cache_modifier, NVSHMEM_CALLS)
-    return tl.load(translate(ptr, rank, peer, heap_bases), mask=mask, other=other, cache_modifier=cache_modifier)
+def hinted(ptr, hint: tl.constexpr = None):
+    """``ptr`` with the vectorization ``hint`` applied (``tl.multiple_of`` and
+    ``tl.max_contiguous``, an int or a tuple per dimension); ``ptr`` itself for ``None``."""
+    if hint is not None:
+        ptr = tl.max_contiguous(tl.multiple_of(ptr, hint), hint)
+    return ptr
 
 
 @triton.jit
-def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
+def _load(ptrs, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr):
+    """``tl.load``; a volatile load carries no cache modifier (see the module docstring)."""
+    if volatile:
+        value = tl.load(ptrs, mask=mask, other=other, volatile=True)
+    else:
+        value = tl.load(ptrs, mask=mask, other=other, cache_modifier=cache_modifier)
+    return value
+
+
+@triton.jit
+def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = _NO_MODIFIER,
+         volatile: tl.constexpr = False, hint: tl.constexpr = None):
+    """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other``/``cache_modifier``/
+    ``volatile`` as in ``tl.load``."""
+    if NVSHMEM_CALLS:
+        return _nvd.load(ptr, hinted(translate(ptr, rank, peer, heap_bases), hint), rank, peer, heap_bases,
+                         _sink(rank, heap_bases), mask, other, cache_modifier, volatile, NVSHMEM_CALLS, _load)
+    return _load(hinted(translate(ptr, rank, peer, heap_bases), hint), mask, other, cache_modifier, volatile)
+
+
+@triton.jit
+def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER,
+          hint: tl.constexpr = None):
     """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
     if NVSHMEM_CALLS:
-        _nvd.store(ptr, value, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, _sink(rank, heap_bases),
-                   mask, cache_modifier, NVSHMEM_CALLS)
+        _nvd.store(ptr, value, hinted(translate(ptr, rank, peer, heap_bases), hint), rank, peer, heap_bases,
+                   _sink(rank, heap_bases), mask, cache_modifier, NVSHMEM_CALLS)
         return
-    tl.store(translate(ptr, rank, peer, heap_bases), value, mask=mask, cache_modifier=cache_modifier)
+    tl.store(hinted(translate(ptr, rank, peer, heap_bases), hint), value, mask=mask, cache_modifier=cache_modifier)
 
 
 @triton.jit
-def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None):
+def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
+        load_cache_modifier: tl.constexpr = _NO_MODIFIER, store_cache_modifier: tl.constexpr = _NO_MODIFIER,
+        hint: tl.constexpr = None):
     """Copy ``peer``'s data at ``src_ptr``'s offset into the caller's memory at ``dst_ptr``.
 
     ``dst_ptr`` may be any local pointer (it need not be on the heap).
     """
     if NVSHMEM_CALLS:
-        value = load(src_ptr, rank, peer, heap_bases, mask=mask, other=other)
+        value = load(src_ptr, rank, peer, heap_bases, mask=mask, other=other, cache_modifier=load_cache_modifier,
+                     hint=hint)
     else:
-        value = tl.load(translate(src_ptr, rank, peer, heap_bases), mask=mask, other=other)
-    tl.store(dst_ptr, value, mask=mask)
+        value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases), hint), mask=mask, other=other,
+                        cache_modifier=load_cache_modifier)
+    tl.store(dst_ptr, value, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
-def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
+def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
+        load_cache_modifier: tl.constexpr = _NO_MODIFIER, store_cache_modifier: tl.constexpr = _NO_MODIFIER,
+        hint: tl.constexpr = None):
     """Copy the caller's data at ``src_ptr`` into ``peer``'s heap at ``dst_ptr``'s offset.
 
     ``src_ptr`` may be any local pointer (it need not be on the heap).
     """
-    value = tl.load(src_ptr, mask=mask)
+    value = tl.load(src_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
     if NVSHMEM_CALLS:
-        store(dst_ptr, value, rank, peer, heap_bases, mask=mask)
+        store(dst_ptr, value, rank, peer, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
     else:
-        tl.store(translate(dst_ptr, rank, peer, heap_bases), value, mask=mask)
+        tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases), hint), value, mask=mask,
+                 cache_modifier=store_cache_modifier)
 
 
 @triton.jit
-def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None):
+def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None,
+         load_cache_modifier: tl.constexpr = _NO_MODIFIER, store_cache_modifier: tl.constexpr = _NO_MODIFIER,
+         hint: tl.constexpr = None):
     """Copy from ``src_rank``'s heap at ``src_ptr``'s offset to ``dst_rank``'s heap at
     ``dst_ptr``'s offset; the caller (``rank``) may be either of them or a third rank."""
     if NVSHMEM_CALLS:
-        store(dst_ptr, load(src_ptr, rank, src_rank, heap_bases, mask=mask, other=other), rank, dst_rank, heap_bases,
-              mask=mask)
+        value = load(src_ptr, rank, src_rank, heap_bases, mask=mask, other=other, cache_modifier=load_cache_modifier,
+                     hint=hint)
+        store(dst_ptr, value, rank, dst_rank, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
         return
-    value = tl.load(translate(src_ptr, rank, src_rank, heap_bases), mask=mask, other=other)
-    tl.store(translate(dst_ptr, rank, dst_rank, heap_bases), value, mask=mask)
+    value = tl.load(hinted(translate(src_ptr, rank, src_rank, heap_bases), hint), mask=mask, other=other,
+                    cache_modifier=load_cache_modifier)
+    tl.store(hinted(translate(dst_ptr, rank, dst_rank, heap_bases), hint), value, mask=mask,
+             cache_modifier=store_cache_modifier)
 
 
 # ---- atomics ------------------------------------------------------------------------------
 
 
 @triton.jit
-def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("add", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_add(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+        return _nvd.atomic("add", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically subtract ``val``; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("add", ptr, -val, -val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_add(translate(ptr, rank, peer, heap_bases), -val, mask=mask, sem=sem, scope=scope)
+        return _nvd.atomic("add", ptr, -val, -val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases), hint), -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("cas", ptr, val, cmp, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, None, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_cas(translate(ptr, rank, peer, heap_bases), cmp, val, sem=sem, scope=scope)
+        return _nvd.atomic("cas", ptr, val, cmp, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, None, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_cas(hinted(translate(ptr, rank, peer, heap_bases), hint), cmp, val, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -217,57 +263,63 @@ def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
 
 
 @triton.jit
-def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically exchange with ``val``; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("xchg", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return _xchg(translate(ptr, rank, peer, heap_bases), val, mask, sem, scope)
+        return _nvd.atomic("xchg", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return _xchg(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask, sem, scope)
 
 
 @triton.jit
-def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic bitwise and; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("and", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_and(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+        return _nvd.atomic("and", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_and(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic bitwise or; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("or", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_or(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+        return _nvd.atomic("or", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_or(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic bitwise xor; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("xor", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_xor(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+        return _nvd.atomic("xor", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_xor(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic minimum; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("min", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_min(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+        return _nvd.atomic("min", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_min(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic maximum; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("max", ptr, val, val, translate(ptr, rank, peer, heap_bases), rank, peer, heap_bases, mask, sem,
-                           scope, NVSHMEM_CALLS, _xchg)
-    return tl.atomic_max(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+        return _nvd.atomic("max", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
+                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+    return tl.atomic_max(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 # ---- signalling ---------------------------------------------------------------------------

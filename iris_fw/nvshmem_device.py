@@ -198,10 +198,10 @@ def _route(ptr, rank, peer, sink, mask):
     tl.static_assert(BITS == 8 or BITS == 16 or BITS == 32 or BITS == 64,
                      "NVSHMEM calls move 8-, 16-, 32- or 64-bit elements")
     addr = ptr.to(tl.int64)
-    pe = peer.to(tl.int32)
+    pe = tl.cast(peer, tl.int32)  # (rank and peer may be constexpr ints)
     if mask is not None:
         addr = tl.where(mask, addr, sink.to(tl.int64))
-        pe = tl.where(mask, pe, rank.to(tl.int32))
+        pe = tl.where(mask, pe, tl.cast(rank, tl.int32))
     return addr, pe
 
 
@@ -233,16 +233,18 @@ def put_value(ptr, value, rank, peer, sink, mask):
 
 @triton.jit
 def load(ptr, target, rank, peer, heap_bases, sink, mask, other, cache_modifier: tl.constexpr,
-         MODE: tl.constexpr):
+         volatile: tl.constexpr, MODE: tl.constexpr, LOAD: tl.constexpr):
     """:func:`iris_fw.device.load` when ``NVSHMEM_CALLS`` is on; ``target`` is ``ptr``
-    translated into ``peer``'s heap (used where the peer is reached by load/store)."""
+    translated into ``peer``'s heap, read by ``LOAD`` (:func:`iris_fw.device._load`) where the
+    peer is reached by load/store. Cache modifiers, ``volatile`` and vectorization hints apply
+    to that path only (an NVSHMEM ``g`` reads the peer's memory at every call)."""
     if MODE == ALL:
         value = get_value(ptr, rank, peer, sink, mask, other)
     else:
         if by_call(peer, heap_bases, MODE):
             value = get_value(ptr, rank, peer, sink, mask, other)
         else:
-            value = tl.load(target, mask=mask, other=other, cache_modifier=cache_modifier)
+            value = LOAD(target, mask, other, cache_modifier, volatile)
     return value
 
 
@@ -330,7 +332,7 @@ def atomic_value(OP: tl.constexpr, ptr, val, cmp, rank, peer, mask, sem: tl.cons
         _quiet()
         tl.debug_barrier()
     ACQUIRE: tl.constexpr = sem == "acquire" or sem == "acq_rel"
-    pe = peer.to(tl.int32)
+    pe = tl.cast(peer, tl.int32)  # (rank and peer may be constexpr ints)
     vbits = _unsigned(tl.cast(val, ELEM))
     cbits = _unsigned(tl.cast(cmp, ELEM))
     if ptr.type.is_block():

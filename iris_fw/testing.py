@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import pickle
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -45,7 +46,22 @@ class RankFailure(AssertionError):
     """One or more ranks raised (or the pool died); the message holds every traceback."""
 
 
+def _exit_with_parent(period_s: float = 1.0) -> None:
+    """Exit this rank process when the process that started it is gone (a test run killed
+    while the rank ran a long job would otherwise leave it computing until the job ends)."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="iris_fw-parent-watch", daemon=True).start()
+
+
 def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
+    _exit_with_parent()
     os.environ.update(env)
     import iris_fw
 

@@ -1,6 +1,9 @@
 """Data, poison and reference helpers shared by the tests (run inside rank processes)."""
 
+import pytest
 import torch
+
+import iris_fw
 
 DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32]
 
@@ -30,6 +33,15 @@ def sizes(ctx):
     if ctx.device.type == "cpu":
         return 64, 128, 128 - 37
     return 1024, 1 << 20, (1 << 20) - 37
+
+
+def on_worlds(*default: int):
+    """Parametrizes the ``world`` fixture (tests/conftest.py) over world sizes 1-4; on CPU ranks
+    only ``default`` run by default, the rest under ``-m extended`` (the default run's time
+    budget on CI's two cores); on GPUs every size runs (sizes above the GPU count skip)."""
+    params = [w if w in default or not iris_fw.interpreting() else pytest.param(w, marks=pytest.mark.extended)
+              for w in (1, 2, 3, 4)]
+    return pytest.mark.parametrize("world", params, indirect=True, ids=lambda w: f"w{w}")
 
 
 def same(a, b):

@@ -167,13 +167,61 @@ def test_output_tags_switched_off(tmp_path):
 
 @pytest.mark.slow
 def test_ranks_agree_on_settings_and_nothing_listens_beyond_loopback():
-    """Two contexts one after the other in a 2-rank job: one bootstrap and transport everywhere,
-    the rendezvous store (hosted by the launcher) and gloo on 127.0.0.1 only."""
+    """Two contexts one after the other in a 2-rank job: one bootstrap and transport everywhere
+    (the launcher leaves IRIS_FW_BOOTSTRAP on auto; every rank detects torch), the rendezvous
+    store (hosted by the launcher) and gloo on 127.0.0.1 only."""
     n = min(iris_fw.testing.gpu_count(), 2) or 2
     res = _run(["-n", str(n), PROBE, "job"], timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     transport = "gpu_ipc" if iris_fw.testing.gpu_count() else "host_shm"
     for r in range(n):
         for attempt in (0, 1):
-            line = f"[rank {r}] attempt {attempt}: bootstrap=torch transport={transport} env=torch,{transport} exposed=[]"
+            line = f"[rank {r}] attempt {attempt}: bootstrap=torch transport={transport} env=auto,{transport} exposed=[]"
             assert line in res.stdout, res.stdout + res.stderr
+
+
+_POOL_ORPHAN = """
+import sys, time
+sys.path.insert(0, {root!r})
+import iris_fw
+from iris_fw.testing import RankPool
+
+def job(ctx):
+    import os
+    print(os.getpid(), flush=True)
+    time.sleep(120)
+
+if __name__ == "__main__":
+    pool = RankPool(2, heap_size=1 << 20)
+    for conn in pool._conns:
+        conn.send((list(sys.path), __import__("pickle").dumps((job, (), {{}}))))
+    print("ranks", *[p.pid for p in pool._procs], flush=True)
+    time.sleep(120)
+"""
+
+
+def test_test_pool_ranks_exit_with_their_parent(tmp_path):
+    """A test run killed (SIGKILL: no cleanup runs) while its ranks run a job: the ranks exit
+    within seconds instead of running the job to its end."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "orphan.py"
+    script.write_text(_POOL_ORPHAN.format(root=root))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 240
+        while line is not None and not line.startswith("ranks") and time.monotonic() < deadline:
+            line = proc.stdout.readline() or None  # None: the script ended
+        assert line and line.startswith("ranks"), "the pool did not start"
+        ranks = [int(p) for p in line.split()[1:]]
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 15
+    alive = ranks
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in ranks if os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2]]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"rank processes {alive} outlived their killed parent by 15 s"

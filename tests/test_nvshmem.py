@@ -325,11 +325,12 @@ def _compile_suites_sm90(mode: int, which: str):
         link.install()
     sys.path.insert(0, HERE)
     import test_atomics
+    import test_iris_conformance
     import test_primitives
     import test_signal
 
     ints = {"n": "i32", "dst_row": "i32", "rank": "i32", "peer": "i32", "src_rank": "i32", "iters": "i32",
-            "world_size": "i32", "rounds": "i32", "heap_bases": "*i64"}
+            "world_size": "i32", "rounds": "i32", "heap_bases": "*i64", "n_valid": "i32", "other": "fp32"}
     jobs = []
     for op in (["load", "store", "get", "put", "copy"] if which in ("all", "primitives") else []):
         for elem in (["i8", "bf16", "fp32", "i64"] if which == "all" else ["fp32"]):
@@ -338,6 +339,11 @@ def _compile_suites_sm90(mode: int, which: str):
     for op, elem in ([("add", "fp32"), ("xchg", "fp32"), ("cas", "i64"), ("min", "i32")] if which == "all" else []):
         jobs.append((test_atomics._atomic_kernel, {"acc": "*" + elem, "vals": "*" + elem, "olds": "*" + elem},
                      {"OP": op, "SEM": "acq_rel", "SCOPE": "sys", "MASKED": op != "cas", "BLOCK": 256}))
+    for op, volatile in ([("load", True), ("copy_push", False)] if which == "all" else []):
+        # constexpr ranks, cache modifiers, volatile and hints (the options Iris programs pass)
+        jobs.append((test_iris_conformance._rma_kernel, {"data": "*fp32", "results": "*fp32"},
+                     {"cur_rank": 0, "num_ranks": 2, "OP": op, "LCM": ".cg", "SCM": ".wt", "VOLATILE": volatile,
+                      "BLOCK": 256}))
     if which in ("all", "signal"):
         jobs.append((test_signal._ping_kernel, {"data": "*i32", "box": "*i32", "flag": "*i64"}, {"BLOCK": 1024}))
     for kernel, types, constexprs in jobs:
@@ -394,11 +400,12 @@ def test_calls_compile_for_sm90(tmp_path):
 @pytest.mark.extended
 def test_suites_compile_with_calls_for_sm90(tmp_path):
     """The primitive suite's kernels for 4 element widths, the atomic suite's (float add and min
-    as compare-and-swap loops, xchg, 64-bit cas) and the signal suite's, under modes 1 and 2."""
+    as compare-and-swap loops, xchg, 64-bit cas), the Iris conformance RMA kernel (constexpr
+    ranks, cache modifiers, volatile, hints) and the signal suite's, under modes 1 and 2."""
     _need_bitcode()
     for mode in (nv.CALLS_REMOTE, nv.CALLS_ALL):
         lines = _run_child(tmp_path, mode, "all")
-        assert len(lines) == 20 + 4 + 1, lines
+        assert len(lines) == 20 + 4 + 2 + 1, lines
         assert all(line[4] == "nvshmem-state" for line in lines), lines
 
 

@@ -215,12 +215,19 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
 
 
 @triton.jit
+def _atomic_by_call(OP: tl.constexpr, ptr, val, cmp, rank, peer, heap_bases, mask, sem: tl.constexpr,
+                    scope: tl.constexpr, hint: tl.constexpr):
+    """The atomic ``OP`` when ``NVSHMEM_CALLS`` is on (:func:`iris_fw.nvshmem_device.atomic`)."""
+    return _nvd.atomic(OP, ptr, val, cmp, hinted(translate(ptr, rank, peer, heap_bases), hint), rank, peer, heap_bases,
+                       mask, sem, scope, NVSHMEM_CALLS, _xchg)
+
+
+@triton.jit
 def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("add", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("add", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -229,8 +236,7 @@ def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
                hint: tl.constexpr = None):
     """Atomically subtract ``val``; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("add", ptr, -val, -val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("add", ptr, -val, -val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases), hint), -val, mask=mask, sem=sem, scope=scope)
 
 
@@ -239,8 +245,7 @@ def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_R
                hint: tl.constexpr = None):
     """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("cas", ptr, val, cmp, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, None, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("cas", ptr, val, cmp, rank, peer, heap_bases, None, sem, scope, hint)
     return tl.atomic_cas(hinted(translate(ptr, rank, peer, heap_bases), hint), cmp, val, sem=sem, scope=scope)
 
 
@@ -267,8 +272,7 @@ def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr =
                hint: tl.constexpr = None):
     """Atomically exchange with ``val``; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("xchg", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("xchg", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return _xchg(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask, sem, scope)
 
 
@@ -277,8 +281,7 @@ def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
                hint: tl.constexpr = None):
     """Atomic bitwise and; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("and", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("and", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_and(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -287,8 +290,7 @@ def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _
                hint: tl.constexpr = None):
     """Atomic bitwise or; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("or", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("or", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_or(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -297,8 +299,7 @@ def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
                hint: tl.constexpr = None):
     """Atomic bitwise xor; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("xor", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("xor", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_xor(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -307,8 +308,7 @@ def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
                hint: tl.constexpr = None):
     """Atomic minimum; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("min", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("min", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_min(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -317,8 +317,7 @@ def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
                hint: tl.constexpr = None):
     """Atomic maximum; returns the old value."""
     if NVSHMEM_CALLS:
-        return _nvd.atomic("max", ptr, val, val, hinted(translate(ptr, rank, peer, heap_bases), hint), rank,
-                           peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS, _xchg)
+        return _atomic_by_call("max", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_max(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -336,8 +335,7 @@ def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = _SET, sem
     target = translate(flag_ptr, rank, peer, heap_bases)
     if NVSHMEM_CALLS:
         OP: tl.constexpr = "xchg" if op == "set" else "add"
-        old = _nvd.atomic(OP, flag_ptr, value, value, target, rank, peer, heap_bases, None, sem, scope, NVSHMEM_CALLS,
-                          _xchg)
+        old = _atomic_by_call(OP, flag_ptr, value, value, rank, peer, heap_bases, None, sem, scope, None)
     elif op == "set":
         old = _xchg(target, value, None, sem, scope)
     else:
@@ -404,8 +402,7 @@ def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, 
 def _poll(flag_ptr, target, rank, peer, heap_bases, sem: tl.constexpr, scope: tl.constexpr):
     """One read of the flag a wait polls (``target``: ``flag_ptr`` translated into ``peer``'s heap)."""
     if NVSHMEM_CALLS:
-        seen = _nvd.atomic("fetch", flag_ptr, 0, 0, target, rank, peer, heap_bases, None, sem, scope, NVSHMEM_CALLS,
-                           _xchg)
+        seen = _atomic_by_call("fetch", flag_ptr, 0, 0, rank, peer, heap_bases, None, sem, scope, None)
     else:
         seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
     return seen

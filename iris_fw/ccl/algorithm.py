@@ -149,6 +149,23 @@ def launcher(kernel, nprog: int, **constexprs) -> KernelLauncher:
     return KernelLauncher(kernel, (nprog,), constexprs=constexprs, num_warps=NUM_WARPS)
 
 
+class TracedLaunch:
+    """A kernel configuration's launch: the launcher's runtime arguments followed by the kernel's
+    ``trace`` buffer handle (``None`` when not tracing; see :mod:`iris_fw.trace`). Called and
+    prepared as a :class:`~iris_fw.engine.launcher.KernelLauncher`."""
+
+    __slots__ = ("launcher", "trace")
+
+    def __init__(self, launcher: KernelLauncher, trace):
+        self.launcher, self.trace = launcher, trace
+
+    def __call__(self, *args) -> None:
+        self.launcher(*args, self.trace)
+
+    def prepare(self, *args):
+        return self.launcher.prepare(*args, self.trace)
+
+
 def chunks(numel: int, cap_elems: int):
     """``(start, length)`` of each chunk of a ``numel``-element message."""
     for start in range(0, max(numel, 1), cap_elems):
@@ -254,7 +271,10 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     *bytes*, slots and programs: by every reduction (``constexprs``) and by dtypes of any width,
     each viewing the bytes as its own dtype and launching its own variant. Buffers that
     ``fill(buffers)`` prepares (it returns true: the members then sync before any can send into
-    them) are shared only by dtypes of one width. Returns ``(launch, buffers)``."""
+    them) are shared only by dtypes of one width. Returns ``(launch, buffers)``: ``launch`` takes
+    the kernel's runtime arguments but its last, ``trace`` (:class:`TracedLaunch`); under a trace
+    session it launches the traced variant (``TRACE`` constexpr) into the configuration's trace
+    buffer."""
     sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
     width = buffers[0][1].itemsize if fill is not None and buffers else 0
 
@@ -267,10 +287,21 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
         raw.append(torch.zeros(nprog, dtype=torch.int64, device=group.ctx.device))
         return tuple(raw), {}
 
-    raw, launchers = group.config((key[0], sizes, slots, nprog, width), make)
+    config = (key[0], sizes, slots, nprog, width)
+    raw, launchers = group.config(config, make)
     bufs = tuple(r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)) + raw[len(buffers):]
+    tracer = group.ctx.tracer
+    if tracer is not None:
+        constexprs = {**constexprs, "TRACE": tracer.mode}
     variant = tuple(sorted(constexprs.items()))
     launch = launchers.get(variant)
     if launch is None:
         launch = launchers[variant] = launcher(kernel, nprog, **constexprs)
-    return launch, bufs
+    handle = None
+    if tracer is not None:
+        label = f"ccl {key[0]} {str(key[1]).replace('torch.', '')}"
+        named = {f"{label} {what}": b for b, (_, _, what) in zip(bufs, buffers)}
+        if slots:
+            named[f"{label} arrival slots"] = bufs[len(buffers)]
+        handle = tracer.handle((id(group), config, variant), nprog, label, buffers=named, pin=group)
+    return TracedLaunch(launch, handle), bufs

@@ -166,6 +166,9 @@ class Work:
 def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
     """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
     g = _group(ctx, group)
+    if ctx.tracer is not None:  # traced kernel variants, prepared (and validated) once per session
+        key = key + (("traced", ctx.tracer.session),)
+        ctx.tracer.launched()
     run = g.calls.get(key)
     if run is None:
         run = prepare(g)

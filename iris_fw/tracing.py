@@ -152,17 +152,15 @@ class Tracer:
         if offset is None:
             return
         target = region.names if region is not None else self._extra_names
-        target.append((offset, max(t.numel() * t.element_size(), 1), name))
+        target.append((offset, max(t.numel() * t.element_size(), 1), name, t.element_size()))
 
     def flag_name(self, offset: int) -> str:
-        """A name for the heap byte ``offset`` a wait recorded."""
-        for region in self.regions:
-            for start, nbytes, name in region.names:
+        """A name for the heap byte ``offset`` a wait recorded: ``name[i]`` for element ``i`` of a
+        named tensor (``name`` for its first), else the heap block and where it was allocated."""
+        for names in [region.names for region in self.regions] + [self._extra_names]:
+            for start, nbytes, name, itemsize in names:
                 if start <= offset < start + nbytes:
-                    return name if offset == start else f"{name} +{offset - start}"
-        for start, nbytes, name in self._extra_names:
-            if start <= offset < start + nbytes:
-                return name if offset == start else f"{name} +{offset - start}"
+                    return name if offset == start else f"{name}[{(offset - start) // itemsize}]"
         block = self.ctx.heap.block_at(offset)
         if block is not None:
             return f"{block.what} from {block.site} +{offset - block.offset}"

@@ -224,7 +224,9 @@ def _check_ops(iris_pool, world, cases):
                     assert "barrier slots" in e["args"]["flag"]
             if scheduler in ("producer_consumer", "wg_specialized", "copy_engine"):
                 acquires = by["acquire"]
-                assert all(e["args"]["flag"].startswith(f"{label} item flags") for e in acquires)
+                for e in acquires:  # the flag of the item waited for
+                    item = e["args"]["item"]
+                    assert e["args"]["flag"] == f"{label} item flags" + (f"[{item}]" if item else "")
                 assert len(acquires) == len(by["consume"])
             spans = by["program"]
             assert all(e["cat"] == "program" and e["args"]["item"] == 2 for e in spans)  # the op's second call

@@ -44,8 +44,11 @@ def _one_shot_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP, trace, TRACE)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -54,7 +57,9 @@ def _one_shot_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_
             if AVG:
                 acc = acc / world_size
             tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
-    tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -66,8 +71,11 @@ def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases, t
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -77,7 +85,7 @@ def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases, t
         ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
         tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
                        tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     ok = 1
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -87,7 +95,9 @@ def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases, t
             acc = acc / world_size
         if ok:
             tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
-    tr.record_wait(trace, TRACE, t0, tr.RECEIVE, buf, rank, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.RECEIVE, buf, rank, heap_bases)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -101,12 +111,15 @@ def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     rs = recv + (epoch % 2) * world_size * CAP
     ag = gath + (epoch % 2) * CAP
     phase1 = slots + pid * 2 * world_size
     phase2 = phase1 + world_size
     ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -115,10 +128,11 @@ def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size,
     if TRACE:  # every tile but the ones this rank owns goes to its owner
         tr.record_move(trace, TRACE, t0, tr.PUSH, -1,
                        (tr.strided_share(n, BLOCK, pid, nprog) - _owned(n, rank, world_size, BLOCK)) * ELEM)
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     ok = tc.wait_arrivals(phase1, epoch, rank, world_size, heap_bases)
-    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, phase1, rank, heap_bases)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, phase1, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             if t % world_size == rank:
@@ -131,16 +145,19 @@ def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size,
     tc.arrive(phase2, epoch, rank, world_size, heap_bases)
     if TRACE:  # the owned tiles' sums to every other rank
         tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, _owned(n, rank, world_size, BLOCK) * (world_size - 1) * ELEM)
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     done = tc.wait_arrivals(phase2, epoch, rank, world_size, heap_bases)
-    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, phase2, rank, heap_bases)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, phase2, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     if done & ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
             tl.store(dst + offs, tl.load(ag + offs, mask=mask), mask=mask)
-    tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -174,6 +191,8 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     seg = tl.cdiv(tl.cdiv(n, world_size), BLOCK) * BLOCK  # elements per segment, tile-aligned
     slot = tl.cdiv(tl.cdiv(CAP, world_size), BLOCK) * BLOCK  # elements per step slot
     buf = recv + (epoch % 2) * 2 * world_size * slot
@@ -182,7 +201,8 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
     ok = 1
     STEP_BYTES: tl.constexpr = BLOCK * (recv.dtype.element_ty.primitive_bitwidth // 8)
     for j in range(pid, tl.cdiv(seg, BLOCK), nprog):
-        t0 = tr.record_start(trace, TRACE)
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         loc = j * BLOCK + tl.arange(0, BLOCK)
         mark = epoch * 4294967296 + j + 1  # this (call, tile) on the step flags: only grows
         # reduce-scatter: send segment k, receive the partial of segment k - 1, add my copy
@@ -220,6 +240,8 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
                 tl.store(dst + offs, out, mask=(loc < seg) & (offs < n))
         if TRACE:  # 2(W-1) steps of one tile to the right neighbour (waits for the left one included)
             tr.record_move(trace, TRACE, t0, tr.RING_STEP, right, tr.as_i64(STEP_BYTES) * 2 * (world_size - 1), j)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 class _AllReduce(al.Algorithm):

@@ -168,9 +168,12 @@ def _lamport_rmsnorm_kernel(x, weight, out, residual, recv, partials, row_counte
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
     items = rows * segments
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         lo = (item % segments) * seg
@@ -182,7 +185,7 @@ def _lamport_rmsnorm_kernel(x, weight, out, residual, recv, partials, row_counte
     if TRACE:
         tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
                        _share(rows, hidden, segments, seg) * (world_size - 1) * (x.dtype.element_ty.primitive_bitwidth // 8))
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         s = item % segments
@@ -210,7 +213,9 @@ def _lamport_rmsnorm_kernel(x, weight, out, residual, recv, partials, row_counte
                     tl.store(res_row + cols, stored, mask=mask)
             _finish_segment(res_row, weight, out_row, partials, row_counters, row, s, segments, ssq, ok,
                             hidden, eps, BLOCK)
-    tr.record_wait(trace, TRACE, t0, tr.RECEIVE, buf, rank, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.RECEIVE, buf, rank, heap_bases)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -234,9 +239,12 @@ def _one_shot_rmsnorm_kernel(x, weight, out, residual, recv, slots, partials, ro
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
     items = rows * segments
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         lo = (item % segments) * seg
@@ -249,10 +257,11 @@ def _one_shot_rmsnorm_kernel(x, weight, out, residual, recv, slots, partials, ro
     if TRACE:
         tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
                        _share(rows, hidden, segments, seg) * (world_size - 1) * (x.dtype.element_ty.primitive_bitwidth // 8))
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     ok = tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         s = item % segments
@@ -276,7 +285,9 @@ def _one_shot_rmsnorm_kernel(x, weight, out, residual, recv, slots, partials, ro
                     tl.store(res_row + cols, stored, mask=mask)
             _finish_segment(res_row, weight, out_row, partials, row_counters, row, s, segments, ssq, ok,
                             hidden, eps, BLOCK)
-    tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 # ---- algorithms -----------------------------------------------------------------------------------

@@ -39,15 +39,20 @@ def _all_gather_push_kernel(src, dst, recv, slots, counters, n, stride, rank, wo
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP, trace, TRACE)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
             for p in range(0, world_size):
                 tl.store(dst + p * stride + offs, tl.load(buf + p * CAP + offs, mask=mask), mask=mask)
-    tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -60,8 +65,11 @@ def _all_gather_pull_kernel(src, dst, stage, slots, counters, n, stride, rank, w
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     entry = slots + pid * 2 * world_size
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     if STAGED:
         base = stage + (epoch % 2) * CAP
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
@@ -71,11 +79,13 @@ def _all_gather_pull_kernel(src, dst, stage, slots, counters, n, stride, rank, w
     else:
         base = src
     tc.arrive(entry, epoch, rank, world_size, heap_bases)
-    tr.record_move(trace, TRACE, t0, tr.PUSH, -1, 0)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.PUSH, -1, 0)
+        t0 = tr.record_start(trace, TRACE)
     ok = tc.wait_arrivals(entry, epoch, rank, world_size, heap_bases)
-    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, entry, rank, heap_bases)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, entry, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -86,10 +96,14 @@ def _all_gather_pull_kernel(src, dst, stage, slots, counters, n, stride, rank, w
         tr.record_move(trace, TRACE, t0, tr.PULL, tr.only_peer(rank, world_size),
                        tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
     if not STAGED:
-        t0 = tr.record_start(trace, TRACE)
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         tc.arrive(entry + world_size, epoch, rank, world_size, heap_bases)
         tc.wait_arrivals(entry + world_size, epoch, rank, world_size, heap_bases)
-        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, entry + world_size, rank, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, entry + world_size, rank, heap_bases)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -102,8 +116,11 @@ def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -116,10 +133,11 @@ def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank
         ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
         tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
                        tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     ok = tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -128,7 +146,9 @@ def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank
             if AVG:
                 acc = acc / world_size
             tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
-    tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -141,9 +161,13 @@ def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
-    t0 = tr.record_start(trace, TRACE)
-    sent = tr.as_i64(0)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        sent = tr.as_i64(0)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         loc = t * BLOCK + tl.arange(0, BLOCK)
         for i in range(0, world_size):
@@ -158,10 +182,11 @@ def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank
     if TRACE:
         ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
         tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size), sent * ELEM)
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     ok = tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             loc = t * BLOCK + tl.arange(0, BLOCK)
@@ -169,7 +194,9 @@ def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank
                 off = tl.load(meta + 2 * world_size + p)
                 mask = base + loc < tl.load(meta + 3 * world_size + p)
                 tl.store(dst + off + base + loc, tl.load(buf + p * CAP + loc, mask=mask), mask=mask)
-    tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 def _geometry(group, algo, call, nbytes=None):

@@ -35,11 +35,14 @@ def _from_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, wo
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * CAP
     answers = slots + pid * (world_size + 1)
     ready = answers + world_size
     if rank == root:
-        t0 = tr.record_start(trace, TRACE)
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -59,21 +62,27 @@ def _from_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, wo
             ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
             tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
                            tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
-        t0 = tr.record_start(trace, TRACE)
+            t0 = tr.record_start(trace, TRACE)
         tc.wait_arrivals(answers, epoch, rank, world_size, heap_bases)
-        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, answers, rank, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, answers, rank, heap_bases)
     else:
-        t0 = tr.record_start(trace, TRACE)
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         ok = tc.wait_flag(ready, epoch, rank, heap_bases)
-        tr.record_wait(trace, TRACE, t0, tr.ACQUIRE, ready, rank, heap_bases)
-        t0 = tr.record_start(trace, TRACE)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ACQUIRE, ready, rank, heap_bases)
+            t0 = tr.record_start(trace, TRACE)
         if ok:
             for t in range(pid, tl.cdiv(n, BLOCK), nprog):
                 offs = t * BLOCK + tl.arange(0, BLOCK)
                 mask = offs < n
                 tl.store(dst + offs, tl.load(buf + offs, mask=mask), mask=mask)
         dv.signal(answers + rank, epoch, rank, root, heap_bases)
-        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        if TRACE:
+            tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
@@ -87,10 +96,13 @@ def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, worl
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
     arrivals = slots + pid * (world_size + 1)
     done = arrivals + world_size
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -100,11 +112,12 @@ def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, worl
         ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
         tr.record_move(trace, TRACE, t0, tr.PUSH, tl.where(rank == root, -1, root),
                        tl.where(rank == root, 0, tr.strided_share(n, BLOCK, pid, nprog) * ELEM))
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     if rank == root:
         ok = tc.wait_arrivals(arrivals, epoch, rank, world_size, heap_bases)
-        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, arrivals, rank, heap_bases)
-        t0 = tr.record_start(trace, TRACE)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, arrivals, rank, heap_bases)
+            t0 = tr.record_start(trace, TRACE)
         if ok:
             for t in range(pid, tl.cdiv(n, BLOCK), nprog):
                 offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -118,10 +131,14 @@ def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, worl
                         acc = acc / world_size
                     tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
         tc.signal_peers(done, epoch, rank, world_size, heap_bases)
-        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        if TRACE:
+            tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
     else:
         tc.wait_flag(done, epoch, rank, heap_bases)
-        tr.record_wait(trace, TRACE, t0, tr.ACQUIRE, done, rank, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ACQUIRE, done, rank, heap_bases)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 class _Rooted(al.Algorithm):

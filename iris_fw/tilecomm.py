@@ -304,7 +304,8 @@ def push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOC
     (:mod:`iris_fw.trace`): a ``push`` and an ``arrivals`` event."""
     pid = tl.program_id(0)
     buf = recv + (epoch % 2) * world_size * CAP
-    t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=offs < n)
@@ -313,9 +314,10 @@ def push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOC
         ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
         tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
                        tr.strided_share(n, BLOCK, pid, tl.num_programs(0)) * (world_size - 1) * ELEM)
-    t0 = tr.record_start(trace, TRACE)
+        t0 = tr.record_start(trace, TRACE)
     ok = wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
     return buf, ok
 
 

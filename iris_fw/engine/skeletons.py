@@ -141,9 +141,11 @@ def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
     epoch = begin_call(st, world_size)
     ok = 1
     if ENTRY:
-        t = tr.record_start(trace, TRACE)
+        if TRACE:
+            t = tr.record_start(trace, TRACE)
         ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
-        tr.record_wait(trace, TRACE, t, tr.ENTRY_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t, tr.ENTRY_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
     return args, epoch, ok
 
 
@@ -162,12 +164,35 @@ def step_barrier(st, epoch, step, STEPS: tl.constexpr, rank, world_size, heap_ba
 @triton.jit
 def traced_step_barrier(st, epoch, step, STEPS: tl.constexpr, rank, world_size, heap_bases, NPROG: tl.constexpr,
                         trace, TRACE: tl.constexpr):
-    """:func:`step_barrier`, recorded as a wait (``step_barrier``, item = the step)."""
+    """:func:`step_barrier`, recorded as a wait (``step_barrier``, item = the step); traced kernels
+    only (``TRACE`` set)."""
     t = tr.record_start(trace, TRACE)
     ok = step_barrier(st, epoch, step, STEPS, rank, world_size, heap_bases, NPROG)
-    tr.record_wait(trace, TRACE, t, tr.STEP_BARRIER, st + ST_ARRIVE + world_size + NPROG + tl.program_id(0) * world_size,
-                   rank, heap_bases, step)
+    slots = st + ST_ARRIVE + world_size + NPROG + tl.program_id(0) * world_size
+    tr.record_wait(trace, TRACE, t, tr.STEP_BARRIER, slots, rank, heap_bases, step)
     return ok
+
+
+@triton.jit
+def run_steps(args, st, epoch, ok, FIRST_BARRIER: tl.constexpr, num_tiles, rank, world_size, heap_bases,
+              CFG: tl.constexpr, STEP: tl.constexpr, STEPS: tl.constexpr, NPROG: tl.constexpr, trace,
+              TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
+    """A multi-step pattern's steps ``1 … STEPS-1`` of this program's tiles, each from step
+    ``FIRST_BARRIER`` on after :func:`step_barrier`; ``ok`` 0 (a wait gave up) skips them."""
+    for s in tl.static_range(1, STEPS):
+        if s >= FIRST_BARRIER:
+            if ok:
+                if TRACE:
+                    ok = traced_step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG, trace, TRACE)
+                else:
+                    ok = step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG)
+        if ok:
+            for tile in range(tl.program_id(0), num_tiles, NPROG):
+                if TRACE:
+                    t = tr.record_start(trace, TRACE)
+                STEP(args, tile, s, CFG)
+                if TRACE:
+                    deliver_end(trace, TRACE, t, tr.STEP, args, tile, s, CFG, TRAFFIC)
 
 
 # ---- tracing -------------------------------------------------------------------------------------
@@ -185,7 +210,8 @@ def deliver_end(trace, TRACE: tl.constexpr, start, kind, args, item, STEP: tl.co
 
 @triton.jit
 def traced_acquire(flags, item, target, rank, heap_bases, trace, TRACE: tl.constexpr):
-    """:func:`acquire`, recorded as a wait (``acquire``, item = the item waited for)."""
+    """:func:`acquire`, recorded as a wait (``acquire``, item = the item waited for); traced kernels
+    only (``TRACE`` set)."""
     t = tr.record_start(trace, TRACE)
     ok = acquire(flags, item, target, rank, heap_bases)
     tr.record_wait(trace, TRACE, t, tr.ACQUIRE, flags + item, rank, heap_bases, item)
@@ -209,13 +235,16 @@ def produce_role(args, first, count, step, flags, epoch, rank, heap_bases,
     """Items ``first, first+step, …`` below ``count``: fetch chunks (communicate-first) or
     produce and stash tiles (compute-first); with ``SYNC``, release each one."""
     for item in range(first, count, step):
-        t = tr.record_start(trace, TRACE)
+        if TRACE:
+            t = tr.record_start(trace, TRACE)
         if COMM_FIRST:
             FETCH(args, item, CFG)
-            deliver_end(trace, TRACE, t, tr.FETCH, args, item, 0, CFG, TRAFFIC)
+            if TRACE:
+                deliver_end(trace, TRACE, t, tr.FETCH, args, item, 0, CFG, TRAFFIC)
         else:
             STASH(args, item, PRODUCE(args, item, CFG, False), CFG)
-            tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, item)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, item)
         if SYNC:
             release(flags, item, epoch, rank, heap_bases)
 
@@ -231,21 +260,32 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
     ok = 1
     if COMM_FIRST:
         if SYNC:
-            ok = traced_acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases, trace, TRACE)
+            if TRACE:
+                ok = traced_acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases, trace, TRACE)
+            else:
+                ok = acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases)
         if ok:
-            t = tr.record_start(trace, TRACE)
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
             value = PRODUCE(args, tile, CFG, True)
-            tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
-            t = tr.record_start(trace, TRACE)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
+                t = tr.record_start(trace, TRACE)
             CONSUME(args, tile, value, CFG, False)
-            tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
     else:
         if SYNC:
-            ok = traced_acquire(flags, tile, target, rank, heap_bases, trace, TRACE)
+            if TRACE:
+                ok = traced_acquire(flags, tile, target, rank, heap_bases, trace, TRACE)
+            else:
+                ok = acquire(flags, tile, target, rank, heap_bases)
         if ok:
-            t = tr.record_start(trace, TRACE)
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
             CONSUME(args, tile, RELOAD(args, tile, CFG), CFG, True)
-            deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+            if TRACE:
+                deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
 
 
 @triton.jit
@@ -280,10 +320,13 @@ def end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases,
             for item in range(0, num_flags):
                 tl.store(flags + item, 0)
         if EXIT:
-            t = tr.record_start(trace, TRACE)
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
             exit_barrier(st, epoch, rank, world_size, heap_bases)
-            tr.record_wait(trace, TRACE, t, tr.EXIT_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
-    tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch, -1, 0)
+            if TRACE:
+                tr.record_wait(trace, TRACE, t, tr.EXIT_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch, -1, 0)
 
 
 # ---- kernel skeletons ----------------------------------------------------------------------------
@@ -301,32 +344,33 @@ def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
     tiles, step by step, each after :func:`step_barrier`. Communicate-first patterns read their
     operands from the peers inside ``PRODUCE`` (traced: the produce event carries the chunk's
     peer and bytes)."""
-    started = tr.record_start(trace, TRACE)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     if ok:
         for tile in range(tl.program_id(0), num_tiles, NPROG):
-            t = tr.record_start(trace, TRACE)
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
             value = PRODUCE(args, tile, CFG, False)
             if COMM_FIRST:
                 if TRACE:
                     peer, nbytes = TRAFFIC(args, DEPENDS(args, tile, CFG), 0, CFG)
                     tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile, peer, nbytes)
-                t = tr.record_start(trace, TRACE)
+                    t = tr.record_start(trace, TRACE)
                 CONSUME(args, tile, value, CFG, False)
-                tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
+                if TRACE:
+                    tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
             else:
-                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
-                t = tr.record_start(trace, TRACE)
+                if TRACE:
+                    tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
+                    t = tr.record_start(trace, TRACE)
                 CONSUME(args, tile, value, CFG, False)
-                deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
-    for s in tl.static_range(1, STEPS):
-        if ok:
-            ok = traced_step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG, trace, TRACE)
-        if ok:
-            for tile in range(tl.program_id(0), num_tiles, NPROG):
-                t = tr.record_start(trace, TRACE)
-                STEP(args, tile, s, CFG)
-                deliver_end(trace, TRACE, t, tr.STEP, args, tile, s, CFG, TRAFFIC)
+                if TRACE:
+                    deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+    if STEPS > 1:
+        run_steps(args, st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
+                  TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -337,7 +381,9 @@ def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_
                      NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr,
                      ENTRY: tl.constexpr, EXIT: tl.constexpr, TRAFFIC: tl.constexpr = None,
                      TRACE: tl.constexpr = _NO_TRACE):
-    started = tr.record_start(trace, TRACE)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     if ok:
         produce_role(args, tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases,
@@ -354,7 +400,9 @@ def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_fl
                      TRACE: tl.constexpr = _NO_TRACE):
     """Acquires items released with the epoch, or (``FIXED``) with the constant ``fixed_flag`` —
     then the last program resets the ``num_flags`` flags for the next call."""
-    started = tr.record_start(trace, TRACE)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     target = epoch
     if FIXED:
@@ -376,7 +424,9 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
     """One kernel, two roles: programs below ``PRODUCERS`` produce and release, the others
     acquire and consume. Communicate-first: the fetching programs join the (dynamic) compute
     queue once their chunks are fetched."""
-    started = tr.record_start(trace, TRACE)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     pid = tl.program_id(0)
     if ok:
@@ -404,17 +454,13 @@ def _steps_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
     step 0 complete on every rank — so step 1 needs no barrier of its own; each later step
     follows :func:`step_barrier`. ``EXIT``: the last program waits until every rank's steps
     delivered (the steps communicate)."""
-    started = tr.record_start(trace, TRACE)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, False, trace, TRACE)
-    for s in tl.static_range(1, STEPS):
-        if s > 1:
-            if ok:
-                ok = traced_step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG, trace, TRACE)
-        if ok:
-            for tile in range(tl.program_id(0), num_tiles, NPROG):
-                t = tr.record_start(trace, TRACE)
-                STEP(args, tile, s, CFG)
-                deliver_end(trace, TRACE, t, tr.STEP, args, tile, s, CFG, TRAFFIC)
+    if STEPS > 1:
+        run_steps(args, st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
+                  TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 

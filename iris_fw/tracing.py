@@ -84,7 +84,7 @@ def kernel_args(ctx, name: str, programs: int) -> tuple[int | None, Any]:
 class Region:
     """One kernel role's trace buffer: ``tensor`` (int64 on the device; :mod:`iris_fw.trace` has
     its layout), ``label`` (names the kernel in traces), ``programs`` (rings), ``names``: heap byte
-    ranges ``(offset, nbytes, name)`` its waits may refer to."""
+    ranges ``(offset, nbytes, name, itemsize)`` its waits may refer to."""
 
     label: str
     programs: int

@@ -21,7 +21,7 @@ import socket
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping
 
-from .errors import IrisError
+from .errors import ArgumentError, IrisError
 from .hookspecs import hookimpl
 
 #: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
@@ -54,6 +54,11 @@ class Bootstrap(ABC):
     def detect(cls, environ: Mapping[str, str]) -> bool:
         """Whether the environment says the program was launched for this bootstrap."""
         return False
+
+    @classmethod
+    def detected_because(cls, environ: Mapping[str, str]) -> str:
+        """Why :meth:`detect` recognized ``environ`` (for ``iris-fw info`` and the log)."""
+        return f"its detect() recognized the environment (priority {cls.priority})"
 
     @abstractmethod
     def all_gather(self, obj: Any) -> list:
@@ -96,6 +101,10 @@ class SingleBootstrap(Bootstrap):
     def detect(cls, environ):
         return True
 
+    @classmethod
+    def detected_because(cls, environ):
+        return "no MPI or torchrun variables in the environment: one rank"
+
     def all_gather(self, obj):
         return [obj]
 
@@ -133,6 +142,14 @@ class TorchBootstrap(Bootstrap):
             return True
         return any(v in environ for v in _TORCHRUN_VARS) or all(v in environ for v in _TORCH_ENV_VARS)
 
+    @classmethod
+    def detected_because(cls, environ):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return "torch.distributed is initialized"
+        return "torchrun's variables: " + ", ".join(v for v in (*_TORCHRUN_VARS, *_TORCH_ENV_VARS) if v in environ)
+
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
         import torch.distributed as dist
 
@@ -146,7 +163,10 @@ class TorchBootstrap(Bootstrap):
                     "bootstrap 'torch' needs an initialized torch.distributed or torchrun's "
                     f"environment; missing: {', '.join(missing)}"
                 )
-            dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                self._init_from_agent_store(timeout)
+            else:
+                dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
             self._owns_default = True
         self._group = None
         if dist.get_backend() != "gloo":
@@ -158,6 +178,17 @@ class TorchBootstrap(Bootstrap):
             self.local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
         else:
             self._set_local_ranks()
+
+    def _init_from_agent_store(self, timeout: datetime.timedelta) -> None:
+        """The default group over the store a launcher hosts (``iris-fw launch``, torchrun),
+        under a prefix new to each group this rank creates: keys of a previous group (a context
+        closed and created again) are never read."""
+        dist = self._dist
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timeout)
+        generation = store.add(f"iris_fw/groups_created/{rank}", 1)  # equal on every rank: inits are collective
+        dist.init_process_group(backend="gloo", store=dist.PrefixStore(f"iris_fw/{generation}", store), rank=rank,
+                                world_size=world_size, timeout=timeout)
 
     def all_gather(self, obj):
         out = [None] * self.world_size
@@ -201,6 +232,10 @@ class MpiBootstrap(Bootstrap):
     def detect(cls, environ):
         return any(v in environ for v in _MPI_VARS)
 
+    @classmethod
+    def detected_because(cls, environ):
+        return "MPI launcher variables: " + ", ".join(v for v in _MPI_VARS if v in environ)
+
     def __init__(self):
         from mpi4py import MPI
 
@@ -234,21 +269,39 @@ class MpiBootstrap(Bootstrap):
 
 def _check_src(src: Any, world_size: int) -> None:
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < world_size:
-        raise ValueError(f"src must be a rank in [0, {world_size}), got {src!r}")
+        raise ArgumentError(f"src must be a rank in [0, {world_size}), got {src!r}")
 
 
 def choose(registry, requested: str | None = None, environ: Mapping[str, str] | None = None) -> type[Bootstrap]:
     """The bootstrap class to use: ``requested`` (or ``IRIS_FW_BOOTSTRAP``) when given, else
     the first available one, by priority, whose ``detect`` recognizes the environment."""
+    return choice(registry, requested, environ)[0]
+
+
+def choice(registry, requested: str | None = None,
+           environ: Mapping[str, str] | None = None) -> tuple[type[Bootstrap], str]:
+    """:func:`choose`'s bootstrap class and why it was chosen (which variables it recognized,
+    and which detected bootstraps were passed over as unavailable)."""
+    from . import env
+
     environ = os.environ if environ is None else environ
-    requested = requested or environ.get("IRIS_FW_BOOTSTRAP") or None
-    if requested not in (None, "auto"):
-        return registry.require_available(requested)
+    if requested not in (None, "", "auto"):
+        return registry.require_available(requested), f"init(bootstrap={requested!r})"
+    forced = env.get("IRIS_FW_BOOTSTRAP", environ) or "auto"
+    if forced != "auto":
+        return registry.require_available(forced), f"IRIS_FW_BOOTSTRAP={forced}"
     entries = sorted(registry, key=lambda e: (getattr(e.obj, "priority", 100), e.name))
+    passed = []
     for entry in entries:
-        if entry.availability()[0] and entry.obj.detect(environ):
-            return entry.obj
-    raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)")
+        if not entry.obj.detect(environ):
+            continue
+        ok, why = entry.availability()
+        if ok:
+            explain = getattr(entry.obj, "detected_because", None)
+            reason = explain(environ) if explain is not None else "its detect() recognized the environment"
+            return entry.obj, reason + "".join(f"; {p}" for p in passed)
+        passed.append(f"{entry.name} was detected but is unavailable: {why}")
+    raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)" + "".join(f"; {p}" for p in passed))
 
 
 @hookimpl

@@ -19,6 +19,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from . import tiles
 from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
+from .errors import ArgumentError
 
 #: TMA needs 16-byte aligned base addresses and row strides.
 TMA_ALIGN_BYTES = 16
@@ -56,13 +57,13 @@ class GemmConfig:
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {v!r}")
+                raise ArgumentError(f"GemmConfig.{name} must be a power of two >= 16, got {v!r}")
         if not isinstance(self.group_m, int) or self.group_m < 1:
-            raise ValueError(f"GemmConfig.group_m must be a positive int, got {self.group_m!r}")
+            raise ArgumentError(f"GemmConfig.group_m must be a positive int, got {self.group_m!r}")
         if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"GemmConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+            raise ArgumentError(f"GemmConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"GemmConfig.num_stages must be a positive int, got {self.num_stages!r}")
+            raise ArgumentError(f"GemmConfig.num_stages must be a positive int, got {self.num_stages!r}")
 
 
 #: The CPU interpreter: small tiles, so tiny test shapes still have several tiles.
@@ -158,7 +159,7 @@ class OperandCache:
 
     def __init__(self, capacity: int = 4):
         if capacity < 1:
-            raise ValueError(f"OperandCache capacity must be >= 1, got {capacity}")
+            raise ArgumentError(f"OperandCache capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._entries: dict = {}
 
@@ -234,7 +235,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     else:
         check_tensor(out, "out", 2, a.device, a.dtype)
         if tuple(out.shape) != (M, N):
-            raise ValueError(f"out must have shape [M, N] = {[M, N]}, got {list(out.shape)}")
+            raise ArgumentError(f"out must have shape [M, N] = {[M, N]}, got {list(out.shape)}")
     if M == 0 or N == 0:
         return out
     cfg = config or default_config(M, N, K, a.dtype, a.device)

@@ -9,6 +9,7 @@
 #   bench:NAME,ARGS…  iris-fw bench NAME on NPROCS GPUs (default: all) with ARGS; results packed.
 #   profile       host time per op call (scripts/profile_op_call.py) on one GPU.
 #   run:SCRIPT,ARGS…  python3 SCRIPT ARGS under iris-fw launch -n NPROCS.
+#   env:NAME=VALUE    export NAME=VALUE for the steps after it (env:NAME= unsets it).
 # Example:
 #   SHARE=1 bash scripts/gpu_session.sh tests:tests/test_ccl.py,tests/test_gemm_all_reduce.py profile
 set -uo pipefail
@@ -57,6 +58,9 @@ for step in "$@"; do
     run)
         timeout ${RUN_TIMEOUT:-240} iris-fw launch -n "$NPROCS" "${parts[@]}" > "$OUT/run$n.log" 2>&1
         grep -v "^\[rank" "$OUT/run$n.log" | tail -25 ;;
+    env)
+        var=${args%%=*}; val=${args#*=}
+        if [ -n "$val" ]; then export "$var=$val"; else unset "$var"; fi ;;
     *) echo "unknown step $name" ;;
     esac
     echo "   ($(( $(date +%s) - start )) s)"

@@ -44,6 +44,28 @@ def same(a, b):
 COMPILE_TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
 
 
+def compile_kernel(kernel, target: str, constexprs: dict, types: dict, default: str = "i32",
+                   options: dict | None = None) -> None:
+    """Compile ``kernel`` for ``COMPILE_TARGETS[target]`` (call it in :func:`compile_in_child`'s
+    child): parameters named in ``constexprs`` are those constexprs, the others typed by
+    ``types`` (name -> Triton type, pointers as ``"*bf16"``; else ``default``), pointers 16-byte
+    aligned; ``options``: Triton compile options (``num_warps``, ``num_stages``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, attrs = {}, {}
+    for i, arg in enumerate(kernel.arg_names):
+        if arg in constexprs:
+            sig[arg] = "constexpr"
+            continue
+        sig[arg] = types.get(arg, default)
+        if sig[arg].startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
+                   target=GPUTarget(*COMPILE_TARGETS[target]), options=options)
+
+
 def compile_in_child(tmp_path, module: str, function: str, target: str, expected: int) -> None:
     """Run ``<module>.<function>(target)`` (a test module's compile job list, printing one
     ``compiled`` line per kernel) in a child process that sets ``TRITON_INTERPRET=0`` before
@@ -70,3 +92,20 @@ def compile_in_child(tmp_path, module: str, function: str, target: str, expected
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert proc.stdout.count("compiled") == expected, proc.stdout
+
+
+def capture_graph(ctx, fn):
+    """``fn()`` run once on a side stream (it validates and plans outside the capture), then
+    captured in a CUDA graph after every rank got there; returns the graph."""
+    dev = ctx.device
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    ctx.synchronize()
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph

@@ -11,7 +11,7 @@ the sizes grow and every collective is also replayed from a CUDA graph with fres
 import pytest
 import torch
 
-from helpers import COMPILE_TARGETS, compile_in_child, fresh_seed
+from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, fresh_seed
 from iris_fw import WaitTimeout
 from iris_fw.engine.contract import CollectiveMismatch
 
@@ -459,14 +459,14 @@ def _missing_rank(ctx):
     from iris_fw import ccl
 
     ccl.new_group()  # the world group, created by every rank
-    ctx.wait_timeout = 2.0
+    old, ctx.wait_timeout = ctx.wait_timeout, 2.0
     try:
         if ctx.rank == 0:
             t = torch.ones(10, device=ctx.device)
             with pytest.raises(WaitTimeout, match="did not enter"):
                 ccl.all_reduce(t)
     finally:
-        ctx.wait_timeout = 30.0
+        ctx.wait_timeout = old
     ccl.destroy_group()
 
 
@@ -521,16 +521,7 @@ def _graph_rank(ctx, collective):
         return per_rank
 
     draw()
-    s = torch.cuda.Stream(device=dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        fn()  # plans and validates outside the capture
-    torch.cuda.current_stream(dev).wait_stream(s)
-    ctx.synchronize()
-    ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(ctx, fn)  # plans and validates outside the capture
     for _ in range(4):
         data = draw()
         small.fill_(float("nan"))

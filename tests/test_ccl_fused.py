@@ -11,7 +11,7 @@ the row is split over programs; 1000). On GPUs a CUDA graph is replayed with fre
 import pytest
 import torch
 
-from helpers import COMPILE_TARGETS, compile_in_child, fresh_seed
+from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
 from iris_fw.engine.contract import CollectiveMismatch
 
 ALGORITHMS = ("lamport", "one_shot")
@@ -221,16 +221,7 @@ def _graph_rank(ctx, algorithm, tokens, hidden):
         return xs, res, wt
 
     draw()
-    s = torch.cuda.Stream(device=dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        fn()  # plans and validates outside the capture
-    torch.cuda.current_stream(dev).wait_stream(s)
-    ctx.synchronize()
-    ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(ctx, fn)  # plans and validates outside the capture
     for k in range(4):
         xs, res, wt = draw()
         for o in outs:
@@ -265,28 +256,13 @@ _TARGETS = COMPILE_TARGETS
 def _compile_all(target_name):
     """Compile every job for one target; print a line per job (in a child process that set
     TRITON_INTERPRET=0 before importing Triton)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from iris_fw.collectives import all_reduce_rmsnorm as mod
 
     for name, elem, res, constexprs in _COMPILE_JOBS:
-        kernel = getattr(mod, name)
-        constexprs = {"CAP": 1 << 16, **constexprs}
         ptrs = {"x": elem, "out": elem, "recv": elem, "weight": elem, "residual": res, "partials": "fp32",
                 "row_counters": "i64", "slots": "i64", "counters": "i64", "heap_bases": "i64"}
-        sig, attrs = {}, {}
-        for i, arg in enumerate(kernel.arg_names):
-            if arg in constexprs:
-                sig[arg] = "constexpr"
-            elif arg in ptrs:
-                sig[arg] = "*" + ptrs[arg]
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            else:
-                sig[arg] = "fp32" if arg == "eps" else "i32"
-        triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
-                       target=GPUTarget(*_TARGETS[target_name]))
+        types = {**{k: "*" + t for k, t in ptrs.items()}, "eps": "fp32"}
+        compile_kernel(getattr(mod, name), target_name, {"CAP": 1 << 16, **constexprs}, types)
         print("compiled", name, elem, flush=True)
 
 

@@ -177,7 +177,7 @@ def test_loop_of_ops_on_a_small_heap(iris_pool):
     iris_pool(2).run(_loop, LOOP_CALLS)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_thousand_calls_of_each_op(iris_pool):
     iris_pool(2).run(_loop, 1000)
 

@@ -23,7 +23,7 @@ import triton
 
 from .. import devinfo
 from ..engine.launcher import KernelLauncher
-from ..errors import IrisError
+from ..errors import ArgumentError, IrisError
 
 #: Smallest capacity class (bytes of one rank's message per kernel configuration).
 MIN_CAPACITY = 4096
@@ -145,8 +145,10 @@ def programs(group, cap_elems: int, block: int) -> int:
     return devinfo.persistent_programs(group.ctx.device, triton.cdiv(cap_elems, block))
 
 
-def launcher(kernel, nprog: int, **constexprs) -> KernelLauncher:
-    return KernelLauncher(kernel, (nprog,), constexprs=constexprs, num_warps=NUM_WARPS)
+def launcher(kernel, nprog: int, options: dict | None = None, **constexprs) -> KernelLauncher:
+    """``kernel`` bound to ``nprog`` programs and ``constexprs``; ``options``: Triton launch
+    options (``num_warps``, default :data:`NUM_WARPS`; ``num_stages``)."""
+    return KernelLauncher(kernel, (nprog,), constexprs=constexprs, **{"num_warps": NUM_WARPS, **(options or {})})
 
 
 class TracedLaunch:
@@ -238,7 +240,7 @@ def choose(group, call: Call, requested: str) -> Algorithm:
         algo = registry.require_available(f"{call.collective}.{requested}")
         ok, why = algo.supports(call)
         if not ok:
-            raise ValueError(f"algorithm {requested!r} cannot run this {call.collective}: {why}")
+            raise ArgumentError(f"algorithm {requested!r} cannot run this {call.collective}: {why}")
         return algo
     tried = []
     for name in auto_order(group.ctx, call.world, call.collective, call.nbytes):
@@ -263,7 +265,7 @@ def names(ctx, collective: str) -> list[str]:
 
 
 def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, buffers=(), slots: int = 0,
-                  fill=None) -> tuple:
+                  fill=None, options: dict | None = None) -> tuple:
     """A kernel configuration of ``group``: ``key[0]`` names it (the algorithm); its storage —
     the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
     ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
@@ -271,10 +273,12 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     *bytes*, slots and programs: by every reduction (``constexprs``) and by dtypes of any width,
     each viewing the bytes as its own dtype and launching its own variant. Buffers that
     ``fill(buffers)`` prepares (it returns true: the members then sync before any can send into
-    them) are shared only by dtypes of one width. Returns ``(launch, buffers)``: ``launch`` takes
-    the kernel's runtime arguments but its last, ``trace`` (:class:`TracedLaunch`); under a trace
-    session it launches the traced variant (``TRACE`` constexpr) into the configuration's trace
-    buffer."""
+    them) are shared only by dtypes of one width. ``options``: Triton launch options of the
+    launcher (see :func:`launcher`). Returns ``(launch, buffers)``. A kernel whose last
+    parameters are ``trace, TRACE: tl.constexpr`` is traced (:mod:`iris_fw.trace`): ``launch``
+    then takes its runtime arguments but ``trace`` (:class:`TracedLaunch`) and, under a trace
+    session, launches the traced variant into the configuration's trace buffer; a kernel
+    without them runs untraced."""
     sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
     width = buffers[0][1].itemsize if fill is not None and buffers else 0
 
@@ -290,16 +294,19 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     config = (key[0], sizes, slots, nprog, width)
     raw, launchers = group.config(config, make)
     bufs = tuple(r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)) + raw[len(buffers):]
-    tracer = group.ctx.tracer
+    traceable = "trace" in (kernel.arg_names if hasattr(kernel, "arg_names") else kernel.fn.arg_names)
+    tracer = group.ctx.tracer if traceable else None
     if tracer is not None:
         constexprs = {**constexprs, "TRACE": tracer.mode}
-    variant = tuple(sorted(constexprs.items()))
+    variant = (tuple(sorted(constexprs.items())), tuple(sorted((options or {}).items())))
     launch = launchers.get(variant)
     if launch is None:
-        launch = launchers[variant] = launcher(kernel, nprog, **constexprs)
+        launch = launchers[variant] = launcher(kernel, nprog, options, **constexprs)
+    if not traceable:
+        return launch, bufs
     handle = None
     if tracer is not None:
-        label = f"ccl {key[0]} {str(key[1]).replace('torch.', '')}"
+        label = " ".join(["ccl", *(str(k).replace("torch.", "") for k in key[:2])])
         named = {f"{label} {what}": b for b, (_, _, what) in zip(bufs, buffers)}
         if slots:
             named[f"{label} arrival slots"] = bufs[len(buffers)]

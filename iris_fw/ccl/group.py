@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ..context import check_reports
-from ..errors import IrisError, WaitTimeout
+from ..errors import ArgumentError, IrisError, WaitTimeout
 
 #: Bytes of one mailbox message (pickled fields); two per member, used by exchange parity.
 MAILBOX_BYTES = 1 << 16
@@ -45,11 +45,11 @@ MAX_DEFAULT_WORKSPACE = 256 << 20
 def default_workspace_bytes(ctx) -> int:
     """A group's workspace unless ``workspace_bytes`` is given: ``IRIS_FW_CCL_WORKSPACE`` bytes,
     else a quarter of the heap up to :data:`MAX_DEFAULT_WORKSPACE`."""
-    import os
+    from .. import env
 
-    env = os.environ.get("IRIS_FW_CCL_WORKSPACE")
-    if env:
-        return int(env)
+    size = env.get("IRIS_FW_CCL_WORKSPACE")
+    if size is not None:
+        return size
     return min(ctx.heap_size // 4, MAX_DEFAULT_WORKSPACE)
 
 
@@ -70,9 +70,9 @@ class Group:
         self.size = len(ranks)
         self.rank = ranks.index(ctx.rank) if ctx.rank in ranks else None
         self.heap_bases = ctx.heap_bases[list(ranks)].contiguous()
-        need = self._mailbox_bytes() + CARVE_ALIGN
+        need = self.min_workspace_bytes()
         if workspace_bytes < need:
-            raise ValueError(f"workspace_bytes must be at least {need} for a group, got {workspace_bytes}")
+            raise ArgumentError(f"workspace_bytes must be at least {need} for a group, got {workspace_bytes}")
         self.workspace = ctx.zeros(workspace_bytes, dtype=torch.uint8)
         self._used = self._mailbox_bytes()
         self._seq = 0
@@ -85,6 +85,11 @@ class Group:
     @staticmethod
     def _mailbox_bytes() -> int:
         return 2 * MAILBOX_BYTES + CARVE_ALIGN
+
+    @classmethod
+    def min_workspace_bytes(cls) -> int:
+        """The smallest workspace a group can have (its mailbox and one buffer)."""
+        return cls._mailbox_bytes() + CARVE_ALIGN
 
     @property
     def member(self) -> bool:
@@ -145,13 +150,13 @@ class Group:
         does not post within the context's ``wait_timeout`` makes the others raise
         :class:`~iris_fw.WaitTimeout` naming it."""
         if not self.member:
-            raise ValueError(f"{label}: rank {self.ctx.rank} is not in the group {list(self.ranks)}")
+            raise ArgumentError(f"{label}: rank {self.ctx.rank} is not in the group {list(self.ranks)}")
         self._seq += 1
         rejected = None if error is None else f"{type(error).__name__}: {error}"
         payload = pickle.dumps((rejected, fields, extra))
         if len(payload) + 8 > MAILBOX_BYTES:
-            raise ValueError(f"{label}: the call's description ({len(payload)} bytes) does not fit the "
-                             f"group's mailbox ({MAILBOX_BYTES - 8} bytes)")
+            raise ArgumentError(f"{label}: the call's description ({len(payload)} bytes) does not fit the "
+                                f"group's mailbox ({MAILBOX_BYTES - 8} bytes)")
         self._post(self._seq, payload)
         deadline = time.monotonic() + self.ctx.wait_timeout
         reports, missing = [], []

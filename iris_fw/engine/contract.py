@@ -68,7 +68,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
-from ..errors import IrisError
+from ..errors import ArgumentError, ArgumentTypeError, IrisError
 
 #: Kernel parameters that may carry TMA descriptors (see the module docstring).
 MAX_TOP = 2
@@ -171,7 +171,7 @@ class BindCache:
 
     def __init__(self, capacity: int = 2):
         if capacity < 1:
-            raise ValueError(f"BindCache capacity must be >= 1, got {capacity}")
+            raise ArgumentError(f"BindCache capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._plans: dict = {}
 
@@ -268,7 +268,7 @@ def check_tensor(t: Any, name: str, ndim: int, device: torch.device, dtype: torc
     """``t`` as a torch tensor with ``ndim`` dims on ``device`` (and ``dtype``, one of ``dtypes``),
     else a ``ValueError``/``TypeError`` naming ``name`` and what was expected."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise PatternError(f"{name} must have {ndim} dimensions, got shape {list(t.shape)}")
     if t.device != device:

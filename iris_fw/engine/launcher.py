@@ -52,11 +52,13 @@ from __future__ import annotations
 
 import inspect
 import operator
-import os
 
 import torch
 
 import iris_fw
+
+from .. import env
+from ..errors import ArgumentTypeError
 
 __all__ = ["KernelLauncher", "PreparedLaunch", "bound_args_template", "fast_path_supported", "launch_entry",
            "make_key_fn", "spec_key"]
@@ -327,12 +329,12 @@ def bound_args_template(params, constexprs: dict):
     names = [p.name for p in params]
     unknown = [k for k in constexprs if k not in names]
     if unknown:
-        raise TypeError(f"not parameters of the kernel: {unknown} (parameters: {names})")
+        raise ArgumentTypeError(f"not parameters of the kernel: {unknown} (parameters: {names})")
     template, runtime, missing = [], [], []
     for i, p in enumerate(params):
         if p.name in constexprs:
             if not p.is_constexpr:
-                raise TypeError(f"parameter {p.name!r} is not a tl.constexpr; pass it at each call")
+                raise ArgumentTypeError(f"parameter {p.name!r} is not a tl.constexpr; pass it at each call")
             template.append(constexprs[p.name])
         elif p.is_constexpr:
             default = p.default
@@ -343,7 +345,7 @@ def bound_args_template(params, constexprs: dict):
             template.append(None)
             runtime.append(i)
     if missing:
-        raise TypeError(f"constexpr parameters without a value: {missing}")
+        raise ArgumentTypeError(f"constexpr parameters without a value: {missing}")
     return template, runtime
 
 
@@ -362,13 +364,13 @@ class KernelLauncher:
 
         self.interpreted = isinstance(kernel, InterpretedFunction) or iris_fw.interpreting()
         if not isinstance(kernel, (JITFunction, InterpretedFunction)):
-            raise TypeError(f"KernelLauncher needs a @triton.jit kernel, got {type(kernel).__name__}")
+            raise ArgumentTypeError(f"KernelLauncher needs a @triton.jit kernel, got {type(kernel).__name__}")
         try:
             grid = tuple(operator.index(g) for g in grid)
         except TypeError:
-            raise TypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}") from None
+            raise ArgumentTypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}") from None
         if not 1 <= len(grid) <= 3:
-            raise TypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}")
+            raise ArgumentTypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}")
         self.kernel = kernel
         self.name = kernel.fn.__name__
         self.grid = grid
@@ -411,7 +413,7 @@ class KernelLauncher:
         self._version = _triton_version(triton.__version__)
         self._fast = (not self.interpreted and isinstance(kernel, JITFunction)
                       and fast_path_supported(triton.__version__)
-                      and os.environ.get("IRIS_FW_SLOW_LAUNCH", "0") in ("", "0"))
+                      and not env.get("IRIS_FW_SLOW_LAUNCH"))
 
     def __repr__(self):
         return (f"KernelLauncher({self.name}, grid={self.grid}, constexprs={self.constexprs}, "

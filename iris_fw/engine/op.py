@@ -13,17 +13,18 @@ loop plans (and allocates) once.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any
 
 from .. import context as _context
+from .. import env
+from ..errors import ArgumentError, ArgumentTypeError
 from .contract import PatternError, input_fingerprint
 from .scheduler import Scheduler
 from .tuning import lookup
 
 #: Ops an :class:`OpCache` keeps (``IRIS_FW_OP_CACHE_SIZE`` overrides).
-DEFAULT_OP_CACHE_SIZE = 32
+DEFAULT_OP_CACHE_SIZE = env.variable("IRIS_FW_OP_CACHE_SIZE").default
 
 
 class Op:
@@ -42,7 +43,7 @@ class Op:
             self.pattern = self.ctx.registries.pattern.require_available(pattern)
             self.signature = self.pattern.signature(self.ctx, *inputs)
             if not isinstance(scheduler, str):
-                raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
+                raise ArgumentTypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
             requested = scheduler
             if scheduler == "auto":
                 choice = lookup(self.pattern, self.signature, self.ctx)
@@ -51,8 +52,8 @@ class Op:
                 if config is None and choice.config is not None:
                     config = self.pattern.Config(**choice.config)
             if config is not None and not isinstance(config, self.pattern.Config):
-                raise TypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
-                                f"or None, got {type(config).__name__}")
+                raise ArgumentTypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
+                                        f"or None, got {type(config).__name__}")
             self.scheduler: Scheduler = self.ctx.registries.scheduler.require_available(scheduler)
             fields = {"pattern": pattern, "scheduler": (requested, scheduler), "inputs": self.signature,
                       "config": config, "comm_sms": comm_sms, "device": self.ctx.device.type}
@@ -75,6 +76,8 @@ class Op:
         self._checked = input_fingerprint(inputs)
 
     def __call__(self, *inputs: Any):
+        if self.ctx.closed:
+            self.ctx._check_open()  # raises: the op's buffers belong to a closed context
         fingerprint = input_fingerprint(inputs)
         try:
             same = fingerprint == self._checked
@@ -107,9 +110,9 @@ class OpCache:
 
     def __init__(self, capacity: int | None = None):
         if capacity is None:
-            capacity = int(os.environ.get("IRIS_FW_OP_CACHE_SIZE", DEFAULT_OP_CACHE_SIZE))
+            capacity = env.get("IRIS_FW_OP_CACHE_SIZE")
         if capacity < 1:
-            raise ValueError(f"op cache capacity must be >= 1, got {capacity}")
+            raise ArgumentError(f"op cache capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._ops: OrderedDict = OrderedDict()
 

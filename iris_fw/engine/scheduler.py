@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import devinfo
-from ..errors import IrisError
+from ..errors import ArgumentError, IrisError
 from .contract import Plan, split_args
 from .launcher import KernelLauncher
 from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, _steps_kernel,
@@ -112,14 +112,14 @@ class Scheduler:
         sms = devinfo.num_sms(ctx.device)
         comm = default_comm_sms(plan, sms) if comm_sms is None else comm_sms
         if not isinstance(comm, int) or isinstance(comm, bool) or not 1 <= comm < sms:
-            raise ValueError(f"comm_sms must be an int in [1, {sms - 1}] on this device ({sms} SMs), got {comm_sms!r}")
+            raise ArgumentError(f"comm_sms must be an int in [1, {sms - 1}] on this device ({sms} SMs), got {comm_sms!r}")
         return sms - comm, comm
 
     @staticmethod
     def no_split(comm_sms: int | None, name: str) -> None:
         """Schedules that do not split the SMs refuse ``comm_sms`` rather than ignore it."""
         if comm_sms is not None:
-            raise ValueError(f"comm_sms does not apply to {name} (it does not split the SMs), got {comm_sms!r}")
+            raise ArgumentError(f"comm_sms does not apply to {name} (it does not split the SMs), got {comm_sms!r}")
 
 
 class _EventCalls:

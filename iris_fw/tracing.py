@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import devinfo
+from . import devinfo, env
 from . import trace as tr
-from .errors import IrisError
+from .errors import ArgumentError, ArgumentTypeError, IrisError
 
 #: Records per program ring unless a session says otherwise (GPU; CPU ranks keep fewer).
 DEFAULT_EVENTS_PER_PROGRAM = 1024
@@ -56,11 +56,10 @@ FORMAT = "iris_fw.trace/1"
 COLUMNS = ("t0", "t1", "kind", "role", "rank", "region", "program", "sm", "item", "peer", "bytes", "aux", "flag")
 
 
-def env_trace_path(environ=os.environ) -> str | None:
-    """``IRIS_FW_TRACE``: trace the whole life of every context (from ``init`` to ``close``) into
-    this path. Read here only (the hardening branch moves the IRIS_FW_* variables into
-    ``iris_fw/env.py``; this reader belongs there then)."""
-    return environ.get("IRIS_FW_TRACE") or None
+def env_trace_path(environ=None) -> str | None:
+    """``IRIS_FW_TRACE`` (:mod:`iris_fw.env`): trace the whole life of every context (from
+    ``init`` to ``close``) into this path; None when unset."""
+    return env.get("IRIS_FW_TRACE", environ)
 
 
 def clock_mode(ctx) -> int:
@@ -281,16 +280,16 @@ class TraceSession:
     def __init__(self, ctx, path=None, *, events_per_program: int | None = None, label: str | None = None,
                  kinds: dict | None = None):
         if path is not None and not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a file path (str or os.PathLike) or None, got {type(path).__name__}")
+            raise ArgumentTypeError(f"path must be a file path (str or os.PathLike) or None, got {type(path).__name__}")
         if events_per_program is None:
             events_per_program = CPU_EVENTS_PER_PROGRAM if ctx.device.type == "cpu" else DEFAULT_EVENTS_PER_PROGRAM
         if not isinstance(events_per_program, int) or isinstance(events_per_program, bool) or events_per_program < 1:
-            raise ValueError(f"events_per_program must be a positive int, got {events_per_program!r}")
+            raise ArgumentError(f"events_per_program must be a positive int, got {events_per_program!r}")
         kinds = dict(kinds or {})
         for code, name in kinds.items():
             if not isinstance(code, int) or code < tr.USER.value or not isinstance(name, str):
-                raise ValueError(f"kinds maps user event kinds (ints >= iris_fw.trace.USER = {tr.USER.value}) to "
-                                 f"names, got {code!r}: {name!r}")
+                raise ArgumentError(f"kinds maps user event kinds (ints >= iris_fw.trace.USER = {tr.USER.value}) to "
+                                    f"names, got {code!r}: {name!r}")
         self.ctx = ctx
         self.path = None if path is None else os.fspath(path)
         self.events_per_program = events_per_program

@@ -96,12 +96,13 @@ REDUCE = _Const(12)  # a collective program's local reduction / copy-out
 RECEIVE = _Const(13)  # data-as-flag receive (polls the data, then reduces)
 PULL = _Const(14)  # a collective program's reads from peers
 RING_STEP = _Const(15)  # one tile row's pass around the ring (sends, waits, adds)
+ATTENTION = _Const(16)  # flash decode: one split of a unit's attention (its K/V tiles)
 USER = _Const(256)  # first kind free for user events
 
 KIND_NAMES = {
     1: "program", 2: "produce", 3: "consume", 4: "fetch", 5: "step", 6: "acquire", 7: "entry_barrier",
     8: "exit_barrier", 9: "step_barrier", 10: "push", 11: "arrivals", 12: "reduce", 13: "receive", 14: "pull",
-    15: "ring_step",
+    15: "ring_step", 16: "attention",
 }
 
 # ---- clocks -------------------------------------------------------------------------------------------

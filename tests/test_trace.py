@@ -43,6 +43,16 @@ def _user_kernel(data, flag, n, rank, world_size, heap_bases, trace, TRACE: tl.c
 
 
 @triton.jit
+def _plain_kernel(data, flag, n, rank, world_size, heap_bases):
+    """:func:`_user_kernel` without its record calls: its untraced variant must compile to this."""
+    pid = tl.program_id(0)
+    tl.store(data + pid, pid * 10 + rank)
+    peer = (rank + 1) % world_size
+    dv.store(data + n + rank * n + pid, tl.load(data + pid), rank, peer, heap_bases)
+    dv.wait_until(flag, ">=", 1, rank, rank, heap_bases)
+
+
+@triton.jit
 def _many_events_kernel(count, trace, TRACE: tl.constexpr):
     for i in range(count):
         t = tr.record_start(trace, TRACE)
@@ -149,18 +159,41 @@ def _op_rank(ctx, cases):
     for pattern, scheduler, shapes in cases:
         a = torch.randn(*shapes[0], device=ctx.device)
         b = torch.randn(*shapes[1], device=ctx.device)
-        fn = getattr(ops, pattern)
-        plain = fn(a, b, scheduler=scheduler).clone()
+        op = ops.plan(pattern, a, b, scheduler=scheduler)
+        plain = op(a, b).clone()
+        memo = _untraced_launches(ctx, op)
         with ctx.trace(None, label=f"{pattern}/{scheduler}") as session:
-            traced = fn(a, b, scheduler=scheduler).clone()
-        assert torch.equal(plain, traced), f"{pattern}/{scheduler}: traced result differs"
+            traced = op(a, b).clone()
+        again = op(a, b).clone()  # back to the untraced variant
+        assert torch.equal(plain, traced) and torch.equal(plain, again), f"{pattern}/{scheduler}: results differ"
+        assert any(tracer is not None for _, _, tracer in memo())  # the session's prepared launches
         out.append(session.trace)
+    x = torch.arange(100, dtype=torch.float32, device=ctx.device) * (ctx.rank + 1)
+    ccl.all_reduce(x)
+    group_calls = [k for g in ctx.comm_groups.values() for k in g.calls]
+    assert group_calls and not any("traced" in str(k) for k in group_calls)
+    with ctx.trace(None):
+        y = torch.arange(100, dtype=torch.float32, device=ctx.device) * (ctx.rank + 1)
+        ccl.all_reduce(y)
+    assert torch.equal(x, y)
     return out
 
 
+def _untraced_launches(ctx, op):
+    """Check that an op run outside a session passed no trace buffer and launched TRACE=0
+    variants; return a function listing its prepared launches."""
+    assert ctx.tracer is None
+
+    def memo():
+        return [v for p in op.buffers["plans"]._plans.values() for v in p.memo.values()]
+
+    assert memo() and all(tracer is None and prepared.args[-1] is None for _, prepared, tracer in memo())
+    assert op.workspace.launchers and all(k[2] == 0 for k in op.workspace.launchers)  # the TRACE constexpr
+    return memo
+
+
 _OP_CASES = [  # (pattern, scheduler, (a shape, b shape)) at world size 2: rows of a scale with it
-    ("gemm_all_scatter", "fused_sequential", ((40, 24), (24, 20))),
-    ("all_gather_gemm", "producer_consumer", ((20, 24), (24, 20))),
+    ("gemm_all_scatter", "producer_consumer", ((40, 24), (24, 20))),
 ]
 _ALL_OP_CASES = [(p, s, shapes) for p, shapes in (("gemm_all_scatter", ((40, 24), (24, 20))),
                                                   ("all_gather_gemm", ((20, 24), (24, 20))))
@@ -169,9 +202,12 @@ _ALL_OP_CASES.append(("all_gather_gemm", "copy_engine", ((20, 24), (24, 20))))
 
 
 def test_op_events(iris_pool):
-    """Every tile of an op has a compute event then a communicate event on its rank (or, all-gather
-    + GEMM, every chunk a fetch and every tile an acquire then a compute), waits carry their
-    flags, peers and bytes add up to what the op moves; traced results equal untraced ones."""
+    """Every tile of an op (GEMM + all-scatter, producer-consumer: two kernels) has a compute
+    event then a communicate event on its rank, each acquire names the flag of its tile,
+    barriers theirs, peers and bytes add up to what the op moves. Tracing off is untouched:
+    without a session, ops and collectives pass no trace buffer and launch TRACE=0 variants,
+    and traced calls give bitwise the results of untraced ones, before and after the session.
+    (Every scheduler of both patterns, on three ranks: extended.)"""
     _check_ops(iris_pool, 2, _OP_CASES)
 
 
@@ -236,36 +272,69 @@ def _check_ops(iris_pool, world, cases):
                 assert span["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= span["ts"] + span["dur"] + 1e-3
 
 
-# ---- tracing off --------------------------------------------------------------------------------------------
+# ---- flash decode -------------------------------------------------------------------------------------------
 
 
-def _off_rank(ctx):
-    torch.manual_seed(7 + ctx.rank)
-    a, b = torch.randn(40, 24, device=ctx.device), torch.randn(24, 20, device=ctx.device)
-    op = ops.plan("gemm_all_scatter", a, b, scheduler="producer_consumer")
-    first = op(a, b).clone()
-    x = torch.arange(100, dtype=torch.float32, device=ctx.device) * (ctx.rank + 1)
-    ccl.all_reduce(x)
-    assert ctx.tracer is None
-    plans = [p for p in op.buffers["plans"]._plans.values()]
-    memo = [v for p in plans for v in p.memo.values()]
-    assert memo and all(tracer is None and prepared.args[-1] is None for _, prepared, tracer in memo)
-    assert all(k[2] == 0 for k in op.workspace.launchers)  # the launchers' TRACE constexpr
-    group_calls = [k for g in ctx.comm_groups.values() for k in g.calls]
-    assert group_calls and not any("traced" in str(k) for k in group_calls)
-    with ctx.trace(None):
-        traced = op(a, b).clone()
-        y = torch.arange(100, dtype=torch.float32, device=ctx.device) * (ctx.rank + 1)
-        ccl.all_reduce(y)
-    again = op(a, b).clone()  # back to the untraced variant
-    assert torch.equal(first, traced) and torch.equal(first, again) and torch.equal(x, y)
-    assert sum(1 for _, _, tracer in (v for p in plans for v in p.memo.values()) if tracer is not None) == 2
+def _decode_rank(ctx, schedulers):
+    from iris_fw import flash_decode as fdm
+
+    g = torch.Generator().manual_seed(21)  # q: the same on every rank
+    q = torch.randn(1, 4, 16, generator=g).to(ctx.device)
+    g.manual_seed(22 + ctx.rank)
+    seq = 11 + 6 * ctx.rank
+    k, v = torch.randn(1, seq, 2, 16, generator=g).to(ctx.device), torch.randn(1, seq, 2, 8, generator=g).to(ctx.device)
+    out = {}
+    for scheduler in schedulers:
+        plain = fdm.flash_decode(q, k, v, scheduler=scheduler).clone()
+        with ctx.trace(None, label=f"flash_decode {scheduler}") as session:
+            traced = fdm.flash_decode(q, k, v, scheduler=scheduler).clone()
+        assert torch.equal(plain, traced), scheduler
+        fd = fdm.plan(q, k, v, scheduler=scheduler)
+        out[scheduler] = (session.trace, fd.units, fd.n_split, fd.rows)
+    return out
 
 
-def test_tracing_off_is_untouched(iris_pool):
-    """Without a session, launches pass no trace buffer and use TRACE=0 variants (nothing is
-    allocated for tracing); a session's traced calls give bitwise the same results."""
-    iris_pool(2).run(_off_rank)
+@pytest.mark.parametrize("scheduler", ["fused", pytest.param("bulk_sync", marks=pytest.mark.extended)])
+def test_flash_decode_events(iris_pool, scheduler):
+    """flash_decode records per work item its attention split, per unit the splits' combine and
+    (fused) the push of the rank's partial, the wait for the peers' and their combine, with
+    peers, bytes and the arrival flags; bulk-synchronous (extended): the local kernel, the
+    all-gather and the combine kernel. Traced results equal untraced ones."""
+    world = 2
+    for rank, traces in enumerate(iris_pool(world).run(_decode_rank, [scheduler])):
+        for scheduler, (trace, units, n_split, rows) in traces.items():
+            events = _x_events(trace)
+            by = {}
+            for e in events:
+                by.setdefault((e["args"]["kernel"], e["name"]), []).append(e)
+            local = f"flash_decode.{scheduler}" if scheduler == "fused" else "flash_decode.bulk_sync local"
+            attention = by[(local, "attention")]
+            assert sorted(e["args"]["item"] for e in attention) == list(range(units * n_split))
+            assert {e["cat"] for e in attention} == {"compute"}
+            spans = by[(local, "program")]
+            assert {e["args"]["item"] for e in spans} == ({2} if scheduler == "fused" else {-1})  # the second call
+            reduces = sorted(e["args"]["item"] for e in by[(local, "reduce")])
+            if scheduler == "fused":
+                assert reduces == sorted(2 * list(range(units)))  # the splits' combine, then the ranks'
+                pushes = by[(local, "push")]
+                assert sorted(e["args"]["item"] for e in pushes) == list(range(units))
+                for e in pushes:  # the unit's 2 query heads: o (Dv = 8) and lse, fp32
+                    assert e["cat"] == "communicate" and e["args"]["peer"] == 1 - rank
+                    assert e["args"]["bytes"] == 2 * (8 + 1) * 4 * (world - 1)
+                waits = by[(local, "arrivals")]
+                assert sorted(e["args"]["item"] for e in waits) == list(range(units))
+                for e in waits:
+                    u = e["args"]["item"]
+                    assert e["args"]["flag"] == "flash_decode.fused arrival slots" + (f"[{u * world}]" if u else "")
+            else:
+                assert reduces == list(range(units))
+                combine = by[("flash_decode.bulk_sync combine", "reduce")]
+                assert sorted(e["args"]["item"] for e in combine) == list(range(units))
+                assert any(k.startswith("ccl all_gather") for k, _ in by)
+            for e in events:  # every event of a program of the local kernel lies within its span
+                if e["args"]["kernel"] == local:
+                    span, = [x for x in spans if x["tid"] == e["tid"]]
+                    assert span["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= span["ts"] + span["dur"] + 1e-3
 
 
 # ---- clock alignment and the merged file ----------------------------------------------------------------------
@@ -573,23 +642,20 @@ def _user_jobs():
 
 def _compile_traced(target_name):
     """Compile traced kernels for one target; print one line per kernel (child process with
-    TRITON_INTERPRET=0: see the tests). ``IRIS_FW_TEST_FULL_COMPILE=1``: every skeleton and the
-    collectives, else the user kernel (the whole device API) and the clock alignment."""
+    TRITON_INTERPRET=0: see the tests). ``IRIS_FW_TEST_FULL_COMPILE=1``: every skeleton, the
+    collectives and flash decode, else the user kernel (the whole device API) and the clock
+    alignment; on NVIDIA also the user kernel's untraced variant against its twin without
+    record calls."""
     from triton.backends.compiler import GPUTarget
 
     _compile_for(GPUTarget(*COMPILE_TARGETS[target_name]))
 
 
-def _compile_traced_everywhere(_):
-    """:func:`_compile_traced` for every target of COMPILE_TARGETS, in one process."""
-    for target_name in sorted(COMPILE_TARGETS):
-        _compile_traced(target_name)
-
-
 def _compile_for(target):
     clock = 1 if target.backend == "cuda" else 2
     jobs = [(n, k, a, c, 4, 3) for n, k, a, c in _user_jobs() + _ccl_jobs()[-1:]]
-    if os.environ.get("IRIS_FW_TEST_FULL_COMPILE") == "1":
+    full = os.environ.get("IRIS_FW_TEST_FULL_COMPILE") == "1"
+    if full:
         jobs = [(n, k, a, c, 4, 3) for n, k, a, c in _user_jobs() + _ccl_jobs()] + _skeleton_jobs(True)
     for name, kernel, args, constexprs, warps, stages in jobs:
         if "TRACE" in kernel.arg_names:
@@ -599,15 +665,55 @@ def _compile_for(target):
         timer = "globaltimer" if clock == 1 else "s_memrealtime"
         assert timer in asm, f"{name}: no {timer} in the code"
         print("compiled", name, flush=True)
+    if full:
+        _compile_flash_decode(target, clock)
+    if target.backend == "cuda":  # compiled out: the untraced variant is the kernel without the calls
+        (_, kernel, args, _), = _user_jobs()
+        untraced = _compile(kernel, args[:-1] + (None,), {"TRACE": 0}, target).asm["ptx"]
+        plain = _compile(_plain_kernel, args[:-1], {}, target).asm["ptx"]
+        assert _instructions(untraced, "_user_kernel") == _instructions(plain, "_plain_kernel")
+        print("compiled untraced user kernel = plain kernel", flush=True)
 
 
-def test_traced_kernels_compile(tmp_path):
+def _instructions(ptx: str, name: str) -> list:
+    """The PTX's instruction lines: no debug sections, line info, comments or labels; the kernel's
+    name replaced."""
+    lines = []
+    for line in ptx.split(".section\t.debug")[0].replace(name, "KERNEL").splitlines():
+        line = line.strip()
+        if line and not line.startswith((".loc", ".file", "//", "$L")) and not line.endswith(":"):
+            lines.append(line)
+    return lines
+
+
+def _compile_flash_decode(target, clock):
+    """The flash-decode kernels' traced variants (fused; the bulk-synchronous combine)."""
+    from helpers import compile_kernel
+    from iris_fw import flash_decode as fd
+
+    name = "sm90" if target.backend == "cuda" else "gfx942"
+    types = {k: "*" + t for k, t in dict(q="bf16", k="bf16", v="bf16", out="bf16", kv_lens="i32", block_table="i32",
+                                          partials="fp32", partial_lse="fp32", mine="fp32", recv="fp32",
+                                          gathered="fp32", unit_counters="i64", slots="i64", epochs="i64",
+                                          heap_bases="i64").items()}
+    types.update(qk_scale="fp32", trace="i64")
+    fused = dict(HQ=32, HKV=8, D=128, DV=128, ROWS=16, BD=128, BDV=128, BLOCK_N=64, HAS_LENS=True, PAGE=0,
+                 FUSED=True, EXACT=False, TRACE=clock)
+    compile_kernel(fd._flash_decode_kernel, name, fused, types, options={"num_warps": 4, "num_stages": 3})
+    print("compiled flash_decode fused", flush=True)
+    combine = dict(HQ=32, HKV=8, DV=128, ROWS=16, BDV=128, TRACE=clock)
+    compile_kernel(fd._combine_kernel, name, combine, types, options={"num_warps": 4})
+    print("compiled flash_decode combine", flush=True)
+
+
+@pytest.mark.parametrize("target", [pytest.param(t, marks=pytest.mark.extended) if COMPILE_TARGETS[t][0] == "hip"
+                                    else t for t in sorted(COMPILE_TARGETS)])
+def test_traced_kernels_compile(tmp_path, target):
     """The interpreter runs the host-clock branch only: compile the device API (a user kernel
     recording compute, communicate and wait events) and the clock alignment kernel for sm_90
-    (%globaltimer, %smid) and gfx942 (s_memrealtime, HW_ID)."""
-    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
-        pytest.skip("AMD compilation without a GPU needs Triton >= 3.9")
-    compile_in_child(tmp_path, "test_trace", "_compile_traced_everywhere", "gfx942", 2 * len(COMPILE_TARGETS))
+    (%globaltimer, %smid) and (extended) gfx942 (s_memrealtime, HW_ID); the user kernel's
+    untraced variant gives the same sm_90 instructions as the kernel without its record calls."""
+    compile_in_child(tmp_path, "test_trace", "_compile_traced", target, 2 + (COMPILE_TARGETS[target][0] == "cuda"))
 
 
 @pytest.mark.extended
@@ -616,4 +722,5 @@ def test_traced_kernels_compile_all(tmp_path, target, monkeypatch):
     """Traced skeleton kernels (fused, producer, consumer, role-specialized, a multi-step
     pattern) for real plans and the traced collectives, compiled for sm_90 and gfx942."""
     monkeypatch.setenv("IRIS_FW_TEST_FULL_COMPILE", "1")
-    compile_in_child(tmp_path, "test_trace", "_compile_traced", target, 1 + len(_ccl_jobs()) + 5)
+    cuda = COMPILE_TARGETS[target][0] == "cuda"
+    compile_in_child(tmp_path, "test_trace", "_compile_traced", target, 1 + len(_ccl_jobs()) + 5 + 2 + cuda)

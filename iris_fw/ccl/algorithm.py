@@ -16,7 +16,7 @@ import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import triton
@@ -265,7 +265,7 @@ def names(ctx, collective: str) -> list[str]:
 
 
 def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, buffers=(), slots: int = 0,
-                  fill=None, options: dict | None = None) -> tuple:
+                  fill=None, options: dict | None = None, label: str | None = None, tracer: Any = "open") -> tuple:
     """A kernel configuration of ``group``: ``key[0]`` names it (the algorithm); its storage —
     the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
     ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
@@ -277,8 +277,10 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     launcher (see :func:`launcher`). Returns ``(launch, buffers)``. A kernel whose last
     parameters are ``trace, TRACE: tl.constexpr`` is traced (:mod:`iris_fw.trace`): ``launch``
     then takes its runtime arguments but ``trace`` (:class:`TracedLaunch`) and, under a trace
-    session, launches the traced variant into the configuration's trace buffer; a kernel
-    without them runs untraced."""
+    session, launches the traced variant into the configuration's trace buffer, named ``label``
+    (default ``"ccl <key[0]> <key[1]>"``: the algorithm and dtype) in traces; a kernel without
+    them runs untraced. ``tracer``: the session (:class:`iris_fw.tracing.Tracer`) to trace in,
+    ``None`` for the untraced variant; default the context's open session, if any."""
     sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
     width = buffers[0][1].itemsize if fill is not None and buffers else 0
 
@@ -295,7 +297,10 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     raw, launchers = group.config(config, make)
     bufs = tuple(r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)) + raw[len(buffers):]
     traceable = "trace" in (kernel.arg_names if hasattr(kernel, "arg_names") else kernel.fn.arg_names)
-    tracer = group.ctx.tracer if traceable else None
+    if tracer == "open":
+        tracer = group.ctx.tracer
+    if not traceable:
+        tracer = None
     if tracer is not None:
         constexprs = {**constexprs, "TRACE": tracer.mode}
     variant = (tuple(sorted(constexprs.items())), tuple(sorted((options or {}).items())))
@@ -306,7 +311,8 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
         return launch, bufs
     handle = None
     if tracer is not None:
-        label = " ".join(["ccl", *(str(k).replace("torch.", "") for k in key[:2])])
+        if label is None:
+            label = " ".join(["ccl", *(str(k).replace("torch.", "") for k in key[:2])])
         named = {f"{label} {what}": b for b, (_, _, what) in zip(bufs, buffers)}
         if slots:
             named[f"{label} arrival slots"] = bufs[len(buffers)]

@@ -76,8 +76,11 @@ def load(path: str) -> Trace:
 
 def select(trace: Trace, window: tuple | None = None, call: int | None = None, ranks=None) -> list:
     """The trace's events within ``window`` (``(start, end)`` µs, overlapping), of call ``call``
-    (the window of the programs' spans whose item is that epoch; -1: the last call) and ranks."""
+    and of ``ranks``. A call is an epoch: a program whose span has that item contributes the
+    events inside its span; other programs those overlapping the window of those spans (-1: the
+    last call)."""
     events = [e for e in trace.events if ranks is None or e.rank in ranks]
+    rows = {}
     if call is not None:
         spans = [e for e in events if e.role == "program"]
         if not spans:
@@ -87,10 +90,18 @@ def select(trace: Trace, window: tuple | None = None, call: int | None = None, r
         if not chosen:
             raise ValueError(f"{trace.path}: no call {epoch} (calls: {sorted({e.args.get('item') for e in spans})})")
         window = (min(e.ts for e in chosen), max(e.end for e in chosen))
+        rows = {_program(e): (e.ts, e.end) for e in chosen}
     if window is not None:
-        lo, hi = window
-        events = [e for e in events if e.end >= lo and e.ts <= hi]
+        events = [e for e in events if _overlaps(e, rows.get(_program(e), window))]
     return events
+
+
+def _program(e) -> tuple:
+    return e.rank, e.args.get("kernel"), e.args.get("program")
+
+
+def _overlaps(e, window: tuple) -> bool:
+    return e.end >= window[0] and e.ts <= window[1]
 
 
 # ---- summaries -------------------------------------------------------------------------------------
@@ -261,7 +272,8 @@ def _rows_of(trace: Trace, events: list, by: str) -> tuple[list, dict]:
 
 def plot(traces: list, out: str, *, rows: str = "auto", window=None, call=None, ranks=None, width: float = 14.0,
          title: str | None = None) -> str:
-    """Draw the timelines of ``traces`` (one panel each, one time axis) into the PNG ``out``."""
+    """Draw the timelines of ``traces`` into the PNG ``out``: one panel each, on one time axis
+    (each panel from its own first event, so schedules recorded one after another line up)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,10 +288,11 @@ def plot(traces: list, out: str, *, rows: str = "auto", window=None, call=None, 
     heights = [max(1.2, 0.16 * len(order) + 0.6) for _, _, order, _ in panels]
     fig, axes = plt.subplots(len(panels), 1, figsize=(width, sum(heights) + 0.8), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    start = min((e.ts for _, evs, _, _ in panels for e in evs), default=0.0)
-    stop = max((e.end for _, evs, _, _ in panels for e in evs), default=1.0)
-    unit, scale = ("us", 1.0) if stop - start < 2e4 else ("ms", 1e-3) if stop - start < 2e7 else ("s", 1e-6)
-    for ax, (t, events, order, keys) in zip(axes[:, 0], panels):
+    # each panel from its own first event: schedules recorded one after another compare on one axis
+    starts = [min((e.ts for e in evs), default=0.0) for _, evs, _, _ in panels]
+    length = max((e.end - s for s, (_, evs, _, _) in zip(starts, panels) for e in evs), default=1.0)
+    unit, scale = ("us", 1.0) if length < 2e4 else ("ms", 1e-3) if length < 2e7 else ("s", 1e-6)
+    for ax, start, (t, events, order, keys) in zip(axes[:, 0], starts, panels):
         index = {k: i for i, k in enumerate(order)}
         bars = defaultdict(list)
         for e in events:

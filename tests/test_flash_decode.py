@@ -452,9 +452,7 @@ def _compile_all(target_name):
         types = {k: "*" + t for k, t in types.items()}
         types["block_table"] = "*i32"
         types["qk_scale"] = "fp32"
-        types["trace"] = "i64"  # untraced (TRACE=0): unused; tests/test_trace.py compiles the traced variants
-        compile_kernel(getattr(mod, name), target_name, {**constexprs, "TRACE": 0}, types,
-                       options={"num_warps": 4, "num_stages": 3})
+        compile_kernel(getattr(mod, name), target_name, constexprs, types, options={"num_warps": 4, "num_stages": 3})
         print("compiled", name, elem, flush=True)
 
 

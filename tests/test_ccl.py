@@ -13,7 +13,7 @@ import torch
 
 import iris_fw
 
-from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, fresh_seed
+from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
 from iris_fw import WaitTimeout
 from iris_fw.engine.contract import CollectiveMismatch
 
@@ -581,24 +581,11 @@ def _compile_all(target_name):
     TRITON_INTERPRET=0 before importing Triton (see the test below)."""
     import importlib
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     for module, name, elem, constexprs, overrides in _COMPILE_JOBS:
         kernel = getattr(importlib.import_module(f"iris_fw.collectives.{module}"), name)
-        constexprs = {"BLOCK": 1024, "CAP": 4096, **constexprs}
-        sig, attrs = {}, {}
-        for i, arg in enumerate(kernel.arg_names):
-            if arg in constexprs:
-                sig[arg] = "constexpr"
-                continue
-            sig[arg] = overrides.get(arg) or {
-                "src": "*" + elem, "dst": "*" + elem, "recv": "*" + elem, "gath": "*" + elem, "stage": "*" + elem,
-                "slots": "*i64", "counters": "*i64", "meta": "*i64", "heap_bases": "*i64"}.get(arg, "i32")
-            if sig[arg].startswith("*"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget(*_TARGETS[target_name]))
+        types = {**{arg: "*" + elem for arg in ("src", "dst", "recv", "gath", "stage")},
+                 **{arg: "*i64" for arg in ("slots", "counters", "meta", "heap_bases")}, **overrides}
+        compile_kernel(kernel, target_name, {"BLOCK": 1024, "CAP": 4096, **constexprs}, types)
         print("compiled", name, elem, flush=True)
 
 

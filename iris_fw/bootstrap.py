@@ -259,6 +259,11 @@ class MpiBootstrap(Bootstrap):
         self.local_world_size = node.Get_size()
         node.Free()
 
+    @property
+    def comm(self):
+        """The mpi4py communicator this bootstrap runs on (a duplicate of ``COMM_WORLD``)."""
+        return self._comm
+
     def all_gather(self, obj):
         return self._comm.allgather(obj)
 

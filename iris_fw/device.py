@@ -23,8 +23,12 @@ allocated); the primitive translates it to the same offset in the peer's heap. `
 equal ``rank``. Atomics default to ``scope="sys"``: a gpu-scope flag is invisible to a peer.
 
 The first bytes of every heap are a header of int64 slots (layout below) holding the wait
-bound, the error record of a timed-out wait, and the device barrier's epoch and slots.
+bound, the error record of a timed-out wait, the device barrier's epoch and slots, and the
+fail-fast state: the abort word every wait polls, a heartbeat, and the record of a pointer
+that failed its check (docs/reliability.md, "Fail fast").
 """
+
+import os
 
 import triton
 import triton.language as tl
@@ -42,8 +46,30 @@ HDR_ERR_SPINS = tl.constexpr(8)  # how many polls were made
 HDR_WAIT_BOUND = tl.constexpr(9)  # polls before a wait gives up (set by the host)
 HDR_BARRIER_EPOCH = tl.constexpr(10)  # device barrier: this rank's epoch
 HDR_PROBE = tl.constexpr(11)  # scratch flag the host uses to calibrate the wait bound
-HDR_BARRIER_SLOTS = tl.constexpr(16)  # device barrier: one arrival slot per rank from here
+HDR_ABORT = tl.constexpr(12)  # the abort word: non-zero makes every wait on this rank give up
+HDR_GAVE_UP = tl.constexpr(13)  # waits that gave up because the abort word was set
+HDR_HEAP_SIZE = tl.constexpr(14)  # this heap's bytes (set by the host; pointer checks)
+HDR_WORLD_SIZE = tl.constexpr(15)  # ranks of the job (set by the host; pointer checks)
+HDR_HEARTBEAT = tl.constexpr(16)  # advanced by the host's watchdog thread (peers read it)
+HDR_PTR_COUNT = tl.constexpr(17)  # pointer check: lanes that failed it (the first one claims the record)
+HDR_PTR_FLAG = tl.constexpr(18)  # pointer check: 0 no record, 1 record complete
+HDR_PTR_PEER = tl.constexpr(19)  # pointer check: the peer asked for
+HDR_PTR_OFFSET = tl.constexpr(20)  # pointer check: the pointer's byte offset from this heap's base
+HDR_PTR_PROGRAM = tl.constexpr(21)  # pointer check: program id of the failing program
+HDR_PTR_RANK = tl.constexpr(22)  # pointer check: the rank argument given
+HDR_PTR_SEEN = tl.constexpr(23)  # pointer check: set by any failing lane (cleared by the host)
+HDR_SCRATCH = tl.constexpr(24)  # 8 slots a failed pointer check redirects its lanes to
+HDR_BARRIER_SLOTS = tl.constexpr(32)  # device barrier: one arrival slot per rank from here
 HDR_SLOT_BYTES = tl.constexpr(8)
+
+#: Abort word values: set by this rank's device (a wait timed out, a pointer failed its check),
+#: by this rank's host (a peer lost, a host error), or ``ABORT_FROM_RANK + r`` by rank r's host.
+ABORT_BY_DEVICE = tl.constexpr(1)
+ABORT_BY_HOST = tl.constexpr(2)
+ABORT_FROM_RANK = tl.constexpr(16)
+#: A spinning wait reads the abort word every this many polls (its first spin included): one
+#: extra load per this many polls, and none at all for a wait satisfied at its first poll.
+ABORT_POLL_EVERY = tl.constexpr(64)
 
 CMP_OPS = ("==", "!=", ">=", ">", "<=", "<")
 
@@ -53,6 +79,19 @@ CMP_OPS = ("==", "!=", ">=", ">", "<=", "<")
 # to the compiler and loads/stores stay vectorized.
 HEAP_BASE_ALIGN = tl.constexpr(4096)
 _DELTA_ALIGN_ELEMS = tl.constexpr(16)
+
+
+def _pointer_checks() -> bool:
+    """Whether translation checks its pointers: always under Triton's interpreter (CPU ranks),
+    on GPUs when ``IRIS_FW_DEBUG`` is set when this module is imported (kernels compile with
+    it; the constant is part of every kernel's cache key)."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
+    return interpreted or os.environ.get("IRIS_FW_DEBUG", "0") not in ("", "0")
+
+
+#: Translation checks that the pointer lies in the caller's heap and the peer in the world, and
+#: records a failure instead of touching memory (see :func:`translate`). Compiled out when false.
+CHECK_POINTERS = tl.constexpr(_pointer_checks())
 
 # String defaults of constexpr parameters are tl.constexpr objects: Triton 3.6 does not wrap a
 # plain-str default when a jit function calls another.
@@ -65,17 +104,61 @@ _NO_MODIFIER = tl.constexpr("")
 
 
 @triton.jit
-def translate(ptr, rank, peer, heap_bases):
+def translate(ptr, rank, peer, heap_bases, mask=None):
     """The address in ``peer``'s heap at the offset ``ptr`` has in ``rank``'s heap.
 
-    ``ptr``: a pointer or block of pointers into the caller's heap. Costs the two base loads
-    and one scalar subtraction; the block's contiguity and alignment are preserved.
+    ``ptr``: a pointer or block of pointers into the caller's heap; ``mask``: the lanes that
+    will be accessed (as in ``tl.load``; ``None``: all). Costs the two base loads and one scalar
+    subtraction; the block's contiguity and alignment are preserved.
+
+    With :data:`CHECK_POINTERS` (always on CPU ranks, ``IRIS_FW_DEBUG=1`` on GPUs) it also
+    checks that every accessed lane lies inside the caller's heap and that ``peer`` is a rank
+    of the world; a lane that fails is redirected to a scratch slot of the caller's header
+    (memory outside the heaps is never touched) and the failure is recorded there
+    (:func:`record_bad_pointer`), which the host raises as :class:`iris_fw.NotOnHeapError`.
     """
-    here = tl.load(heap_bases + rank)
-    there = tl.load(heap_bases + peer)
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
-    delta = ((there - here) // (ELEM * _DELTA_ALIGN_ELEMS)) * _DELTA_ALIGN_ELEMS
-    return ptr + delta
+    here = tl.load(heap_bases + rank)
+    if CHECK_POINTERS:
+        # Few operations and no nested call unless a lane fails: under the interpreter each
+        # operation costs tens of microseconds, a call or an atomic more.
+        hdr = here.to(tl.pointer_type(tl.int64))
+        peer_ok = (peer >= 0) & (peer < tl.load(hdr + HDR_WORLD_SIZE))
+        # a group's heap_bases lists its members, then zeros up to the world size
+        there = tl.load(heap_bases + peer, mask=peer_ok, other=0)
+        offset = ptr.to(tl.int64) - here
+        ok = (offset >= 0) & (offset <= tl.load(hdr + HDR_HEAP_SIZE) - ELEM) & (peer_ok & (there != 0))
+        if mask is None:
+            bad = ok == 0
+        else:
+            bad = mask & (ok == 0)
+        # any failing lane raises the header's "seen" flag; then (only then) record the lanes
+        tl.store(hdr + HDR_PTR_SEEN + offset * 0, 1, mask=bad)
+        if tl.load(hdr + HDR_PTR_SEEN) != 0:
+            record_bad_pointer(offset, bad, rank, peer, hdr)
+        scratch = (hdr + HDR_SCRATCH + 4).to(ptr.dtype, bitcast=True)
+        out = tl.where(ok, ptr + (there - here) // ELEM, scratch)
+    else:
+        there = tl.load(heap_bases + peer)
+        delta = ((there - here) // (ELEM * _DELTA_ALIGN_ELEMS)) * _DELTA_ALIGN_ELEMS
+        out = ptr + delta
+    return out
+
+
+@triton.jit
+def record_bad_pointer(offset, bad, rank, peer, hdr):
+    """Record the lanes ``bad`` of a pointer check in the header at ``hdr`` (the caller's):
+    the first failing lane of the job claims the record (rank, peer, byte ``offset``, program
+    id), every failing lane is counted, and the abort word is set."""
+    zero = offset * 0
+    old = tl.atomic_add(hdr + HDR_PTR_COUNT + zero, 1 + zero, mask=bad, sem="relaxed", scope="sys")
+    first = bad & (old == 0)
+    tl.store(hdr + HDR_PTR_RANK + zero, rank + zero, mask=first)
+    tl.store(hdr + HDR_PTR_PEER + zero, peer + zero, mask=first)
+    tl.store(hdr + HDR_PTR_OFFSET + zero, offset, mask=first)
+    tl.store(hdr + HDR_PTR_PROGRAM + zero, tl.program_id(0) + zero, mask=first)
+    tl.atomic_xchg(hdr + HDR_PTR_FLAG + zero, 1 + zero, mask=first, sem="release", scope="sys")
+    tl.atomic_xchg(hdr + HDR_ABORT + zero, zero + ABORT_BY_DEVICE, mask=bad, sem="relaxed", scope="sys")
 
 
 @triton.jit
@@ -87,13 +170,13 @@ def heap_header(rank, heap_bases):
 @triton.jit
 def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
     """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other`` as in ``tl.load``."""
-    return tl.load(translate(ptr, rank, peer, heap_bases), mask=mask, other=other, cache_modifier=cache_modifier)
+    return tl.load(translate(ptr, rank, peer, heap_bases, mask), mask=mask, other=other, cache_modifier=cache_modifier)
 
 
 @triton.jit
 def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
     """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
-    tl.store(translate(ptr, rank, peer, heap_bases), value, mask=mask, cache_modifier=cache_modifier)
+    tl.store(translate(ptr, rank, peer, heap_bases, mask), value, mask=mask, cache_modifier=cache_modifier)
 
 
 @triton.jit
@@ -102,7 +185,7 @@ def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None):
 
     ``dst_ptr`` may be any local pointer (it need not be on the heap).
     """
-    value = tl.load(translate(src_ptr, rank, peer, heap_bases), mask=mask, other=other)
+    value = tl.load(translate(src_ptr, rank, peer, heap_bases, mask), mask=mask, other=other)
     tl.store(dst_ptr, value, mask=mask)
 
 
@@ -113,15 +196,15 @@ def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
     ``src_ptr`` may be any local pointer (it need not be on the heap).
     """
     value = tl.load(src_ptr, mask=mask)
-    tl.store(translate(dst_ptr, rank, peer, heap_bases), value, mask=mask)
+    tl.store(translate(dst_ptr, rank, peer, heap_bases, mask), value, mask=mask)
 
 
 @triton.jit
 def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None):
     """Copy from ``src_rank``'s heap at ``src_ptr``'s offset to ``dst_rank``'s heap at
     ``dst_ptr``'s offset; the caller (``rank``) may be either of them or a third rank."""
-    value = tl.load(translate(src_ptr, rank, src_rank, heap_bases), mask=mask, other=other)
-    tl.store(translate(dst_ptr, rank, dst_rank, heap_bases), value, mask=mask)
+    value = tl.load(translate(src_ptr, rank, src_rank, heap_bases, mask), mask=mask, other=other)
+    tl.store(translate(dst_ptr, rank, dst_rank, heap_bases, mask), value, mask=mask)
 
 
 # ---- atomics ------------------------------------------------------------------------------
@@ -130,13 +213,13 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
 @triton.jit
 def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
-    return tl.atomic_add(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomically subtract ``val``; returns the old value."""
-    return tl.atomic_add(translate(ptr, rank, peer, heap_bases), -val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(translate(ptr, rank, peer, heap_bases, mask), -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -166,37 +249,37 @@ def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
 @triton.jit
 def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomically exchange with ``val``; returns the old value."""
-    return _xchg(translate(ptr, rank, peer, heap_bases), val, mask, sem, scope)
+    return _xchg(translate(ptr, rank, peer, heap_bases, mask), val, mask, sem, scope)
 
 
 @triton.jit
 def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic bitwise and; returns the old value."""
-    return tl.atomic_and(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_and(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic bitwise or; returns the old value."""
-    return tl.atomic_or(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_or(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic bitwise xor; returns the old value."""
-    return tl.atomic_xor(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_xor(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic minimum; returns the old value."""
-    return tl.atomic_min(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_min(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
     """Atomic maximum; returns the old value."""
-    return tl.atomic_max(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_max(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
 
 
 # ---- signalling ---------------------------------------------------------------------------
@@ -256,8 +339,9 @@ def _cmp_code(cmp: tl.constexpr):
 def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, heap_bases):
     """Write what a timed-out wait waited for into the caller's header (first writer wins):
     the flag at ``flag_ptr`` (an address in ``rank``'s heap; ``peer``'s copy was polled) did not
-    satisfy ``cmp value`` after ``spins`` polls, its last value ``seen``. For waits written
-    outside this module (e.g. :func:`iris_fw.tilecomm.lamport_wait`)."""
+    satisfy ``cmp value`` after ``spins`` polls, its last value ``seen``; then set the abort
+    word, so every other wait of this rank gives up at once (the host's watchdog passes it on to
+    every peer). For waits written outside this module (e.g. :func:`iris_fw.tilecomm.lamport_wait`)."""
     hdr = heap_header(rank, heap_bases)
     tl.atomic_add(hdr + HDR_ERR_COUNT, 1, sem="relaxed", scope="sys")
     claimed = tl.atomic_cas(hdr + HDR_ERR_FLAG, tl.cast(0, tl.int64), tl.cast(-1, tl.int64), sem="acq_rel", scope="sys")
@@ -271,6 +355,22 @@ def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, 
         tl.store(hdr + HDR_ERR_CMP, _cmp_code(cmp))
         tl.store(hdr + HDR_ERR_SPINS, spins)
         tl.atomic_xchg(hdr + HDR_ERR_FLAG, 1, sem="release", scope="sys")
+    tl.atomic_xchg(hdr + HDR_ABORT, ABORT_BY_DEVICE, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def aborted(rank, heap_bases):
+    """1 if the abort word of ``rank``'s header is set (a wait timed out or a pointer failed its
+    check on some rank, a rank was lost, or a host failed inside a call), else 0. Long loops
+    that wait by other means than :func:`wait_until` poll it to give up with the others."""
+    return (tl.load(heap_header(rank, heap_bases) + HDR_ABORT, volatile=True) != 0).to(tl.int32)
+
+
+@triton.jit
+def gave_up(rank, heap_bases):
+    """Count a wait of ``rank`` that gave up because the abort word was set (the host then
+    raises the first cause)."""
+    tl.atomic_add(heap_header(rank, heap_bases) + HDR_GAVE_UP, 1, sem="relaxed", scope="sys")
 
 
 @triton.jit
@@ -279,24 +379,34 @@ def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: 
     holds (``cmp`` one of ``==, !=, >=, >, <=, <``), with acquire order.
 
     The wait is bounded: after the header's ``HDR_WAIT_BOUND`` polls it records rank, peer,
-    flag offset, expected and last seen value in the caller's header and gives up; the host
-    raises :class:`iris_fw.WaitTimeout` from that. Returns 1 if the condition held, else 0.
+    flag offset, expected and last seen value in the caller's header, sets the abort word and
+    gives up; the host raises :class:`iris_fw.WaitTimeout` from that on every rank. It also
+    gives up, without a record of its own, as soon as it sees the abort word set (read every
+    :data:`ABORT_POLL_EVERY` polls while it spins): one lost peer costs one wait bound per job,
+    not one per wait. Returns 1 if the condition held, else 0.
     """
     tl.static_assert(
         cmp == "==" or cmp == "!=" or cmp == ">=" or cmp == ">" or cmp == "<=" or cmp == "<",
         "wait_until: cmp must be one of ==, !=, >=, >, <=, <",
     )
     target = translate(flag_ptr, rank, peer, heap_bases)
-    bound = tl.load(heap_header(rank, heap_bases) + HDR_WAIT_BOUND)
+    hdr = heap_header(rank, heap_bases)
+    bound = tl.load(hdr + HDR_WAIT_BOUND)
     seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
     done = _compare(seen, value, cmp)
     spins = bound * 0
-    while (done == 0) & (spins < bound):
+    stop = done * 0
+    while (done == 0) & (spins < bound) & (stop == 0):
+        if spins % ABORT_POLL_EVERY == 0:
+            stop = (tl.load(hdr + HDR_ABORT, volatile=True) != 0).to(tl.int32)
         seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
         done = _compare(seen, value, cmp)
         spins += 1
     if done == 0:
-        record_timeout(flag_ptr, cmp, value, seen, spins, rank, peer, heap_bases)
+        if stop == 0:
+            record_timeout(flag_ptr, cmp, value, seen, spins, rank, peer, heap_bases)
+        else:
+            gave_up(rank, heap_bases)
     # The rest of the program reads only after the acquiring thread saw the flag.
     tl.debug_barrier()
     return done

@@ -38,35 +38,3 @@ def same(a, b):
         view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
         return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
     return torch.equal(a, b)
-
-
-#: Targets the collective kernels are compiled for without a GPU: name -> GPUTarget arguments.
-COMPILE_TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
-
-
-def compile_in_child(tmp_path, module: str, function: str, target: str, expected: int) -> None:
-    """Run ``<module>.<function>(target)`` (a test module's compile job list, printing one
-    ``compiled`` line per kernel) in a child process that sets ``TRITON_INTERPRET=0`` before
-    Triton is imported, and check it compiled ``expected`` kernels. AMD targets need Triton >= 3.9
-    (skipped before)."""
-    import os
-    import subprocess
-    import sys
-
-    import pytest
-    import triton
-
-    if COMPILE_TARGETS[target][0] == "hip" and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
-        pytest.skip("AMD compilation without a GPU needs Triton >= 3.9")
-    script = tmp_path / "compile.py"
-    script.write_text(
-        "import os, sys\n"
-        "os.environ['TRITON_INTERPRET'] = '0'\n"
-        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-        f"import {module}\n"
-        f"{module}.{function}({target!r})\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count("compiled") == expected, proc.stdout

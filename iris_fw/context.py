@@ -406,9 +406,11 @@ class Context:
         aborted = self.watchdog.aborted
         reports = self.bootstrap.all_gather(
             (mine, self.heap.pending_offsets(), (self.heap.free_list_digest(), self.heap.sequence_digest(restart=True)),
-             [(b.seq, b.offset, b.size, b.what, b.site) for b in self.heap.recent()], aborted)
+             [(b.seq, b.offset, b.size, b.what, b.site) for b in self.heap.recent()], aborted,
+             self.watchdog.generation)
         )
-        self.watchdog.clear()  # every rank reported: re-arm the job
+        # every rank reported: re-arm the job (causes sent from now on carry the next generation)
+        self.watchdog.clear(max(r[5] for r in reports))
         if any(r[4] for r in reports):
             self._rearm()
         reports = [r[:4] for r in reports]

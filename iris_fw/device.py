@@ -123,11 +123,12 @@ def translate(ptr, rank, peer, heap_bases, mask=None):
         # Few operations and no nested call unless a lane fails: under the interpreter each
         # operation costs tens of microseconds, a call or an atomic more.
         hdr = here.to(tl.pointer_type(tl.int64))
-        peer_ok = (peer >= 0) & (peer < tl.load(hdr + HDR_WORLD_SIZE))
+        # unsigned compares: a negative peer or offset is out of range too
+        peer_ok = tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE).to(tl.uint64)  # peer may be a constant
         # a group's heap_bases lists its members, then zeros up to the world size
         there = tl.load(heap_bases + peer, mask=peer_ok, other=0)
         offset = ptr.to(tl.int64) - here
-        ok = (offset >= 0) & (offset <= tl.load(hdr + HDR_HEAP_SIZE) - ELEM) & (peer_ok & (there != 0))
+        ok = (offset.to(tl.uint64) <= (tl.load(hdr + HDR_HEAP_SIZE) - ELEM).to(tl.uint64)) & (there != 0)
         if mask is None:
             bad = ok == 0
         else:

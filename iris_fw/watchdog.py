@@ -58,9 +58,10 @@ HEARTBEAT_EXITED = -2
 CAUSE_TIMEOUT, CAUSE_POINTER, CAUSE_HOST, CAUSE_LOST = 1, 2, 3, 4
 _CAUSE_CLASS = {CAUSE_TIMEOUT: WaitTimeout, CAUSE_POINTER: NotOnHeapError, CAUSE_HOST: PeerFailure,
                 CAUSE_LOST: PeerFailure}
-#: int64 slots of one cause record: kind, time (ns), text length, text.
+#: int64 slots of one cause record: kind, time (ns), the sender's barrier generation, text
+#: length, text.
 CAUSE_SLOTS = 64
-CAUSE_TEXT_BYTES = (CAUSE_SLOTS - 3) * 8
+CAUSE_TEXT_BYTES = (CAUSE_SLOTS - 4) * 8
 _N_ERR_SLOTS = dev.HDR_WAIT_BOUND.value  # slots [0, HDR_WAIT_BOUND): the timeout record
 _PTR_FIRST, _PTR_LAST = dev.HDR_PTR_COUNT.value, dev.HDR_PTR_SEEN.value
 _STATE_SLOTS = dev.HDR_BARRIER_SLOTS.value  # the header's fixed slots, read in one go
@@ -161,6 +162,8 @@ class Watchdog:
         self._lock = threading.RLock()
         self._ctx = None
         self._propagated = False
+        #: barriers this rank completed; a cause record carries its sender's (see clear)
+        self.generation = 0
         self._reported: set = set()  # cause records (origin, time) this rank's host has raised
         self._closing = False
         self._beat = 0
@@ -330,20 +333,22 @@ class Watchdog:
         words = [int.from_bytes(data[i:i + 8], "little", signed=True) for i in range(0, len(data), 8)]
         slot = cause_slot(self.world_size, origin)
         stamp = time.time_ns()
-        self._write(rank, slot + 1, [stamp, len(data.rstrip(b"\0"))] + words)
+        self._write(rank, slot + 1, [stamp, self.generation, len(data.rstrip(b"\0"))] + words)
         self._write(rank, slot, [kind])
         return stamp
 
-    def _records(self) -> list[tuple[int, int, int, str]]:
-        """This rank's cause records: ``(time, origin, kind, text)``, earliest first."""
+    def _records(self) -> list[tuple[int, int, int, str, int]]:
+        """This rank's cause records sent since its last barrier (their sender's barrier count
+        at least this rank's, see :meth:`clear`): ``(time, origin, kind, text, generation)``,
+        earliest first."""
         first = cause_slot(self.world_size, 0)
         words = self._read(self.rank, first, CAUSE_SLOTS * self.world_size)
         out = []
         for origin in range(self.world_size):
             rec = words[origin * CAUSE_SLOTS:(origin + 1) * CAUSE_SLOTS]
-            if rec[0]:
-                raw = b"".join(w.to_bytes(8, "little", signed=True) for w in rec[3:])
-                out.append((rec[1], origin, rec[0], raw[:rec[2]].decode(errors="replace")))
+            if rec[0] and rec[2] >= self.generation:
+                raw = b"".join(w.to_bytes(8, "little", signed=True) for w in rec[4:])
+                out.append((rec[1], origin, rec[0], raw[:rec[3]].decode(errors="replace"), rec[2]))
         return sorted(out)
 
     # ---- causes -----------------------------------------------------------------------------------
@@ -419,7 +424,7 @@ class Watchdog:
                 fresh = [r for r in records if r[2] != CAUSE_LOST and (r[1], r[0]) not in self._reported]
                 first = records[0] if gave_up and records else (fresh[0] if fresh else None)
                 if first is not None:
-                    _, origin, kind, text = first
+                    _, origin, kind, text, _ = first
                     more = f" (and {len(records) - 1} later cause(s))" if len(records) > 1 else ""
                     tail = f"; {gave_up} wait(s) of rank {self.rank} gave up" if gave_up else ""
                     causes.append((_CAUSE_CLASS.get(kind, PeerFailure), f"{text}{more}{tail}"))
@@ -430,7 +435,7 @@ class Watchdog:
                 self._write(self.rank, 0, [0] * _N_ERR_SLOTS)
                 self._write(self.rank, _PTR_FIRST, [0] * (_PTR_LAST - _PTR_FIRST + 1))
                 self._write(self.rank, dev.HDR_GAVE_UP.value, [0])
-                self._reported.update((o, t) for t, o, _, _ in (records or self._records()))
+                self._reported.update((r[1], r[0]) for r in (records or self._records()))
         if not causes:
             return None
         cls = causes[0][0]
@@ -439,22 +444,33 @@ class Watchdog:
             err.rank = origin
         return err
 
-    def clear(self) -> None:
-        """Re-arm after every rank reported (a barrier): clear this rank's abort word, records
-        and cause records — the word stays set while a peer is lost."""
+    def clear(self, generation: int | None = None) -> None:
+        """Re-arm this rank: clear its own records, the cause records it has seen and its abort
+        word — which stays set while a peer is lost or when a newer cause arrived.
+
+        ``generation``: in a barrier, the largest barrier count the ranks reported. Cause
+        records are not erased then but hidden (:meth:`_records` shows those carrying this
+        rank's count or a later one): a peer that already left the barrier may abort again at
+        once, and its record, carrying the next count, must neither be erased by this rank nor
+        lost to a race with it; every rank's count becomes ``generation + 1``. ``None``: every
+        rank is idle (between two functions of a test pool): all cause records are erased."""
         with self._lock:
+            if generation is not None:
+                self.generation = generation + 1
             if self._context() is None:
                 return
             self._write(self.rank, 0, [0] * _N_ERR_SLOTS)
             self._write(self.rank, _PTR_FIRST, [0] * (_PTR_LAST - _PTR_FIRST + 1))
             self._write(self.rank, dev.HDR_GAVE_UP.value, [0])
-            first = cause_slot(self.world_size, 0)
-            self._write(self.rank, first, [0] * (CAUSE_SLOTS * self.world_size))
+            if generation is None:
+                for origin in range(self.world_size):
+                    self._write(self.rank, cause_slot(self.world_size, origin), [0])
             self._propagated = False
             self._reported.clear()
-            if self._lost:
-                for r, why in self._lost.items():
-                    self._record(self.rank, r, CAUSE_LOST, why)
+            self._write(self.rank, dev.HDR_ABORT.value, [0])
+            # a peer writes its record before its word: one that raced with the line above is seen here
+            newer = self._records()
+            for r, why in self._lost.items():
+                self._record(self.rank, r, CAUSE_LOST, why)
+            if newer or self._lost:
                 self._write(self.rank, dev.HDR_ABORT.value, [dev.ABORT_BY_HOST.value])
-            else:
-                self._write(self.rank, dev.HDR_ABORT.value, [0])

@@ -120,25 +120,26 @@ def translate(ptr, rank, peer, heap_bases, mask=None):
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
     here = tl.load(heap_bases + rank)
     if CHECK_POINTERS:
-        # Few operations and no nested call unless a lane fails: under the interpreter each
-        # operation costs tens of microseconds, a call or an atomic more.
-        hdr = here.to(tl.pointer_type(tl.int64))
-        # unsigned compares: a negative peer or offset is out of range too
-        peer_ok = tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE).to(tl.uint64)  # peer may be a constant
-        # a group's heap_bases lists its members, then zeros up to the world size
-        there = tl.load(heap_bases + peer, mask=peer_ok, other=0)
-        offset = ptr.to(tl.int64) - here
-        ok = (offset.to(tl.uint64) <= (tl.load(hdr + HDR_HEAP_SIZE) - ELEM).to(tl.uint64)) & (there != 0)
+        # Few operations on the block and no nested call unless a lane fails: under the
+        # interpreter an operation costs tens of microseconds whatever the block's size, a call
+        # (tl.max included) a millisecond. Unsigned compares: a negative peer or offset is a
+        # large one. A peer outside the world, or outside the group (whose heap_bases lists its
+        # members, then zeros up to the world size), leaves no offset in bounds.
+        hdr = here.to(tl.pointer_type(tl.uint64))
+        there = tl.load(heap_bases + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
+        bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * (there != 0)
+        offset = ptr.to(tl.uint64) - here.to(tl.uint64)
         if mask is None:
-            bad = ok == 0
+            bad = offset >= bound
         else:
-            bad = mask & (ok == 0)
-        # any failing lane raises the header's "seen" flag; then (only then) record the lanes
-        tl.store(hdr + HDR_PTR_SEEN + offset * 0, 1, mask=bad)
+            bad = mask & (offset >= bound)
+        # any failing lane raises the header's "seen" flag; then (only then) look at the lanes
+        tl.store(tl.broadcast_to(hdr + HDR_PTR_SEEN, offset.shape), 1, mask=bad)
         if tl.load(hdr + HDR_PTR_SEEN) != 0:
-            record_bad_pointer(offset, bad, rank, peer, hdr)
-        scratch = (hdr + HDR_SCRATCH + 4).to(ptr.dtype, bitcast=True)
-        out = tl.where(ok, ptr + (there - here) // ELEM, scratch)
+            record_bad_pointer(offset.to(tl.int64), bad, rank, peer, here.to(tl.pointer_type(tl.int64)))
+        # failing lanes go to a scratch slot of the caller's header: no memory outside the heaps is
+        # touched (selected here, not in the branch above: AMD's compiler takes no pointer out of one)
+        out = tl.where(bad, (hdr + HDR_SCRATCH + 4).to(ptr.dtype, bitcast=True), ptr + (there - here) // ELEM)
     else:
         there = tl.load(heap_bases + peer)
         delta = ((there - here) // (ELEM * _DELTA_ALIGN_ELEMS)) * _DELTA_ALIGN_ELEMS

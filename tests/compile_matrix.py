@@ -300,16 +300,16 @@ def compile_variant(kernel, desc: dict, target_args: tuple):
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
-def compile_all(recorded_path: str, targets: list[str], report_path: str) -> None:
-    """Compile every recorded variant for ``targets``; write one JSON line per (variant, target):
-    ``{"kernel", "variant", "target", "ok", "error"}``."""
+def compile_all(recorded_path: str, targets: list[str], report_path: str, first_only: bool = False) -> None:
+    """Compile every recorded variant (``first_only``: each kernel's first) for ``targets``;
+    write one JSON line per (variant, target): ``{"kernel", "variant", "target", "ok", "error"}``."""
     with open(recorded_path) as f:
         recorded = json.load(f)
     kernels = discover()
     with open(report_path, "w") as out:
         for key, descs in sorted(recorded["variants"].items()):
             kernel = kernels[key]
-            for i, desc in enumerate(descs):
+            for i, desc in enumerate(descs[:1] if first_only else descs):
                 tag = desc.get("_tag", "")
                 for target in targets:
                     try:
@@ -324,8 +324,8 @@ def compile_all(recorded_path: str, targets: list[str], report_path: str) -> Non
                     out.flush()
 
 
-if __name__ == "__main__":  # python compile_matrix.py record OUT | compile RECORDED TARGETS REPORT
+if __name__ == "__main__":  # python compile_matrix.py record OUT | compile RECORDED TARGETS REPORT [first]
     if sys.argv[1] == "record":
         record(sys.argv[2])
     else:
-        compile_all(sys.argv[2], sys.argv[3].split(","), sys.argv[4])
+        compile_all(sys.argv[2], sys.argv[3].split(","), sys.argv[4], first_only=sys.argv[5:] == ["first"])

@@ -3,8 +3,9 @@ AMD (gfx942, gfx950) targets with the installed Triton: the interpreter the CPU 
 accepts code the compilers reject. Kernels are discovered, their launches recorded from the
 public calls, and every recorded variant compiled (tests/compile_matrix.py says how).
 
-Default run: sm_90 and gfx942, the two targets compiled in parallel child processes;
-``-m extended``: all four.
+Default run: each kernel's first recorded variant for sm_90 and gfx942, the two targets compiled
+in parallel child processes; ``-m extended``: every variant for all four, and the first variants
+again with the debug-mode pointer checks compiled in (``IRIS_FW_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _NEEDS_39 = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
 
 
-def _child(args: list[str], interpret: str, timeout: int = 1500) -> subprocess.Popen:
+def _child(args: list[str], interpret: str, debug: bool = False) -> subprocess.Popen:
     env = {**os.environ, "TRITON_INTERPRET": interpret, "IRIS_FW_BOOTSTRAP": "single",
-           "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1")}
+           "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"),
+           "IRIS_FW_DEBUG": "1" if debug else "0"}
     env.pop("RANK", None)
     return subprocess.Popen([sys.executable, os.path.join(HERE, "compile_matrix.py"), *args], env=env, cwd=HERE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -51,19 +53,19 @@ def test_every_kernel_is_launched_by_the_recording(recorded):
     assert not missing, f"kernels never launched by compile_matrix.record (add a call there): {missing}"
 
 
-def _compile(recorded, targets, tmp_path) -> list[dict]:
+def _compile(recorded, targets, tmp_path, first_only: bool = False, debug: bool = False) -> list[dict]:
     path, data = recorded
     procs = []
     for target in targets:  # one child per target: they compile in parallel
         report = str(tmp_path / f"{target}.jsonl")
-        procs.append((target, report, _child(["compile", path, target, report], "0")))
+        procs.append((target, report, _child(["compile", path, target, report] + ["first"] * first_only, "0", debug)))
     rows = []
     for target, report, proc in procs:
         out, _ = proc.communicate(timeout=1500)
         assert proc.returncode == 0, f"{target}: {out[-6000:]}"
         with open(report) as f:
             rows += [json.loads(line) for line in f]
-    expected = sum(len(v) for v in data["variants"].values()) * len(targets)
+    expected = sum(1 if first_only else len(v) for v in data["variants"].values() if v) * len(targets)
     assert len(rows) == expected, f"{len(rows)} results for {expected} (kernel variants x targets)"
     failed = []
     for r in rows:
@@ -86,8 +88,8 @@ def _compile(recorded, targets, tmp_path) -> list[dict]:
 
 @pytest.mark.skipif(_NEEDS_39, reason="AMD compilation without a GPU needs Triton >= 3.9")
 def test_compile_matrix(recorded, tmp_path):
-    """Every recorded variant of every kernel for sm_90 and gfx942."""
-    _compile(recorded, cm.DEFAULT_TARGETS, tmp_path)
+    """Every kernel (its first recorded variant) for sm_90 and gfx942."""
+    _compile(recorded, cm.DEFAULT_TARGETS, tmp_path, first_only=True)
 
 
 @pytest.mark.extended
@@ -95,3 +97,11 @@ def test_compile_matrix(recorded, tmp_path):
 def test_compile_matrix_all_targets(recorded, tmp_path):
     """Every recorded variant of every kernel for sm_90, sm_100, gfx942 and gfx950."""
     _compile(recorded, list(cm.TARGETS), tmp_path)
+
+
+@pytest.mark.extended
+@pytest.mark.skipif(_NEEDS_39, reason="AMD compilation without a GPU needs Triton >= 3.9")
+def test_compile_matrix_debug(recorded, tmp_path):
+    """Every kernel (its first variant) for sm_90 and gfx942 with IRIS_FW_DEBUG=1: the device
+    pointer checks compiled in (docs/primitives.md, "Pointer checks")."""
+    _compile(recorded, cm.DEFAULT_TARGETS, tmp_path, first_only=True, debug=True)

@@ -24,7 +24,9 @@ def interpreting(environ=_os.environ) -> bool:
 def _choose_interpreter(environ=_os.environ) -> None:
     if "TRITON_INTERPRET" in environ:
         return
-    forced = environ.get("IRIS_FW_TRANSPORT", "auto") or "auto"
+    from . import env
+
+    forced = env.get("IRIS_FW_TRANSPORT", environ)
     if forced == "host_shm":
         environ["TRITON_INTERPRET"] = "1"
     elif forced == "auto":

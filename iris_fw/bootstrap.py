@@ -30,10 +30,11 @@ import pickle
 import socket
 import sys
 import time
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Mapping
 
-from .errors import IrisError, PeerFailure
+from .errors import ArgumentError, IrisError, PeerFailure
 from .hookspecs import hookimpl
 
 #: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
@@ -72,6 +73,11 @@ class Bootstrap(ABC):
     def detect(cls, environ: Mapping[str, str]) -> bool:
         """Whether the environment says the program was launched for this bootstrap."""
         return False
+
+    @classmethod
+    def detected_because(cls, environ: Mapping[str, str]) -> str:
+        """Why :meth:`detect` recognized ``environ`` (for ``iris-fw info`` and the log)."""
+        return f"its detect() recognized the environment (priority {cls.priority})"
 
     @abstractmethod
     def all_gather(self, obj: Any) -> list:
@@ -143,6 +149,10 @@ class SingleBootstrap(Bootstrap):
     def detect(cls, environ):
         return True
 
+    @classmethod
+    def detected_because(cls, environ):
+        return "no MPI or torchrun variables in the environment: one rank"
+
     def all_gather(self, obj):
         return [obj]
 
@@ -161,6 +171,10 @@ class TorchBootstrap(Bootstrap):
 
     name = "torch"
     priority = 10
+    #: Open torch bootstraps of this process: the one that created the default process group
+    #: hands that duty (destroying it) to another open one when it closes first (contexts made
+    #: and dropped in any order share the group).
+    _open: "weakref.WeakSet[TorchBootstrap]" = weakref.WeakSet()
 
     @classmethod
     def available(cls):
@@ -179,6 +193,14 @@ class TorchBootstrap(Bootstrap):
         if dist.is_available() and dist.is_initialized():
             return True
         return any(v in environ for v in _TORCHRUN_VARS) or all(v in environ for v in _TORCH_ENV_VARS)
+
+    @classmethod
+    def detected_because(cls, environ):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return "torch.distributed is initialized"
+        return "torchrun's variables: " + ", ".join(v for v in (*_TORCHRUN_VARS, *_TORCH_ENV_VARS) if v in environ)
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, arrival_timeout: float | None = None):
         import torch.distributed as dist
@@ -210,6 +232,7 @@ class TorchBootstrap(Bootstrap):
             self._group = dist.new_group(backend="gloo", timeout=timeout)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        TorchBootstrap._open.add(self)
         if self._store is not None and self._abort_key is None:  # a reused group: count inits as _arrive does
             gen = self._store.add(f"{self._key_prefix()}reused/{self._dist.get_rank()}", 1)
             self._abort_key = f"{self._key_prefix()}reused/{gen}/abort"
@@ -228,9 +251,10 @@ class TorchBootstrap(Bootstrap):
         return f"iris_fw/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 
     def _arrive(self, rank: int, world: int, arrival_timeout: float | None):
-        """The rendezvous store (torchrun's agent store, else hosted by rank 0, as ``env://``
-        does), and every rank's arrival in it within ``arrival_timeout`` seconds: each rank
-        posts its process description; a rank that does not post in time is named."""
+        """The rendezvous store (the launcher's agent store — torchrun's, ``iris-fw launch``'s
+        — else hosted by rank 0, as ``env://`` does), and every rank's arrival in it within
+        ``arrival_timeout`` seconds: each rank posts its process description; a rank that does
+        not post in time is named. Returns the store for the default group."""
         from .watchdog import arrival_timeout as default_arrival, liveness_timeout, process_info
 
         bound = arrival_timeout if arrival_timeout is not None else default_arrival(liveness_timeout())
@@ -260,7 +284,9 @@ class TorchBootstrap(Bootstrap):
         self.processes = [pickle.loads(store.get(k)) for k in keys]
         store.set_timeout(datetime.timedelta(seconds=DEFAULT_TIMEOUT_S))
         self._store, self._abort_key = store, f"{prefix}{gen}/abort"
-        return store
+        # the group's keys under this init's prefix: a previous group's (a context closed and
+        # created again) are never read
+        return self._dist.PrefixStore(f"{prefix}{gen}/group", store)
 
     # ---- collectives ------------------------------------------------------------------------------
     def _run(self, work, what: str) -> None:
@@ -333,7 +359,10 @@ class TorchBootstrap(Bootstrap):
     def close(self):
         """Destroy the groups this bootstrap created — or abort them when a peer is lost or
         this rank aborts (destroying a gloo group waits for every peer: a stopped one would
-        hold it for the whole timeout)."""
+        hold it for the whole timeout). The default group, when another torch bootstrap of
+        this process is still open, is left to that one (contexts made and dropped in any order
+        share it)."""
+        TorchBootstrap._open.discard(self)
         if self._abandoned:  # gloo would wait for the lost peer: leave the group to process exit
             self._group, self._owns_default = None, False
             return
@@ -343,7 +372,11 @@ class TorchBootstrap(Bootstrap):
             end(self._group)
             self._group = None
         if self._owns_default and self._dist.is_initialized():
-            end()
+            heir = next(iter(TorchBootstrap._open), None)
+            if heir is not None:
+                heir._owns_default = True
+            else:
+                end()
             self._owns_default = False
 
     def _abort_group(self, group=None) -> None:
@@ -374,6 +407,10 @@ class MpiBootstrap(Bootstrap):
     @classmethod
     def detect(cls, environ):
         return any(v in environ for v in _MPI_VARS)
+
+    @classmethod
+    def detected_because(cls, environ):
+        return "MPI launcher variables: " + ", ".join(v for v in _MPI_VARS if v in environ)
 
     def __init__(self):
         from mpi4py import MPI
@@ -432,21 +469,39 @@ class MpiBootstrap(Bootstrap):
 
 def _check_src(src: Any, world_size: int) -> None:
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < world_size:
-        raise ValueError(f"src must be a rank in [0, {world_size}), got {src!r}")
+        raise ArgumentError(f"src must be a rank in [0, {world_size}), got {src!r}")
 
 
 def choose(registry, requested: str | None = None, environ: Mapping[str, str] | None = None) -> type[Bootstrap]:
     """The bootstrap class to use: ``requested`` (or ``IRIS_FW_BOOTSTRAP``) when given, else
     the first available one, by priority, whose ``detect`` recognizes the environment."""
+    return choice(registry, requested, environ)[0]
+
+
+def choice(registry, requested: str | None = None,
+           environ: Mapping[str, str] | None = None) -> tuple[type[Bootstrap], str]:
+    """:func:`choose`'s bootstrap class and why it was chosen (which variables it recognized,
+    and which detected bootstraps were passed over as unavailable)."""
+    from . import env
+
     environ = os.environ if environ is None else environ
-    requested = requested or environ.get("IRIS_FW_BOOTSTRAP") or None
-    if requested not in (None, "auto"):
-        return registry.require_available(requested)
+    if requested not in (None, "", "auto"):
+        return registry.require_available(requested), f"init(bootstrap={requested!r})"
+    forced = env.get("IRIS_FW_BOOTSTRAP", environ) or "auto"
+    if forced != "auto":
+        return registry.require_available(forced), f"IRIS_FW_BOOTSTRAP={forced}"
     entries = sorted(registry, key=lambda e: (getattr(e.obj, "priority", 100), e.name))
+    passed = []
     for entry in entries:
-        if entry.availability()[0] and entry.obj.detect(environ):
-            return entry.obj
-    raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)")
+        if not entry.obj.detect(environ):
+            continue
+        ok, why = entry.availability()
+        if ok:
+            explain = getattr(entry.obj, "detected_because", None)
+            reason = explain(environ) if explain is not None else "its detect() recognized the environment"
+            return entry.obj, reason + "".join(f"; {p}" for p in passed)
+        passed.append(f"{entry.name} was detected but is unavailable: {why}")
+    raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)" + "".join(f"; {p}" for p in passed))
 
 
 @hookimpl

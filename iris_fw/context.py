@@ -5,24 +5,37 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import os
+import logging
+import math
+import operator
 import time
 import weakref
-from typing import Any
+from typing import Any, Sequence, Union
 
 import torch
 
 from . import bootstrap as _bootstrap
+from . import env
 from . import interpreting
 from . import device as dev
 from . import watchdog as _watchdog
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
-from .errors import IrisError, NotOnHeapError, PeerFailure, SymmetryError, WaitTimeout
+from .errors import (ArgumentError, ArgumentTypeError, ContextClosed, HeapOutOfMemory, IrisError, NotOnHeapError,
+                     PeerFailure, SymmetryError, WaitTimeout, bad_type)
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
+from .transport import Transport
+
+#: What a factory's ``device=`` accepts (it must name this rank's device).
+DeviceLike = Union[torch.device, str, int, None]
+#: A Python scalar, as torch's factories take.
+Number = Union[int, float, bool]
+
+#: The ``iris_fw`` logger: at INFO, :func:`init` says which bootstrap and transport it chose and why.
+log = logging.getLogger("iris_fw")
 
 DEFAULT_HEAP_SIZE = 1 << 30
-DEFAULT_WAIT_TIMEOUT_S = 30.0
+DEFAULT_WAIT_TIMEOUT_S = env.variable("IRIS_FW_WAIT_TIMEOUT").default
 #: Polls the wait-bound calibration makes, per transport kind (compiled vs interpreted).
 _PROBE_POLLS = {False: 200_000, True: 300}
 _MIN_WAIT_POLLS = 1000
@@ -37,25 +50,75 @@ def header_bytes(world_size: int) -> int:
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
 
 
+def transport_choice(registry, requested: str | None = None) -> tuple[str, str]:
+    """The name of the transport :func:`init` uses, and why: ``requested`` if given (not
+    ``"auto"``), else ``IRIS_FW_TRANSPORT``, else ``host_shm`` under the interpreter, ``gpu_ipc``
+    when GPUs are present, otherwise ``host_shm``."""
+    if requested not in (None, "", "auto"):
+        return requested, f"init(transport={requested!r})"
+    forced = env.get("IRIS_FW_TRANSPORT") or "auto"
+    if forced != "auto":
+        return forced, f"IRIS_FW_TRANSPORT={forced}"
+    if interpreting():
+        return "host_shm", "Triton's interpreter is on (TRITON_INTERPRET=1): CPU ranks share /dev/shm heaps"
+    if "gpu_ipc" not in registry:
+        return "host_shm", "no gpu_ipc transport is registered"
+    ok, why = registry.entry("gpu_ipc").availability()
+    return ("gpu_ipc", "GPUs are present and the interpreter is off") if ok else ("host_shm", f"gpu_ipc: {why}")
+
+
 def choose_transport(registry, requested: str | None = None):
-    """The transport class: ``requested`` (or ``IRIS_FW_TRANSPORT``) if given; otherwise
-    ``host_shm`` under the interpreter, ``gpu_ipc`` when GPUs are present, else ``host_shm``."""
-    requested = requested or os.environ.get("IRIS_FW_TRANSPORT") or None
-    if requested in (None, "auto"):
-        if not interpreting() and "gpu_ipc" in registry and registry.entry("gpu_ipc").availability()[0]:
-            requested = "gpu_ipc"
-        else:
-            requested = "host_shm"
-    return registry.require_available(requested)
+    """The transport class :func:`transport_choice` names (raises if it is not available here)."""
+    return registry.require_available(transport_choice(registry, requested)[0])
 
 
 def _check_int(value: Any, name: str, low: int | None = None, high: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    """``value`` as an int (anything with ``__index__`` but a bool) in ``[low, high)``, else an
+    :class:`ArgumentTypeError` / :class:`ArgumentError` naming ``name``."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise bad_type(name, "an int", value)
+    value = operator.index(value)
     if (low is not None and value < low) or (high is not None and value >= high):
         bounds = f"[{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bounds}, got {value}")
+        raise ArgumentError(f"{name} must be in {bounds}, got {value}")
     return value
+
+
+#: Polls of a wait bound are an int64 on the device; longer bounds are cut to this.
+_MAX_WAIT_POLLS = 1 << 62
+
+
+def _check_seconds(value: Any, name: str) -> float:
+    """``value`` as a finite positive number of seconds, else an error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad_type(name, "a finite number of seconds > 0", value)
+    if not (math.isfinite(value) and value > 0):
+        raise ArgumentError(f"{name} must be a finite number of seconds > 0 (every wait is bounded; for slow "
+                            f"debugging pass a large value such as 3600), got {value!r}")
+    return float(value)
+
+
+def check_resources(transport_cls, boot, heap_size: int) -> None:
+    """Collective: every rank asks ``transport_cls.check_resources`` whether its host has room for
+    its heap; if any rank has not, every rank raises (that rank's error, naming it)."""
+    mine = transport_cls.check_resources(boot, heap_size)
+    problems = boot.all_gather(mine)
+    for rank, problem in enumerate(problems):
+        if problem is not None:
+            error = mine if mine is not None else type(problem)(f"rank {rank}: {problem}")
+            error.everywhere = True  # every rank raises: none needs to abort the others
+            raise error
+
+
+def _element(block: Block, offset: int) -> str:
+    """``", element [i]"`` of a block allocated as ``dtype[shape]`` (``Block.what``), or ``""``."""
+    name = block.what.split("[", 1)[0]
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        return ""
+    size = torch.empty((), dtype=dtype).element_size()
+    delta = offset - block.offset
+    return f", element [{delta // size}]" if delta % size == 0 else ""
 
 
 def check_reports(label: str, reports: list, error: BaseException | None = None, ranks=None) -> None:
@@ -114,19 +177,28 @@ def init(
     reason is published in the rendezvous store and the group torn down), so the other ranks
     fail within seconds instead of waiting in a collective.
     """
-    _check_int(heap_size, "heap_size", 1)
+    heap_size = _check_int(heap_size, "heap_size", 1)
+    env.in_effect()  # every IRIS_FW_* variable set parses (a bad one is named here, not deep in set-up)
     if wait_timeout is None:
-        wait_timeout = float(os.environ.get("IRIS_FW_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT_S))
-    if not wait_timeout > 0:
-        raise ValueError(f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}")
+        wait_timeout = env.get("IRIS_FW_WAIT_TIMEOUT")
+    wait_timeout = _check_seconds(wait_timeout, "wait_timeout")
     if debug is None:
-        debug = os.environ.get("IRIS_FW_DEBUG", "0") not in ("", "0")
-    liveness = _watchdog.liveness_timeout(liveness_timeout)
+        debug = env.get("IRIS_FW_DEBUG")
+    elif not isinstance(debug, bool):
+        raise bad_type("debug", "a bool or None", debug)
+    for name, value in (("transport", transport), ("bootstrap", bootstrap)):
+        if value is not None and not isinstance(value, str):
+            raise bad_type(name, "a plugin name (str) or None", value)
+    liveness = _watchdog.liveness_timeout(None if liveness_timeout is None else
+                                          _check_seconds(liveness_timeout, "liveness_timeout"))
     regs = registries if registries is not None else load_registries()
-    transport_cls = choose_transport(regs.transport, transport)
-    boot_cls = _bootstrap.choose(regs.bootstrap, bootstrap)
+    transport_name, transport_why = transport_choice(regs.transport, transport)
+    transport_cls = regs.transport.require_available(transport_name)
+    boot_cls, boot_why = _bootstrap.choice(regs.bootstrap, bootstrap)
     accepts = "arrival_timeout" in inspect.signature(boot_cls).parameters
     boot = boot_cls(arrival_timeout=_watchdog.arrival_timeout(liveness)) if accepts else boot_cls()
+    log.info("rank %d of %d: bootstrap %s (%s); transport %s (%s)", boot.rank, boot.world_size, boot_cls.name,
+             boot_why, transport_name, transport_why)
     try:
         watchdog = _watchdog.Watchdog(boot, liveness)
     except BaseException:
@@ -135,10 +207,11 @@ def init(
     try:
         need = header_bytes(boot.world_size) + ALIGN
         if heap_size < need:
-            raise ValueError(
+            raise ArgumentError(
                 f"heap_size={heap_size} is too small: {boot.world_size} ranks need at least {need} "
                 f"bytes ({need - ALIGN} of header plus one {ALIGN}-byte block)"
             )
+        check_resources(transport_cls, boot, heap_size)
         tr = transport_cls(boot, heap_size)
     except BaseException as exc:
         _abort_setup(boot, watchdog, exc)
@@ -165,6 +238,12 @@ def _abort_setup(boot, watchdog, exc: BaseException) -> None:
         boot.close()
     except Exception:
         pass
+
+
+def _release_unclosed(watchdog, bootstrap) -> None:
+    """What a context that was never closed leaves behind: its watchdog thread, its bootstrap."""
+    watchdog.stop()
+    bootstrap.close()
 
 
 #: The errors a barrier re-raises by name (the first failing rank's class).
@@ -194,6 +273,10 @@ class _AtExit:
 #: argument is optional. Filled by :class:`Context`, never at import.
 _created: "list[weakref.ref[Context]]" = []
 
+#: Polls per second of a device-side wait, measured once per process for each (transport,
+#: device): a context created after the first skips the calibration (see ``_calibrate_wait``).
+_poll_rates: "dict[tuple[str, str], float]" = {}
+
 
 def current() -> "Context":
     """The most recently created context of this process that is still open."""
@@ -217,8 +300,8 @@ class Context:
     ``registries`` (the plugins this context was created with).
     """
 
-    def __init__(self, transport, bootstrap, heap_size: int, *, wait_timeout: float, debug: bool,
-                 registries: Registries | None = None, watchdog=None):
+    def __init__(self, transport: Transport, bootstrap: _bootstrap.Bootstrap, heap_size: int, *, wait_timeout: float,
+                 debug: bool, registries: Registries | None = None, watchdog=None):
         self.transport = transport
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -230,9 +313,6 @@ class Context:
         self.debug = debug
         self.registries = registries if registries is not None else load_registries()
         self._closed = False
-        # A context never closed (Iris-style programs) still releases what its bootstrap
-        # created (a process group) at interpreter exit; local only, never a collective.
-        self._exit_cleanup = weakref.finalize(self, bootstrap.close)
         hdr_bytes = header_bytes(self.world_size)
         self._hdr = transport.heap[:hdr_bytes].view(torch.int64)
         self._hdr.zero_()
@@ -240,6 +320,10 @@ class Context:
         self._hdr[dev.HDR_WORLD_SIZE.value] = self.world_size
         #: liveness and abort causes (iris_fw.watchdog); set up by init()
         self.watchdog = watchdog if watchdog is not None else _watchdog.Watchdog(bootstrap, _watchdog.liveness_timeout())
+        # A context never closed (Iris-style programs) still stops its watchdog and releases what
+        # its bootstrap created (a process group) when it goes or at interpreter exit; local
+        # only, never a collective.
+        self._exit_cleanup = weakref.finalize(self, _release_unclosed, self.watchdog, bootstrap)
         self.heap = SymmetricHeap(
             transport.bases[self.rank],
             heap_size,
@@ -261,6 +345,9 @@ class Context:
         self._at_exit = _AtExit(self)
         atexit.register(self._at_exit)
         self.barrier()
+        # contexts closed or gone drop out here, so creating and dropping contexts in a loop
+        # accumulates nothing
+        _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
         _created.append(weakref.ref(self))
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -310,6 +397,9 @@ class Context:
 
     # ---- bounded waits --------------------------------------------------------------------------
     def _calibrate_wait(self) -> float:
+        key = (self.transport.name, str(self.device))
+        if key in _poll_rates:
+            return _poll_rates[key]
         polls = _PROBE_POLLS[self.transport.interpreted]
         self._hdr[dev.HDR_WAIT_BOUND.value] = polls
         _wait_probe_kernel[(1,)](self.rank, self.heap_bases)  # compile / warm up
@@ -320,8 +410,9 @@ class Context:
         self.transport.synchronize()
         elapsed = time.perf_counter() - start
         self._hdr[:_N_ERR_SLOTS] = 0
-        self._hdr[dev.HDR_ABORT.value] = 0
-        return polls / max(elapsed, 1e-9)
+        self._hdr[dev.HDR_ABORT.value] = 0  # the probe's timeout set it
+        _poll_rates[key] = polls / max(elapsed, 1e-9)
+        return _poll_rates[key]
 
     @property
     def wait_timeout(self) -> float:
@@ -331,11 +422,12 @@ class Context:
 
     @wait_timeout.setter
     def wait_timeout(self, seconds: float) -> None:
-        if not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ValueError(f"wait_timeout must be a positive number of seconds, got {seconds!r}")
-        self._wait_timeout = float(seconds)
+        self._check_open()
+        seconds = _check_seconds(seconds, "wait_timeout")
+        self._wait_timeout = seconds
         self.transport.synchronize()
-        self._hdr[dev.HDR_WAIT_BOUND.value] = max(_MIN_WAIT_POLLS, int(seconds * self._polls_per_s))
+        polls = min(float(_MAX_WAIT_POLLS), seconds * self._polls_per_s)
+        self._hdr[dev.HDR_WAIT_BOUND.value] = max(_MIN_WAIT_POLLS, int(polls))
 
     def _describe_timeout(self, record: list) -> str:
         """The message for this rank's timeout record (the header's first ``HDR_WAIT_BOUND``
@@ -344,8 +436,17 @@ class Context:
         expected, seen, cmp, spins = (
             record[s.value] for s in (dev.HDR_ERR_EXPECTED, dev.HDR_ERR_SEEN, dev.HDR_ERR_CMP, dev.HDR_ERR_SPINS)
         )
-        where = self._describe_offset(offset)
         cmp_op = dev.CMP_OPS[cmp] if 0 <= cmp < len(dev.CMP_OPS) else f"<cmp {cmp}>"
+        slot, first = offset // dev.HDR_SLOT_BYTES.value, dev.HDR_BARRIER_SLOTS.value
+        if offset % dev.HDR_SLOT_BYTES.value == 0 and first <= slot < first + self.world_size:
+            late = slot - first
+            return (
+                f"device barrier: rank {late} never arrived — rank {rank} waited for it {spins} polls (wait_timeout "
+                f"{self._wait_timeout:g}s): its arrival slot in rank {peer}'s heap header stayed at epoch {seen}, "
+                f"barrier epoch {expected} (rank {late} did not call device_barrier() as often as rank {rank}, or "
+                f"it is stuck or gone); {record[dev.HDR_ERR_COUNT.value]} wait(s) timed out on rank {self.rank}"
+            )
+        where = self._describe_offset(offset)
         return (
             f"rank {rank} gave up waiting for the flag at {where} in rank {peer}'s heap to become "
             f"{cmp_op} {expected}: last saw {seen} after {spins} polls (wait_timeout "
@@ -353,12 +454,16 @@ class Context:
         )
 
     def _describe_offset(self, offset: int) -> str:
+        """``offset`` of this rank's heap, with the allocation (and element) or header slot there."""
         block = self.heap.block_at(offset)
         where = f"offset {offset:#x}"
+        slot = offset // dev.HDR_SLOT_BYTES.value
         if block is not None:
-            where += f" ({block.what} allocated at {block.site}, +{offset - block.offset} bytes)"
-        elif 0 <= offset < header_bytes(self.world_size):
-            where += " (heap header)"
+            where += f" ({block.what} allocated at {block.site}, +{offset - block.offset} bytes{_element(block, offset)})"
+        elif slot == dev.HDR_PROBE.value and offset % dev.HDR_SLOT_BYTES.value == 0:
+            where += " (heap header: the wait-bound calibration flag)"
+        elif 0 <= offset < self._hdr.numel() * 8:
+            where += f" (heap header slot {slot})"
         return where
 
     def _describe_bad_pointer(self, state: list) -> str:
@@ -381,6 +486,7 @@ class Context:
         """Wait for this rank's queued device work; raise if a device-side wait on this rank
         gave up (:class:`WaitTimeout` for its own, or the job's first cause when it gave up
         because the job was aborted) or a pointer failed its check (:class:`NotOnHeapError`)."""
+        self._check_open()
         self.transport.synchronize()
         self.watchdog.sync_point()
         error = self.watchdog.failure()
@@ -454,7 +560,9 @@ class Context:
     # ---- checks -------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise IrisError("this iris_fw context is closed")
+            raise ContextClosed(
+                f"this iris_fw context (rank {self.rank} of {self.world_size}) is closed: create a new one with "
+                "iris_fw.init(); its heap tensors stay readable but are no longer shared with other ranks")
 
     def check_rank(self, value: Any, name: str = "rank") -> int:
         """``value`` if it is a valid rank, else a ValueError/TypeError naming ``name``."""
@@ -462,6 +570,7 @@ class Context:
 
     def is_symmetric(self, t: Any) -> bool:
         """Whether ``t`` is a tensor that lies on this rank's symmetric heap."""
+        self._check_open()
         return (
             isinstance(t, torch.Tensor)
             and t.device == self.device
@@ -470,8 +579,9 @@ class Context:
 
     def check_symmetric(self, t: Any, name: str = "tensor") -> torch.Tensor:
         """``t`` if it lies on this rank's heap, else :class:`NotOnHeapError` naming ``name``."""
+        self._check_open()
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor on the symmetric heap, got {type(t).__name__}")
+            raise ArgumentTypeError(f"{name} must be a torch.Tensor on the symmetric heap, got {type(t).__name__}")
         if t.device != self.device:
             raise NotOnHeapError(f"{name} must be on {self.device} (this rank's heap), got a tensor on {t.device}")
         if self.heap.offset_of(t) is None:
@@ -489,7 +599,7 @@ class Context:
     def peer_view(self, t: torch.Tensor, peer: int) -> torch.Tensor:
         """``peer``'s copy of the symmetric tensor ``t``, as a tensor over the peer's heap mapped
         in this process (same shape, strides, dtype; does not own the memory)."""
-        offset = self.offset_of(t)
+        offset = self.offset_of(t)  # checks the context is open
         self.check_rank(peer, "peer")
         raw = self.transport.wrap(self.transport.bases[peer] + offset, max(span_bytes(t), t.element_size()))[0]
         return torch.as_strided(raw.view(t.dtype), t.shape, t.stride())
@@ -507,6 +617,7 @@ class Context:
     def check_symmetry(self) -> None:
         """Collective: raise :class:`SymmetryError` describing the first live allocation whose
         offset or size differs between ranks."""
+        self._check_open()
         tables = self.bootstrap.all_gather([(b.offset, b.size, b.what, b.site) for b in self.heap.blocks()])
         longest = max(len(t) for t in tables)
         for i in range(longest):
@@ -538,12 +649,13 @@ class Context:
         """``src``'s ``value`` on every rank. A tensor is overwritten in place with ``src``'s
         data and returned (a symmetric tensor is copied straight from ``src``'s heap);
         anything else is pickled through the bootstrap and returned."""
+        self._check_open()
         self.check_rank(src, "src")
         if not isinstance(value, torch.Tensor):
             return self.bootstrap.broadcast(value, src)
         meta = self.bootstrap.all_gather((tuple(value.shape), str(value.dtype), self.is_symmetric(value)))
         if len({m[:2] for m in meta}) > 1:
-            raise ValueError(
+            raise ArgumentError(
                 "broadcast: value must have the same shape and dtype on every rank, got "
                 + ", ".join(f"rank {r}: {m[1]}{list(m[0])}" for r, m in enumerate(meta))
             )
@@ -562,94 +674,172 @@ class Context:
     def _check_device(self, device: Any) -> None:
         if device is None:
             return
-        wanted = torch.device(device)
+        try:
+            wanted = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ArgumentError(f"device must be {self.device} (this rank's heap lives there), got {device!r}") from None
         if wanted.type != self.device.type or (wanted.index is not None and wanted != self.device):
-            raise ValueError(f"device must be {self.device} (this rank's heap lives there), got {device!r}")
+            raise ArgumentError(f"device must be {self.device} (this rank's heap lives there), got {device!r}")
 
     @staticmethod
     def _size(size: tuple) -> tuple[int, ...]:
         if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
             size = tuple(size[0])
         for d in size:
-            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
-                raise ValueError(f"size must be non-negative ints, got {tuple(size)!r}")
-        return tuple(size)
+            if isinstance(d, bool) or not hasattr(type(d), "__index__"):
+                raise bad_type("size", "ints (or one tuple, list or torch.Size of ints)", tuple(size))
+        size = tuple(operator.index(d) for d in size)
+        if any(d < 0 for d in size):
+            raise ArgumentError(f"size must be non-negative ints, got {size!r}")
+        return size
 
-    def _new(self, shape, dtype, device, requires_grad=False) -> torch.Tensor:
+    def _new(self, shape, dtype, device, requires_grad=False, generator=None) -> torch.Tensor:
+        """A new heap tensor after checking every factory argument; ``requires_grad`` is only
+        checked (factories set it after filling)."""
         self._check_open()
         self._check_device(device)
-        t = self.heap.tensor(shape, dtype if dtype is not None else torch.get_default_dtype())
-        return t.requires_grad_() if requires_grad else t
+        if dtype is None:
+            dtype = torch.get_default_dtype()
+        elif not isinstance(dtype, torch.dtype):
+            raise bad_type("dtype", "a torch.dtype (e.g. torch.float32) or None", dtype)
+        if not isinstance(requires_grad, bool):
+            raise bad_type("requires_grad", "a bool", requires_grad)
+        if requires_grad and not (dtype.is_floating_point or dtype.is_complex):
+            raise ArgumentError(f"requires_grad=True needs a floating or complex dtype, got {dtype}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise bad_type("generator", "a torch.Generator or None", generator)
+        return self.heap.tensor(shape, dtype)
 
-    def empty(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def empty(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> torch.Tensor:
         """Uninitialized symmetric tensor, like :func:`torch.empty`."""
-        return self._new(self._size(size), dtype, device, requires_grad)
+        return self._new(self._size(size), dtype, device, requires_grad).requires_grad_(requires_grad)
 
-    def zeros(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        t = self._new(self._size(size), dtype, device)
+    def zeros(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> torch.Tensor:
+        t = self._new(self._size(size), dtype, device, requires_grad)
         return t.zero_().requires_grad_(requires_grad)
 
-    def ones(self, *size, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        t = self._new(self._size(size), dtype, device)
+    def ones(self, *size: int | Sequence[int], dtype: torch.dtype | None = None, device: DeviceLike = None,
+             requires_grad: bool = False) -> torch.Tensor:
+        t = self._new(self._size(size), dtype, device, requires_grad)
         return t.fill_(1).requires_grad_(requires_grad)
 
-    def full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def full(self, size: int | Sequence[int], fill_value: Number, *, dtype: torch.dtype | None = None,
+             device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.full`: the dtype follows ``fill_value`` when not given."""
+        if not (isinstance(fill_value, (bool, int, float, complex))
+                or (isinstance(fill_value, torch.Tensor) and fill_value.dim() == 0)):
+            raise bad_type("fill_value", "a number, a bool or a 0-dim tensor", fill_value)
         dtype = dtype if dtype is not None else torch.tensor(fill_value).dtype
-        t = self._new(self._size((size,)), dtype, device)
+        t = self._new(self._size((size,)), dtype, device, requires_grad)
         return t.fill_(fill_value).requires_grad_(requires_grad)
 
     def _from(self, ref: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-        t = self._new(tuple(ref.shape), ref.dtype, None)
+        t = self._new(tuple(ref.shape), ref.dtype, None, requires_grad)
         return t.copy_(ref).requires_grad_(requires_grad)
 
-    def arange(self, start, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def _ranged(self, what: str, fn, args: dict, dtype, device, requires_grad) -> torch.Tensor:
+        """``fn(*args, dtype=…, out=…)`` (torch.arange / torch.linspace) written straight into a
+        heap tensor: the shape and dtype come from the same call on the ``meta`` device (no
+        memory), so a huge range is refused by the heap, not allocated by torch first."""
+        for name, value in args.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_complex:
+                args[name] = value = value.item()  # as torch takes them
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad_type(name, "a number", value)
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise bad_type("dtype", "a torch.dtype (e.g. torch.float32) or None", dtype)
+        call = f"{what}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")"
+        values = list(args.values())
+        count = values[2] if what == "linspace" else (values[1] - values[0]) / values[2] if values[2] else 0
+        if count > self.heap_size:  # more elements than the heap has bytes (torch's own message is obscure)
+            raise HeapOutOfMemory(f"{call} has {count:.4g} elements: more than the symmetric heap's "
+                                  f"{self.heap_size} bytes")
+        try:
+            shape = fn(*args.values(), dtype=dtype, device="meta")
+        except (RuntimeError, ValueError, OverflowError) as exc:
+            raise ArgumentError(f"{call}: {str(exc).splitlines()[0]}") from None
+        t = self._new(tuple(shape.shape), shape.dtype, device, requires_grad)
+        fn(*args.values(), dtype=shape.dtype, out=t)
+        return t.requires_grad_(requires_grad)
+
+    def arange(self, start: Number, end: Number | None = None, step: Number = 1, *, dtype: torch.dtype | None = None,
+               device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Like :func:`torch.arange` (``arange(end)`` or ``arange(start, end, step)``)."""
-        self._check_device(device)
         if end is None:
             start, end = 0, start
-        return self._from(torch.arange(start, end, step, dtype=dtype, device=self.device), requires_grad)
+        return self._ranged("arange", torch.arange, {"start": start, "end": end, "step": step}, dtype, device,
+                            requires_grad)
 
-    def linspace(self, start, end, steps, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        self._check_device(device)
-        return self._from(torch.linspace(start, end, steps, dtype=dtype, device=self.device), requires_grad)
+    def linspace(self, start: Number, end: Number, steps: int, *, dtype: torch.dtype | None = None,
+                 device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
+        if isinstance(steps, bool) or not hasattr(type(steps), "__index__"):
+            raise bad_type("steps", "an int >= 0", steps)
+        return self._ranged("linspace", torch.linspace, {"start": start, "end": end, "steps": operator.index(steps)},
+                            dtype, device, requires_grad)
 
-    def rand(self, *size, generator=None, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    def rand(self, *size: int | Sequence[int], generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+             device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
         """Uniform on [0, 1), like :func:`torch.rand`."""
-        t = self._new(self._size(size), dtype, device)
+        t = self._new(self._size(size), dtype, device, requires_grad, generator)
         return t.uniform_(0, 1, generator=generator).requires_grad_(requires_grad)
 
-    def randn(self, *size, generator=None, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        t = self._new(self._size(size), dtype, device)
+    def randn(self, *size: int | Sequence[int], generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+              device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
+        t = self._new(self._size(size), dtype, device, requires_grad, generator)
         return t.normal_(generator=generator).requires_grad_(requires_grad)
 
-    def randint(self, *args, generator=None, dtype=torch.int64, device=None, requires_grad=False) -> torch.Tensor:
-        """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
+    @staticmethod
+    def randint_args(args: tuple) -> tuple:
+        """``(low, high, size)`` from ``randint``'s ``(high, size)`` or ``(low, high, size)``."""
         if len(args) == 2:
             low, (high, size) = 0, args
         elif len(args) == 3:
             low, high, size = args
         else:
-            raise TypeError(f"randint takes (high, size) or (low, high, size), got {len(args)} positional arguments")
+            raise ArgumentTypeError(f"randint takes (high, size) or (low, high, size), got {len(args)} positional arguments")
+        for name, value in (("low", low), ("high", high)):
+            if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+                raise bad_type(name, "an int", value)
         if not high > low:
-            raise ValueError(f"randint: high must be greater than low, got low={low}, high={high}")
-        t = self._new(self._size((size,)), dtype, device)
+            raise ArgumentError(f"randint: high must be greater than low, got low={low}, high={high}")
+        return low, high, size
+
+    def randint(self, *args: int | Sequence[int], generator: torch.Generator | None = None,
+                dtype: torch.dtype = torch.int64, device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
+        """Like :func:`torch.randint`: ``randint(high, size)`` or ``randint(low, high, size)``."""
+        low, high, size = self.randint_args(args)
+        t = self._new(self._size((size,)), dtype, device, requires_grad, generator)
         return t.random_(low, high, generator=generator).requires_grad_(requires_grad)
 
-    def empty_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        return self._new(tuple(t.shape), dtype or t.dtype, device, requires_grad)
+    @staticmethod
+    def _like(t: Any, what: str) -> tuple:
+        if not isinstance(t, torch.Tensor):
+            raise bad_type("t", f"a torch.Tensor (the tensor {what} copies the shape of)", t)
+        return tuple(t.shape)
 
-    def zeros_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        return self.zeros(tuple(t.shape), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
+    def empty_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                   requires_grad: bool = False) -> torch.Tensor:
+        return self.empty(self._like(t, "empty_like"), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
-    def ones_like(self, t: torch.Tensor, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        return self.ones(tuple(t.shape), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
+    def zeros_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                   requires_grad: bool = False) -> torch.Tensor:
+        return self.zeros(self._like(t, "zeros_like"), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
 
-    def full_like(self, t: torch.Tensor, fill_value, *, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
-        return self.full(tuple(t.shape), fill_value, dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
+    def ones_like(self, t: torch.Tensor, *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                  requires_grad: bool = False) -> torch.Tensor:
+        return self.ones(self._like(t, "ones_like"), dtype=dtype or t.dtype, device=device, requires_grad=requires_grad)
+
+    def full_like(self, t: torch.Tensor, fill_value: Number, *, dtype: torch.dtype | None = None,
+                  device: DeviceLike = None, requires_grad: bool = False) -> torch.Tensor:
+        return self.full(self._like(t, "full_like"), fill_value, dtype=dtype or t.dtype, device=device,
+                         requires_grad=requires_grad)
 
     def as_symmetric(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of ``t`` (any device) on the symmetric heap, same shape and dtype."""
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"as_symmetric takes a torch.Tensor, got {type(t).__name__}")
+            raise bad_type("t", "a torch.Tensor (as_symmetric copies it onto the heap)", t)
+        if t.device.type == "meta":
+            raise ArgumentError(f"t must hold data to copy onto the heap, got a meta tensor of shape {list(t.shape)}")
         return self._from(t.detach(), False)

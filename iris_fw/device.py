@@ -1,22 +1,31 @@
 """Device primitives: ``@triton.jit`` functions that reach into a peer's symmetric heap.
 
-This is a leaf module: it imports Triton and nothing from iris-fw's host side, so kernels
-anywhere can import it.
+This is a leaf module: it imports Triton and nothing from iris-fw's host side (but
+:mod:`iris_fw.env`, to read ``IRIS_FW_DEBUG``), so kernels anywhere can import it.
 
 **One argument order for every primitive.** Pointers and values come first (sources before
 destinations, as data flows), then ``rank`` (the calling rank), then the peer rank(s), then
 ``heap_bases``, then keyword options (``mask``, ``other``, ``sem``, ``scope``, …)::
 
-    load(ptr, rank, peer, heap_bases, mask=None, other=None)
-    store(ptr, value, rank, peer, heap_bases, mask=None)
-    get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None)
-    put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None)
-    copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None)
-    atomic_<op>(ptr, val, rank, peer, heap_bases, mask=None, sem="acq_rel", scope="sys")
-    atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem="acq_rel", scope="sys")
+    load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier="", volatile=False, hint=None)
+    store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier="", hint=None)
+    get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None, load_cache_modifier="",
+        store_cache_modifier="", hint=None)                      # put and copy take the same options
+    put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None, ...)
+    copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None, ...)
+    atomic_<op>(ptr, val, rank, peer, heap_bases, mask=None, sem="acq_rel", scope="sys", hint=None)
+    atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem="acq_rel", scope="sys", hint=None)
     signal(flag_ptr, value, rank, peer, heap_bases, op="set", sem="release", scope="sys")
     wait_until(flag_ptr, cmp, value, rank, peer, heap_bases, sem="acquire", scope="sys")
     barrier(rank, world_size, heap_bases)
+
+``mask``/``other`` are ``tl.load``'s (``other``: what masked-off lanes of a load read; ``get``,
+``put`` and ``copy`` store nothing there). Cache modifiers are ``tl.load``/``tl.store``'s
+(loads ``".ca"``, ``".cg"``, ``".cv"``; stores ``".wb"``, ``".cg"``, ``".cs"``, ``".wt"``; ``""``
+or ``None``: none); ``volatile=True`` issues the load volatile, which subsumes a load cache
+modifier (the modifier is then left out: PTX rejects the combination). ``hint`` is a
+vectorization hint on the translated pointer (``tl.multiple_of`` + ``tl.max_contiguous``): an
+int for a 1-D block, a tuple per dimension for 2-D.
 
 Every pointer argument is an address in the *caller's* heap (a symmetric tensor the caller
 allocated); the primitive translates it to the same offset in the peer's heap. ``peer`` may
@@ -27,8 +36,6 @@ bound, the error record of a timed-out wait, the device barrier's epoch and slot
 fail-fast state: the abort word every wait polls, a heartbeat, and the record of a pointer
 that failed its check (docs/reliability.md, "Fail fast").
 """
-
-import os
 
 import triton
 import triton.language as tl
@@ -83,10 +90,11 @@ _DELTA_ALIGN_ELEMS = tl.constexpr(16)
 
 def _pointer_checks() -> bool:
     """Whether translation checks its pointers: always under Triton's interpreter (CPU ranks),
-    on GPUs when ``IRIS_FW_DEBUG`` is set when this module is imported (kernels compile with
+    on GPUs when ``IRIS_FW_DEBUG`` is on when this module is imported (kernels compile with
     it; the constant is part of every kernel's cache key)."""
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
-    return interpreted or os.environ.get("IRIS_FW_DEBUG", "0") not in ("", "0")
+    from . import env, interpreting
+
+    return interpreting() or env.get("IRIS_FW_DEBUG")
 
 
 #: Translation checks that the pointer lies in the caller's heap and the peer in the world, and
@@ -170,64 +178,101 @@ def heap_header(rank, heap_bases):
 
 
 @triton.jit
-def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
-    """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other`` as in ``tl.load``."""
-    return tl.load(translate(ptr, rank, peer, heap_bases, mask), mask=mask, other=other, cache_modifier=cache_modifier)
+def hinted(ptr, hint: tl.constexpr = None):
+    """``ptr`` with the vectorization ``hint`` applied (``tl.multiple_of`` and
+    ``tl.max_contiguous``, an int or a tuple per dimension); ``ptr`` itself for ``None`` — and
+    with :data:`CHECK_POINTERS`, whose translation may send lanes to a scratch slot: the block
+    is no longer contiguous there."""
+    if hint is not None and not CHECK_POINTERS:
+        ptr = tl.max_contiguous(tl.multiple_of(ptr, hint), hint)
+    return ptr
 
 
 @triton.jit
-def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER):
+def _load(ptrs, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr):
+    """``tl.load``; a volatile load carries no cache modifier (see the module docstring)."""
+    if volatile:
+        value = tl.load(ptrs, mask=mask, other=other, volatile=True)
+    else:
+        value = tl.load(ptrs, mask=mask, other=other, cache_modifier=cache_modifier)
+    return value
+
+
+@triton.jit
+def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = _NO_MODIFIER,
+         volatile: tl.constexpr = False, hint: tl.constexpr = None):
+    """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other``/``cache_modifier``/
+    ``volatile`` as in ``tl.load``."""
+    return _load(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), mask, other, cache_modifier, volatile)
+
+
+@triton.jit
+def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER,
+          hint: tl.constexpr = None):
     """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
-    tl.store(translate(ptr, rank, peer, heap_bases, mask), value, mask=mask, cache_modifier=cache_modifier)
+    tl.store(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), value, mask=mask, cache_modifier=cache_modifier)
 
 
 @triton.jit
-def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None):
+def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
+        load_cache_modifier: tl.constexpr = _NO_MODIFIER, store_cache_modifier: tl.constexpr = _NO_MODIFIER,
+        hint: tl.constexpr = None):
     """Copy ``peer``'s data at ``src_ptr``'s offset into the caller's memory at ``dst_ptr``.
 
     ``dst_ptr`` may be any local pointer (it need not be on the heap).
     """
-    value = tl.load(translate(src_ptr, rank, peer, heap_bases, mask), mask=mask, other=other)
-    tl.store(dst_ptr, value, mask=mask)
+    value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases, mask), hint), mask=mask, other=other,
+                    cache_modifier=load_cache_modifier)
+    tl.store(dst_ptr, value, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
-def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
+def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
+        load_cache_modifier: tl.constexpr = _NO_MODIFIER, store_cache_modifier: tl.constexpr = _NO_MODIFIER,
+        hint: tl.constexpr = None):
     """Copy the caller's data at ``src_ptr`` into ``peer``'s heap at ``dst_ptr``'s offset.
 
     ``src_ptr`` may be any local pointer (it need not be on the heap).
     """
-    value = tl.load(src_ptr, mask=mask)
-    tl.store(translate(dst_ptr, rank, peer, heap_bases, mask), value, mask=mask)
+    value = tl.load(src_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+    tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases, mask), hint), value, mask=mask,
+             cache_modifier=store_cache_modifier)
 
 
 @triton.jit
-def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None):
+def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, other=None,
+         load_cache_modifier: tl.constexpr = _NO_MODIFIER, store_cache_modifier: tl.constexpr = _NO_MODIFIER,
+         hint: tl.constexpr = None):
     """Copy from ``src_rank``'s heap at ``src_ptr``'s offset to ``dst_rank``'s heap at
     ``dst_ptr``'s offset; the caller (``rank``) may be either of them or a third rank."""
-    value = tl.load(translate(src_ptr, rank, src_rank, heap_bases, mask), mask=mask, other=other)
-    tl.store(translate(dst_ptr, rank, dst_rank, heap_bases, mask), value, mask=mask)
+    value = tl.load(hinted(translate(src_ptr, rank, src_rank, heap_bases, mask), hint), mask=mask, other=other,
+                    cache_modifier=load_cache_modifier)
+    tl.store(hinted(translate(dst_ptr, rank, dst_rank, heap_bases, mask), hint), value, mask=mask,
+             cache_modifier=store_cache_modifier)
 
 
 # ---- atomics ------------------------------------------------------------------------------
 
 
 @triton.jit
-def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
-    return tl.atomic_add(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically subtract ``val``; returns the old value."""
-    return tl.atomic_add(translate(ptr, rank, peer, heap_bases, mask), -val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
-    return tl.atomic_cas(translate(ptr, rank, peer, heap_bases), cmp, val, sem=sem, scope=scope)
+    return tl.atomic_cas(hinted(translate(ptr, rank, peer, heap_bases), hint), cmp, val, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -249,39 +294,45 @@ def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
 
 
 @triton.jit
-def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomically exchange with ``val``; returns the old value."""
-    return _xchg(translate(ptr, rank, peer, heap_bases, mask), val, mask, sem, scope)
+    return _xchg(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask, sem, scope)
 
 
 @triton.jit
-def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic bitwise and; returns the old value."""
-    return tl.atomic_and(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_and(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic bitwise or; returns the old value."""
-    return tl.atomic_or(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_or(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic bitwise xor; returns the old value."""
-    return tl.atomic_xor(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_xor(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic minimum; returns the old value."""
-    return tl.atomic_min(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_min(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS):
+def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
     """Atomic maximum; returns the old value."""
-    return tl.atomic_max(translate(ptr, rank, peer, heap_bases, mask), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_max(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 # ---- signalling ---------------------------------------------------------------------------

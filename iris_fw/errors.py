@@ -7,7 +7,7 @@ class IrisError(RuntimeError):
     """Base class of iris-fw's errors."""
 
 
-class WaitTimeout(IrisError):
+class WaitTimeout(IrisError, TimeoutError):
     """A device-side wait gave up after its bound; the message says who waited for what."""
 
 
@@ -31,3 +31,44 @@ class PeerFailure(IrisError):
     def __init__(self, message: str, rank: int | None = None):
         super().__init__(message)
         self.rank = rank
+# ---- bad input -------------------------------------------------------------------------------
+# Every error iris-fw raises for bad input is one of these (or a subclass): an IrisError that is
+# also the builtin a Python user expects, so ``except ValueError`` and ``except iris_fw.IrisError``
+# both catch it. Messages name the argument, what was expected and what was given.
+
+
+class ArgumentError(IrisError, ValueError):
+    """An argument has a value iris-fw cannot use (out of range, wrong shape, wrong device, …)."""
+
+
+class ArgumentTypeError(IrisError, TypeError):
+    """An argument has the wrong type."""
+
+
+class EnvironmentVariableError(ArgumentError):
+    """An ``IRIS_FW_*`` environment variable has a value iris-fw does not accept, or contradicts
+    another setting (see :mod:`iris_fw.env`)."""
+
+
+class HeapTooLarge(IrisError, MemoryError):
+    """The symmetric heap asked of :func:`iris_fw.init` does not fit the memory this host has for
+    it (``/dev/shm`` for ``host_shm``, free GPU memory for ``gpu_ipc``)."""
+
+
+class ContextClosed(IrisError):
+    """A closed context (or one of its groups or ops) was used."""
+
+
+def bad_value(name: str, expected: str, got) -> ArgumentError:
+    """``ArgumentError("<name> must be <expected>, got <got>")``."""
+    return ArgumentError(f"{name} must be {expected}, got {got!r}")
+
+
+def bad_type(name: str, expected: str, got) -> ArgumentTypeError:
+    """``ArgumentTypeError("<name> must be <expected>, got <type> <value>")``."""
+    return ArgumentTypeError(f"{name} must be {expected}, got {type(got).__name__} {_short(got)}")
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -5,7 +5,10 @@ tile loop as a plain local GEMM (the "GEMM alone" of the benchmarks).
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from importlib import resources
 from typing import NamedTuple
 
 import torch
@@ -14,8 +17,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tiles
-from .devinfo import num_sms, persistent_programs
+from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
+from .errors import ArgumentError
 
 #: TMA needs 16-byte aligned base addresses and row strides.
 TMA_ALIGN_BYTES = 16
@@ -53,13 +57,13 @@ class GemmConfig:
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {v!r}")
+                raise ArgumentError(f"GemmConfig.{name} must be a power of two >= 16, got {v!r}")
         if not isinstance(self.group_m, int) or self.group_m < 1:
-            raise ValueError(f"GemmConfig.group_m must be a positive int, got {self.group_m!r}")
+            raise ArgumentError(f"GemmConfig.group_m must be a positive int, got {self.group_m!r}")
         if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"GemmConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+            raise ArgumentError(f"GemmConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"GemmConfig.num_stages must be a positive int, got {self.num_stages!r}")
+            raise ArgumentError(f"GemmConfig.num_stages must be a positive int, got {self.num_stages!r}")
 
 
 #: The CPU interpreter: small tiles, so tiny test shapes still have several tiles.
@@ -82,7 +86,8 @@ HOPPER_TILES = ((HOPPER_LARGE, 1.0), (HOPPER_SMALL, 0.95))
 def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
                    programs: int | None = None) -> GemmConfig:
     """The tile configuration for a local ``[m, k] @ [k, n]`` product computed by ``programs``
-    persistent programs (default: one per SM).
+    persistent programs (default: one per SM). A measured row of ``iris_fw/tuning/gemm.json``
+    for ``m`` rows on this device comes first (:func:`measured_config`).
 
     16-bit inputs on GPUs: of :data:`HOPPER_TILES`, the one with the least estimated time,
     waves x tile time, where waves = ceil(tiles / programs) counts a partly filled last wave
@@ -93,6 +98,9 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         return CPU_CONFIG
     if dtype == torch.float32:
         return FP32_CONFIG
+    measured = measured_config(m, device)
+    if measured is not None:
+        return measured
     if programs is None:
         programs = num_sms(device)
 
@@ -102,6 +110,22 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         return triton.cdiv(tiles, programs) * cfg.block_m * cfg.block_n / efficiency
 
     return min(HOPPER_TILES, key=estimate)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_rows(device_name: str) -> tuple:
+    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
+    return tuple((row["max_m"], GemmConfig(**row["config"])) for row in table["devices"].get(device_name, []))
+
+
+def measured_config(m: int, device: torch.device) -> GemmConfig | None:
+    """The measured tile configuration for a 16-bit product of ``m`` rows on ``device``
+    (``iris_fw/tuning/gemm.json``: few-row products, where the estimate of
+    :func:`default_config` does not hold), or None."""
+    for max_m, cfg in _measured_rows(info(device).name):
+        if m <= max_m:
+            return cfg
+    return None
 
 
 def exact(dtype: torch.dtype) -> bool:
@@ -135,7 +159,7 @@ class OperandCache:
 
     def __init__(self, capacity: int = 4):
         if capacity < 1:
-            raise ValueError(f"OperandCache capacity must be >= 1, got {capacity}")
+            raise ArgumentError(f"OperandCache capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._entries: dict = {}
 
@@ -211,7 +235,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     else:
         check_tensor(out, "out", 2, a.device, a.dtype)
         if tuple(out.shape) != (M, N):
-            raise ValueError(f"out must have shape [M, N] = {[M, N]}, got {list(out.shape)}")
+            raise ArgumentError(f"out must have shape [M, N] = {[M, N]}, got {list(out.shape)}")
     if M == 0 or N == 0:
         return out
     cfg = config or default_config(M, N, K, a.dtype, a.device)

@@ -220,8 +220,12 @@ class SymmetricHeap:
 
     def offset_of(self, t: torch.Tensor) -> int | None:
         """Byte offset of ``t``'s first element in this heap, or ``None`` unless every element
-        of ``t`` lies in the heap's allocatable part."""
-        offset = t.data_ptr() - self.base
+        of ``t`` lies in the heap's allocatable part. (A tensor without elements reports
+        ``data_ptr() == 0``; its place is that of its storage.)"""
+        if t.numel():
+            offset = t.data_ptr() - self.base
+        else:
+            offset = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size() - self.base
         if self.start <= offset and offset + span_bytes(t) <= self.size:
             return offset
         return None

@@ -6,11 +6,17 @@ rank's result as a new tensor::
     c = iris_fw.ops.gemm_all_scatter(a, b_local)              # [M, K] @ [K, N/W] -> [M, N]
     c = iris_fw.ops.all_gather_gemm(a_shard, b_local)         # [M/W, K] gathered @ [K, N/W] -> [M, N/W]
     c = iris_fw.ops.gemm_reduce_scatter(a_local, b_local)     # [M, K/W] @ [K/W, N] summed -> [M/W, N]
+    c = iris_fw.ops.gemm_all_reduce(a_local, b_local, bias=b) # [M, K/W] @ [K/W, N] summed (+ bias) -> [M, N]
+    o = iris_fw.ops.flash_decode(q, k_local, v_local)         # decode attention over a sequence split by rank
+
+``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers, ``"fused"`` (one kernel
+that combines across ranks) and ``"bulk_sync"``; the GEMM schedulers below are the engine's.
 
 ``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
-``fused_sequential``, ``wg_specialized``, ``copy_engine``, or a plugin's) or ``"auto"``: the
-schedule (with its SM split and tile configuration) measured fastest for the shape on this
-device and world size (``iris_fw/tuning/auto.json``), else the default for the pattern's kind.
+``fused_sequential``, ``wg_specialized``, ``copy_engine``, ``library`` — no fusion: cuBLAS
+through torch, then :mod:`iris_fw.ccl` —, or a plugin's) or ``"auto"``: the schedule (with its
+SM split and tile configuration) measured fastest for the shape on this device and world size
+(``iris_fw/tuning/auto.json``), else the pattern's default there, else the default for its kind.
 ``comm_sms`` sets the SM split of the two-role schedules; ``config`` a pattern's config
 (:class:`~iris_fw.gemm.GemmConfig` for these three).
 
@@ -23,16 +29,23 @@ and call it: it returns its own output buffer, overwritten by the next call.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from . import context as _context
 from .engine.op import Op
+from .flash_decode import flash_decode
 from .gemm import GemmConfig, matmul
 
-__all__ = ["Op", "all_gather_gemm", "gemm_all_scatter", "gemm_reduce_scatter", "matmul", "plan"]
+if TYPE_CHECKING:
+    from .context import Context
+
+__all__ = ["Op", "all_gather_gemm", "flash_decode", "gemm_all_reduce", "gemm_all_scatter", "gemm_reduce_scatter",
+           "matmul", "plan"]
 
 
-def plan(pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=None,
+def plan(pattern: str, *inputs: Any, ctx: Context | None = None, scheduler: str = "auto", config: Any = None,
          comm_sms: int | None = None) -> Op:
     """A new :class:`Op` for ``pattern`` on inputs shaped like ``inputs`` (collective)."""
     return Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)
@@ -44,20 +57,30 @@ def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms):
     return op.launch(*inputs).clone()  # the cache found the op by these inputs' signature
 
 
-def gemm_all_scatter(a, b, *, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,
-                     comm_sms: int | None = None):
+def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
+                     config: GemmConfig | None = None, comm_sms: int | None = None) -> torch.Tensor:
     """``a[M, K] @ b[K, N/W]`` on every rank, gathered column-wise: returns ``C[M, N]``, column
     block ``r`` being rank ``r``'s product."""
     return _call("gemm_all_scatter", (a, b), ctx, scheduler, config, comm_sms)
 
 
-def all_gather_gemm(a_shard, b, *, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,
-                    comm_sms: int | None = None):
+def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
+                    config: GemmConfig | None = None, comm_sms: int | None = None) -> torch.Tensor:
     """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]``."""
     return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms)
 
 
-def gemm_reduce_scatter(a, b, *, ctx=None, scheduler: str = "auto", config: GemmConfig | None = None,
-                        comm_sms: int | None = None):
+def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
+                        config: GemmConfig | None = None, comm_sms: int | None = None) -> torch.Tensor:
     """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]``."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms)
+
+
+def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
+                    ctx: Context | None = None, scheduler: str = "auto", config: Any = None,
+                    comm_sms: int | None = None) -> torch.Tensor:
+    """``sum over ranks of a[M, K/W] @ b[K/W, N]`` plus ``bias[N]`` (the same on every rank),
+    on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
+    :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
+    ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`."""
+    return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms)

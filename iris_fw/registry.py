@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pluggy
 
 from . import hookspecs
-from .errors import IrisError
+from .errors import ArgumentError, ArgumentTypeError, IrisError
 
 KINDS = ("transport", "bootstrap", "scheduler", "pattern", "algorithm", "benchmark")
 _HOOKS = {
@@ -63,7 +63,7 @@ class Registry:
 
     def __init__(self, kind: str):
         if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+            raise ArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
         self.kind = kind
         self._entries: dict[str, Entry] = {}
 
@@ -74,7 +74,7 @@ class Registry:
         """
         name = name if name is not None else getattr(obj, "name", None)
         if not isinstance(name, str) or not name:
-            raise TypeError(f"a {self.kind} needs a non-empty string name; {obj!r} has name={name!r}")
+            raise ArgumentTypeError(f"a {self.kind} needs a non-empty string name; {obj!r} has name={name!r}")
         if name in self._entries:
             first = self._entries[name].provider
             raise DuplicateNameError(

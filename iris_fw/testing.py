@@ -17,18 +17,25 @@ import gc
 import multiprocessing as mp
 import os
 import pickle
-import shutil
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
 
 import pytest
 
-from .launch import cleanup_shm, free_port, gpu_count, new_shm_prefix, rank_environ, share_gpus
+from . import env
+from .info import find_mpirun  # noqa: F401  (tests find mpirun here)
+from .launch import Rendezvous, cleanup_shm, gpu_count, new_shm_prefix, rank_environ, share_gpus
 
 #: Seconds one function may take on a pool before the pool is killed.
-DEFAULT_JOB_TIMEOUT_S = float(os.environ.get("IRIS_FW_TEST_TIMEOUT", "300"))
+DEFAULT_JOB_TIMEOUT_S = env.get("IRIS_FW_TEST_TIMEOUT")
+#: Device-side wait bound of the pools' contexts. Generous: the ranks of a test reach a kernel
+#: tens of seconds apart when the host is loaded (the CPU interpreter on CI's 2 cores, or GPU
+#: test workers compiling the same kernels at once: a first fp32 GEMM compile outlasted a 30 s
+#: wait on one H200 with six workers). Tests of timeouts set their own short bound.
+POOL_WAIT_TIMEOUT_S = 120.0
 #: In a rank's error: its GPU context is unusable (an illegal memory access poisons it for good).
 _POISONED = "AcceleratorError"
 #: After one rank fails, seconds the others get to report before the pool is killed.
@@ -39,14 +46,22 @@ class RankFailure(AssertionError):
     """One or more ranks raised (or the pool died); the message holds every traceback."""
 
 
-def find_mpirun() -> str | None:
-    """``IRIS_FW_MPIRUN``, else the mpirun beside this Python (the ``mpich`` wheel's, also under
-    pyenv, whose shims hide it from PATH), else the one on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    return os.environ.get("IRIS_FW_MPIRUN") or (beside if os.path.exists(beside) else shutil.which("mpirun"))
+def _exit_with_parent(period_s: float = 1.0) -> None:
+    """Exit this rank process when the process that started it is gone (a test run killed
+    while the rank ran a long job would otherwise leave it computing until the job ends)."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="iris_fw-parent-watch", daemon=True).start()
 
 
 def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
+    _exit_with_parent()
     os.environ.update(env)
     import iris_fw
 
@@ -96,16 +111,18 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
 class RankPool:
     """``world_size`` rank processes, each with a context, that run functions on request."""
 
-    def __init__(self, world_size: int, heap_size: int, wait_timeout: float = 30.0, start_timeout: float = 300.0):
+    def __init__(self, world_size: int, heap_size: int, wait_timeout: float = POOL_WAIT_TIMEOUT_S,
+                 start_timeout: float = 300.0):
         self.world_size = world_size
         self.broken = False
         self._prefix = new_shm_prefix()
-        port = free_port()
+        self._rendezvous = Rendezvous()  # on 127.0.0.1, as iris-fw launch's
         spawn = mp.get_context("spawn")
         self._conns, self._procs = [], []
         for rank in range(world_size):
             parent, child = spawn.Pipe()
-            env = rank_environ(rank, world_size, port, self._prefix, base={})
+            env = rank_environ(rank, world_size, self._rendezvous.port, self._prefix, base={})
+            env.update(self._rendezvous.environ())
             proc = spawn.Process(target=_worker, args=(child, env, heap_size, wait_timeout), daemon=True)
             proc.start()
             child.close()
@@ -178,6 +195,7 @@ class RankPool:
                 proc.kill()
                 proc.join()
         cleanup_shm(self._prefix)
+        self._rendezvous.close()
 
 
 class _Pools:

@@ -22,7 +22,17 @@ import numpy as np
 import torch
 
 from .device import HEAP_BASE_ALIGN
-from .errors import IrisError
+from .errors import HeapTooLarge, IrisError
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for people: ``"64.0 MiB"``, ``"1.0 TiB"``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 class Transport(ABC):
@@ -41,6 +51,13 @@ class Transport(ABC):
     def available(cls) -> tuple[bool, str]:
         """``(True, "")`` when usable here, else ``(False, reason)``."""
         return True, ""
+
+    @classmethod
+    def check_resources(cls, bootstrap, heap_size: int) -> BaseException | None:
+        """Before set-up, on every rank: an exception saying why this host cannot hold a heap
+        of ``heap_size`` bytes for this rank (naming the size, what is available and what to
+        do), or ``None``. :func:`iris_fw.init` gathers the answers and raises on every rank."""
+        return None
 
     @abstractmethod
     def wrap(self, address: int, nbytes: int) -> tuple[torch.Tensor, Any]:
@@ -82,6 +99,18 @@ class Transport(ABC):
             view = views[rank] = np.ctypeslib.as_array(
                 (ctypes.c_int64 * (self.heap.numel() // 8)).from_address(self.bases[rank]))
         return view
+    @staticmethod
+    def _too_large(heap_size: int, ranks: int, where: str, free: int, usable: int, advice: str) -> HeapTooLarge:
+        """The :class:`HeapTooLarge` of :meth:`check_resources`: ``ranks`` heaps of ``heap_size``
+        bytes do not fit ``usable`` of the ``free`` bytes of ``where``."""
+        per_rank = usable // max(ranks, 1)
+        need = heap_size * ranks
+        return HeapTooLarge(
+            f"heap_size={heap_size} ({format_bytes(heap_size)}) does not fit: {ranks} rank(s) need "
+            f"{format_bytes(need)} of {where}, which has {format_bytes(free)} free; iris-fw uses at most "
+            f"{format_bytes(usable)} of it (room to spare). Pass a smaller heap_size (at most "
+            f"{per_rank} bytes, {format_bytes(per_rank)}, per rank here) or {advice}"
+        )
 
     def peer_heap(self, peer: int) -> torch.Tensor:
         """``peer``'s whole heap as mapped here, a ``uint8`` tensor ``[heap_size]`` that does

@@ -37,10 +37,11 @@ import time
 import weakref
 
 from . import device as dev
+from . import env
 from .errors import NotOnHeapError, PeerFailure, WaitTimeout
 
 #: Seconds after which a rank that stopped, hangs without a heartbeat, or never arrived is lost.
-DEFAULT_LIVENESS_TIMEOUT_S = 10.0
+DEFAULT_LIVENESS_TIMEOUT_S = env.variable("IRIS_FW_LIVENESS_TIMEOUT").default
 #: Seconds between two rounds of the watchdog thread (heartbeat, peers' heartbeats, causes).
 INTERVAL_S = 0.05
 #: Seconds between two looks at the peers' processes through /proc.
@@ -68,22 +69,17 @@ _STATE_SLOTS = dev.HDR_BARRIER_SLOTS.value  # the header's fixed slots, read in 
 
 
 def liveness_timeout(value: float | None = None) -> float:
-    """The liveness bound: ``value``, else ``IRIS_FW_LIVENESS_TIMEOUT``, else the default."""
-    if value is None:
-        value = float(os.environ.get("IRIS_FW_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_TIMEOUT_S))
-    if not value > 0:
-        raise ValueError(f"liveness_timeout must be a positive number of seconds, got {value!r}")
-    return float(value)
+    """The liveness bound: ``value`` (checked by the caller), else ``IRIS_FW_LIVENESS_TIMEOUT``
+    (default :data:`DEFAULT_LIVENESS_TIMEOUT_S`)."""
+    return float(value) if value is not None else env.get("IRIS_FW_LIVENESS_TIMEOUT")
 
 
 def arrival_timeout(liveness: float) -> float:
     """Seconds a rank waits at ``iris_fw.init`` for the others to arrive:
     ``IRIS_FW_ARRIVAL_TIMEOUT``, else the liveness bound (ranks started together arrive within
     the time their imports differ by; raise it where start-up is slow or staggered)."""
-    value = float(os.environ.get("IRIS_FW_ARRIVAL_TIMEOUT", liveness))
-    if not value > 0:
-        raise ValueError(f"IRIS_FW_ARRIVAL_TIMEOUT must be a positive number of seconds, got {value!r}")
-    return value
+    value = env.get("IRIS_FW_ARRIVAL_TIMEOUT")
+    return liveness if value is None else value
 
 
 def cause_slot(world_size: int, rank: int) -> int:
@@ -409,10 +405,12 @@ class Watchdog:
         """The error this rank's host should raise after its device work finished, or ``None``:
         its own timed-out wait or failed pointer check; else the job's first cause when a wait
         of this rank gave up because the abort word was set, or when another rank's wait timed
-        out, pointer failed its check or host failed inside a call (each reported once per
-        rank: its results may depend on what that rank did not deliver). A lost peer alone is
-        reported where it matters: a wait that gave up, a host collective. ``consume``: forget
-        what was reported; the abort word stays set until :meth:`clear`."""
+        out or pointer failed its check (each reported once per rank: its results may depend on
+        what that rank did not deliver). A lost peer, or a host failure on another rank inside
+        a call, is reported where it matters: a wait of this rank that gave up (this rank's
+        work needed that rank's part), a host collective — a call that failed on every rank's
+        host (bad arguments everywhere) launched nothing that waits, and raises nothing more.
+        ``consume``: forget what was reported; the abort word stays set until :meth:`clear`."""
         records: list = []
         with self._lock:
             state = self._read(self.rank, 0, _STATE_SLOTS)
@@ -421,7 +419,7 @@ class Watchdog:
             origin = None
             if not causes and (gave_up or state[dev.HDR_ABORT.value]):
                 records = self._records()
-                fresh = [r for r in records if r[2] != CAUSE_LOST and (r[1], r[0]) not in self._reported]
+                fresh = [r for r in records if r[2] not in (CAUSE_LOST, CAUSE_HOST) and (r[1], r[0]) not in self._reported]
                 first = records[0] if gave_up and records else (fresh[0] if fresh else None)
                 if first is not None:
                     _, origin, kind, text, _ = first

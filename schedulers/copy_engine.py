@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from iris_fw.errors import IrisError
+from iris_fw.errors import ArgumentError, IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.devinfo import persistent_programs
 from iris_fw.engine.scheduler import Scheduler, launch_consumer, side_stream
@@ -80,7 +80,7 @@ class CopyEngine(Scheduler):
     def grids(self, ctx, plan, comm_sms):
         """Every SM computes: ``comm_sms`` must be None."""
         if comm_sms is not None:
-            raise ValueError(f"comm_sms does not apply to {self.name} (it uses no SM to communicate), got {comm_sms!r}")
+            raise ArgumentError(f"comm_sms does not apply to {self.name} (it uses no SM to communicate), got {comm_sms!r}")
         return {"consumer": persistent_programs(ctx.device, plan.num_tiles)}
 
     def launch(self, ctx, plan, ws):

@@ -18,12 +18,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in $STEPS; do
     echo "== $step"
     case $step in
-    diag) timeout ${DIAG_TIMEOUT:-180} iris-fw launch -n ${NPROCS:-2} scripts/diag_ccl_order.py 2>&1 | grep -v "^\[rank" \
+    diag) timeout ${DIAG_TIMEOUT:-180} iris-fw launch --no-tag-output -n ${NPROCS:-2} scripts/diag_ccl_order.py 2>&1 | grep -v "^\[rank" \
             | sed 's/(uint8.*//' > "$OUT/diag.log"; grep -c " 0 wrong" "$OUT/diag.log"; grep -v " 0 wrong" "$OUT/diag.log" | head -20 ;;
     tests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -ra --tb=short ${XDIST:+-n $XDIST} \
             tests/test_ccl.py tests/test_ccl_fused.py tests/test_ccl_torch.py tests/test_engine_steps.py "$@" 2>&1 \
             | tee "$OUT/pytest.log" | grep -E "Error|passed|failed|FAILED" | cut -c1-300 | tail -40 ;;
-    probe) timeout ${PROBE_TIMEOUT:-150} iris-fw launch -n ${NPROCS:-2} scripts/probe_ccl.py 2>&1 | tee "$OUT/probe.log" \
+    probe) timeout ${PROBE_TIMEOUT:-150} iris-fw launch --no-tag-output -n ${NPROCS:-2} scripts/probe_ccl.py 2>&1 | tee "$OUT/probe.log" \
             | grep -v "^\[rank" | tail -12 ;;
     esac
 done

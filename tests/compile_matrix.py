@@ -7,7 +7,7 @@ and AMD targets (tests/test_compile_matrix.py drives it; two child processes, si
    kernel is found without being listed anywhere.
 2. **Record** (child, interpreter on): one rank runs the public calls that launch kernels — the
    context's own kernels, every collective algorithm, every pattern under every scheduler that
-   runs it, the GEMM, the benchmarks' kernels — with a pre-run hook on every discovered kernel
+   runs it, the GEMM, flash-decode, the benchmarks' kernels — with a pre-run hook on every discovered kernel
    that writes down the arguments of each distinct variant (argument types, constexprs). The
    ``_matmul_kernel`` also gets a TMA-descriptor variant (CPU tensors never take that path).
 3. **Compile** (child, interpreter off): each recorded variant, its arguments rebuilt, goes
@@ -46,16 +46,25 @@ _MAPPED = ("iris_fw.collectives", "iris_fw.plugins", "iris_fw.schedulers", "iris
 # ---- discovery -----------------------------------------------------------------------------------
 
 
+#: Modules that refuse to be imported (placeholders naming what is not provided, e.g. Iris's
+#: Gluon backend in the compat layer), filled by :func:`modules`.
+REFUSED: list = []
+
+
 def modules() -> list:
-    """Every module of iris_fw and of the packages mapped into it."""
+    """Every module of iris_fw and of the packages mapped into it (those that raise ImportError
+    on import go to :data:`REFUSED`)."""
     out = []
     for root in ("iris_fw", *_MAPPED):
         pkg = importlib.import_module(root)
         out.append(pkg)
-        for info in pkgutil.walk_packages(pkg.__path__, root + "."):
+        for info in pkgutil.walk_packages(pkg.__path__, root + ".", onerror=REFUSED.append):
             if info.name.endswith("__main__") or any(info.name.startswith(m + ".") for m in _MAPPED if m != root):
                 continue
-            out.append(importlib.import_module(info.name))
+            try:
+                out.append(importlib.import_module(info.name))
+            except ImportError:
+                REFUSED.append(info.name)
     return out
 
 
@@ -175,7 +184,7 @@ def record(out_path: str) -> None:
     with iris_fw.init(heap_size=1 << 26) as ctx:
         _launch_everything(ctx, torch)
         ctx.synchronize()
-    out = {"kernels": sorted(kernels), "variants": {}}
+    out = {"kernels": sorted(kernels), "variants": {}, "refused": sorted(set(REFUSED))}
     for key, found in variants.items():
         out["variants"][key] = list(found.values())
     _add_tma_variants(out["variants"])
@@ -189,9 +198,14 @@ def _launch_everything(ctx, torch) -> None:
     from iris_fw.ccl import algorithm as al
     from iris_fw.gemm import matmul
 
+    from iris_fw.ccl import api
+    from iris_fw.flash_decode import flash_decode
+
     dev = ctx.device
     ctx.device_barrier()
-    # collectives: every registered algorithm, on a small message
+    # collectives: every registered algorithm, on a small message — launched although a one-rank
+    # group's collective is its input (the call path's shortcut, turned off for the recording)
+    api._INPUT_IS_RESULT_AT_ONE_RANK = frozenset()
     ccl.new_group()
     x = torch.randn(300, device=dev)
     runs = {
@@ -214,7 +228,8 @@ def _launch_everything(ctx, torch) -> None:
         for algo in al.names(ctx, collective):
             run(algo)
     for algo in al.names(ctx, "all_reduce"):  # 16-bit floats accumulate in fp32; integers as they are
-        for dtype, op in ((torch.bfloat16, "sum"), (torch.float16, "avg"), (torch.int32, "max")):
+        for dtype, op in ((torch.bfloat16, "sum"), (torch.float16, "avg"), (torch.int32, "max"),
+                          (torch.float8_e4m3fn, "sum")):
             try:
                 ccl.all_reduce(torch.ones(64, dtype=dtype, device=dev), op=op, algorithm=algo)
             except ValueError:  # an algorithm that does not take the dtype (Lamport: floats only)
@@ -234,6 +249,14 @@ def _launch_everything(ctx, torch) -> None:
                 continue
             op(a, a)
     matmul(a, a)
+    # flash-decode under both schedulers, contiguous and paged KV
+    q, k = torch.randn(2, 4, 16, device=dev, dtype=torch.bfloat16), torch.randn(2, 8, 2, 16, device=dev,
+                                                                                  dtype=torch.bfloat16)
+    pages = torch.arange(4, dtype=torch.int32, device=dev).reshape(2, 2)
+    for scheduler in ("fused", "bulk_sync"):
+        flash_decode(q, k, k, scheduler=scheduler)
+    flash_decode(q, k.reshape(4, 4, 2, 16), k.reshape(4, 4, 2, 16), block_table=pages,
+                 kv_lens=torch.tensor([7, 8], dtype=torch.int32, device=dev))
     ctx.synchronize()
     _launch_benchmark_kernels(ctx, torch)
 

@@ -1,6 +1,9 @@
 """Data, poison and reference helpers shared by the tests (run inside rank processes)."""
 
+import pytest
 import torch
+
+import iris_fw
 
 DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32]
 
@@ -32,9 +35,89 @@ def sizes(ctx):
     return 1024, 1 << 20, (1 << 20) - 37
 
 
+def on_worlds(*default: int):
+    """Parametrizes the ``world`` fixture (tests/conftest.py) over world sizes 1-4; on CPU ranks
+    only ``default`` run by default, the rest under ``-m extended`` (the default run's time
+    budget on CI's two cores); on GPUs every size runs (sizes above the GPU count skip)."""
+    params = [w if w in default or not iris_fw.interpreting() else pytest.param(w, marks=pytest.mark.extended)
+              for w in (1, 2, 3, 4)]
+    return pytest.mark.parametrize("world", params, indirect=True, ids=lambda w: f"w{w}")
+
+
 def same(a, b):
     """Bitwise equality (NaN-safe) of two tensors of one dtype."""
     if a.dtype.is_floating_point:
         view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
         return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
     return torch.equal(a, b)
+
+
+#: Targets the collective kernels are compiled for without a GPU: name -> GPUTarget arguments.
+COMPILE_TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+
+
+def compile_kernel(kernel, target: str, constexprs: dict, types: dict, default: str = "i32",
+                   options: dict | None = None) -> None:
+    """Compile ``kernel`` for ``COMPILE_TARGETS[target]`` (call it in :func:`compile_in_child`'s
+    child): parameters named in ``constexprs`` are those constexprs, the others typed by
+    ``types`` (name -> Triton type, pointers as ``"*bf16"``; else ``default``), pointers 16-byte
+    aligned; ``options``: Triton compile options (``num_warps``, ``num_stages``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, attrs = {}, {}
+    for i, arg in enumerate(kernel.arg_names):
+        if arg in constexprs:
+            sig[arg] = "constexpr"
+            continue
+        sig[arg] = types.get(arg, default)
+        if sig[arg].startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
+                   target=GPUTarget(*COMPILE_TARGETS[target]), options=options)
+
+
+def compile_in_child(tmp_path, module: str, function: str, target: str, expected: int) -> None:
+    """Run ``<module>.<function>(target)`` (a test module's compile job list, printing one
+    ``compiled`` line per kernel) in a child process that sets ``TRITON_INTERPRET=0`` before
+    Triton is imported, and check it compiled ``expected`` kernels. AMD targets need Triton >= 3.9
+    (skipped before)."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    import triton
+
+    if COMPILE_TARGETS[target][0] == "hip" and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
+        pytest.skip("AMD compilation without a GPU needs Triton >= 3.9")
+    script = tmp_path / "compile.py"
+    script.write_text(
+        "import os, sys\n"
+        "os.environ['TRITON_INTERPRET'] = '0'\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        f"import {module}\n"
+        f"{module}.{function}({target!r})\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.count("compiled") == expected, proc.stdout
+
+
+def capture_graph(ctx, fn):
+    """``fn()`` run once on a side stream (it validates and plans outside the capture), then
+    captured in a CUDA graph after every rank got there; returns the graph."""
+    dev = ctx.device
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    ctx.synchronize()
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph

@@ -33,11 +33,13 @@ def test_bench_smoke_run_writes_results(tmp_path, on_gpu):
         assert meta["environment"]["world_size"] == 2 and "command" in meta["environment"]
         rows = list(csv.DictReader((out / f"{name}.csv").open()))
         assert rows and all(float(r["time_us"]) > 0 for r in rows), name
+        assert all(r["measured"] == "cpu-interpreter" for r in rows), name  # CPU rows say what they are
         assert (out / f"{name}.md").read_text().startswith("| ")
     ops = {r["op"] for r in csv.DictReader((out / "primitives.csv").open())}
     assert {"load", "get", "store", "put", "copy_engine_pull", "copy_engine_push", "local_copy"} <= ops
     assert (out / "primitives.png").stat().st_size > 1000
     assert "[1/1] 4 KiB" in res.stdout
+    assert "these times measure the interpreter" in res.stdout
 
 
 def test_ccl_bench_options():

@@ -11,7 +11,7 @@ the row is split over programs; 1000). On GPUs a CUDA graph is replayed with fre
 import pytest
 import torch
 
-from helpers import fresh_seed
+from helpers import capture_graph, fresh_seed
 from iris_fw.engine.contract import CollectiveMismatch
 
 ALGORITHMS = ("lamport", "one_shot")
@@ -221,16 +221,7 @@ def _graph_rank(ctx, algorithm, tokens, hidden):
         return xs, res, wt
 
     draw()
-    s = torch.cuda.Stream(device=dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        fn()  # plans and validates outside the capture
-    torch.cuda.current_stream(dev).wait_stream(s)
-    ctx.synchronize()
-    ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(ctx, fn)  # plans and validates outside the capture
     for k in range(4):
         xs, res, wt = draw()
         for o in outs:

@@ -209,7 +209,7 @@ def _bad_inputs(ctx):
         ctx.empty(3, device="meta")
     with pytest.raises(ValueError, match="size must be non-negative ints"):
         ctx.zeros(-1)
-    with pytest.raises(ValueError, match="wait_timeout must be a positive"):
+    with pytest.raises(ValueError, match="wait_timeout must be a finite number of seconds > 0"):
         ctx.wait_timeout = 0
     with pytest.raises(ValueError, match="randint: high must be greater than low"):
         ctx.randint(5, 5, (3,))

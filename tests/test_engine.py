@@ -14,7 +14,9 @@ from iris_fw.engine.contract import CollectiveMismatch
 from test_taxonomy import PATTERNS, SCHEDULERS, _check, _inputs, _poison
 
 ALL_SCHEDULERS = SCHEDULERS + ["copy_engine"]
-REPLAYS = 4
+#: Replays with fresh inputs per captured call: on GPUs 4; on CPU ranks 2 (the second replay is
+#: the one a host-side epoch got wrong).
+REPLAYS = {"cuda": 4, "cpu": 2}
 
 
 def _pairs():
@@ -64,12 +66,14 @@ class _Replay:
 
 def _replays(ctx, pattern, scheduler):
     dtype = torch.bfloat16
-    for kind in ("ragged", "aligned"):
+    # CPU ranks: world size 3 replays the ragged shapes only (world size 2 runs both)
+    kinds = ("ragged",) if ctx.device.type == "cpu" and ctx.world_size == 3 else ("ragged", "aligned")
+    for kind in kinds:
         inputs = _inputs(ctx, pattern, kind, dtype, fresh_seed(ctx))
         static = tuple(t.clone() for t in inputs[ctx.rank])
         op = ops.plan(pattern, *static, ctx=ctx, scheduler=scheduler)
         replay = _Replay(ctx, op, static)
-        for call in range(REPLAYS):
+        for call in range(REPLAYS[ctx.device.type]):
             inputs = _inputs(ctx, pattern, kind, dtype, fresh_seed(ctx))
             for dst, src in zip(static, inputs[ctx.rank]):
                 dst.copy_(src)
@@ -177,9 +181,10 @@ def test_loop_of_ops_on_a_small_heap(iris_pool):
     iris_pool(2).run(_loop, LOOP_CALLS)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_thousand_calls_of_each_op(iris_pool):
-    iris_pool(2).run(_loop, 1000)
+    """3000 calls on interpreted CPU ranks take ~10 minutes on two cores: a longer job bound."""
+    iris_pool(2).run(_loop, 1000, timeout=1800)
 
 
 def _cache_bound(ctx):

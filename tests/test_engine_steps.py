@@ -3,9 +3,10 @@
 The test pattern is a two-shot all-reduce of a computed tile: step 0 computes ``2 * x`` tile by
 tile and pushes each tile to its owner rank (``tile mod W``); step 1 — after the per-program
 cross-rank step barrier — has the owner sum the ranks' copies (in rank order) and store the sum
-into every rank's output. Run under ``fused_sequential`` (the multi-step scheduler) at world
-sizes 1-4 with fresh inputs on every call and no host synchronization between calls; a
-one-step scheduler must decline it on every rank.
+into every rank's output. Run under ``fused_sequential`` (steps inside its kernel) at world
+sizes 1-4, and under the other compute-first schedulers (later steps in a kernel after theirs)
+at world sizes 2 and 3, with fresh inputs on every call and no host synchronization between
+calls.
 """
 
 from typing import Any, NamedTuple
@@ -18,7 +19,7 @@ import triton.language as tl
 from helpers import fresh_seed
 from iris_fw import device as dv
 from iris_fw import tilecomm as tc
-from iris_fw.engine.contract import Pattern, PatternError, Pieces, Plan, check_tensor
+from iris_fw.engine.contract import Pattern, Pieces, Plan, check_tensor
 
 
 class Args(NamedTuple):
@@ -66,13 +67,13 @@ def _step(args, tile, STEP: tl.constexpr, CFG: tl.constexpr):
 
 @triton.jit
 def _stash(args, tile, value, CFG: tl.constexpr):
+    """Unfused schedules: nothing to keep, :func:`_reload` computes the tile again."""
     pass
 
 
 @triton.jit
 def _reload(args, tile, CFG: tl.constexpr):
-    offs, mask = _offsets(args, tile, CFG)
-    return tl.load(args.x + offs, mask=mask)
+    return _produce(args, tile, CFG, False)
 
 
 class TwoShotScale(Pattern):
@@ -116,7 +117,7 @@ def _register(ctx):
         ctx.registries.pattern.register(TwoShotScale())
 
 
-def _steps_rank(ctx, calls):
+def _steps_rank(ctx, calls, scheduler="fused_sequential"):
     from iris_fw.engine.op import Op
 
     _register(ctx)
@@ -124,7 +125,7 @@ def _steps_rank(ctx, calls):
     g = torch.Generator().manual_seed(fresh_seed(ctx))
     xs = [[torch.randn(n, generator=g) for _ in range(ctx.world_size)] for _ in range(calls)]
     x = torch.empty(n, device=ctx.device)
-    op = Op(TwoShotScale.name, x, ctx=ctx, scheduler="fused_sequential")
+    op = Op(TwoShotScale.name, x, ctx=ctx, scheduler=scheduler)
     results = []
     for i in range(calls):  # fresh inputs, no host synchronization between calls
         x.copy_(xs[i][ctx.rank])
@@ -133,7 +134,7 @@ def _steps_rank(ctx, calls):
     for i, got in enumerate(results):
         want = TwoShotScale.reference(ctx.rank, ctx.world_size, [(t,) for t in xs[i]])
         err = (got.cpu().double() - want).abs().max().item()
-        assert err <= 1e-5 * max(1.0, want.abs().max().item()), f"call {i}: max error {err}"
+        assert err <= 1e-5 * max(1.0, want.abs().max().item()), f"{scheduler} call {i}: max error {err}"
     outs = ctx.bootstrap.all_gather(results[-1].cpu())
     assert all(torch.equal(o, outs[0]) for o in outs), "ranks differ"
     del op, x, results
@@ -143,15 +144,8 @@ def test_two_step_pattern(world):
     world.run(_steps_rank, 3)
 
 
-def _declined_rank(ctx, scheduler):
-    from iris_fw.engine.op import Op
-
-    _register(ctx)
-    x = torch.ones(100, device=ctx.device)
-    with pytest.raises(PatternError, match="2 steps"):
-        Op(TwoShotScale.name, x, ctx=ctx, scheduler=scheduler)
-
-
 @pytest.mark.parametrize("scheduler", ["bulk_sync", "wg_specialized", "producer_consumer"])
-def test_one_step_schedulers_decline(iris_pool, scheduler):
-    iris_pool(2).run(_declined_rank, scheduler)
+def test_steps_after_one_step_schedules(iris_pool, scheduler):
+    """Schedules without in-kernel step barriers run the later steps in a kernel of their own."""
+    for w in (2, 3):
+        iris_pool(w).run(_steps_rank, 3, scheduler)

@@ -529,6 +529,53 @@ def test_fallbacks(monkeypatch):
     _check_last(jit, lau, args, "fast")
 
 
+def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
+    """A prepared launch (fixed arguments) launches what the launcher's fast path would, from
+    its second call without the key, and goes back through the launcher whenever a hook, a
+    global, the debug option or the device changed."""
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    a = _t()
+    args = (a, a, 16, 5, 7)
+    prepared = lau.prepare(*args)
+    prepared()
+    _check_last(jit, lau, args, "slow")
+    calls = []
+    real_key = lau._state[7]
+    lau._state = lau._state[:7] + ((lambda *k: calls.append(k) or real_key(*k)),) + lau._state[8:]
+    for _ in range(3):
+        prepared()
+        _check_last(jit, lau, args, "fast")
+    assert not calls, "a prepared launch computed the specialization key again"
+    rt = triton.knobs.runtime
+    f = lambda meta: None  # noqa: E731
+    rt.launch_enter_hook.add(f)
+    try:
+        prepared()
+        _check_last(jit, lau, args, "slow")
+    finally:
+        rt.launch_enter_hook.remove(f)
+    prepared()
+    _check_last(jit, lau, args, "fast")
+    g = {"X": 1}
+    jit.used_global_vals = {("X", id(g)): (1, g)}
+    g["X"] = 2
+    prepared()
+    _check_last(jit, lau, args, "slow")
+    jit.used_global_vals = {}
+    monkeypatch.setattr(rt, "debug", True)
+    prepared()
+    _check_last(jit, lau, args, "slow")
+    monkeypatch.setattr(rt, "debug", False)
+    jit.device = 1
+    prepared()
+    _check_last(jit, lau, args, "slow")
+    jit.device = 0
+    prepared()
+    _check_last(jit, lau, args, "fast")
+    with pytest.raises(TypeError, match="runtime argument"):
+        lau.prepare(a, a)
+
+
 def test_non_cuda_and_kill_switch_stay_slow(monkeypatch):
     jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
     jit.backend = "hip"

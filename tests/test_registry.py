@@ -12,7 +12,6 @@ import iris_fw.testing
 from iris_fw.hookspecs import hookimpl
 from iris_fw.registry import DuplicateNameError, Registry, UnknownNameError, load_registries, plugin_manager
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_builtins_register_through_entry_points():
@@ -109,22 +108,11 @@ def test_cli_lists_registries():
     assert usable in out, out
 
 
-@pytest.fixture(scope="module")
-def thirdparty_site(tmp_path_factory):
-    """The example plugin package under tests/thirdparty, pip-installed into a private dir."""
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), os.path.join(HERE, "thirdparty")],
-        check=True,
-    )
-    return str(target)
-
-
-def test_third_party_plugin_is_seen_and_composes(thirdparty_site, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([thirdparty_site, os.environ.get("PYTHONPATH", "")]))
+def test_third_party_plugin_is_seen_and_composes(plugin_template_site, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([plugin_template_site, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-m", "iris_fw.cli", "plugins"], env=env, capture_output=True, text=True, check=True).stdout
-    for name in ("private_shm", "scale_all_gather", "reverse_fused", "iris-fw-example-plugin (entry point 'example')"):
+    for name in ("private_shm", "filestore", "scale_all_gather", "reverse_fused", "broadcast.pull", "example_broadcast",
+                 "iris-fw-example-plugin (entry point 'example')"):
         assert name in out, out
     # The plugin's transport, pattern and scheduler work with the framework's own pieces: its
     # pattern under every built-in scheduler, its scheduler running built-in patterns, 2 ranks.

@@ -15,6 +15,7 @@ import glob
 import os
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -33,6 +34,8 @@ _CAPTURE_MODE_RELAXED = 2  # cudaStreamCaptureModeRelaxed == hipStreamCaptureMod
 _HEADER_IO_BYTES = 1 << 16
 #: Heaps are allocated in multiples of this (the GPU's large-page size on CUDA and HIP).
 _ALLOC_GRANULE = 2 << 20
+#: GPU memory left free beside the heaps (kernels' scratch, torch's tensors), at most a tenth of the GPU.
+GPU_RESERVE = 1 << 30
 
 
 class _IpcHandle(ctypes.Structure):
@@ -76,13 +79,30 @@ class _Runtime:
             raise IrisError(f"{self.prefix}{fn} failed with error {rc}: {self._err(rc).decode()}")
 
 
+class _Allocation:
+    """Stands for this rank's heap allocation: it is freed (``Free``) once the transport is
+    closed *and* no tensor over it is left (each holds this object), so a heap tensor used
+    after ``ctx.close()`` still reads valid memory."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _free_quietly(rt: "_Runtime", address: int) -> None:
+    try:
+        rt("Free", ctypes.c_void_p(address))
+    except IrisError:  # at interpreter exit the runtime may be gone already
+        pass
+
+
 class _DeviceBlock:
     """Exposes device memory through ``__cuda_array_interface__`` so torch can wrap it; torch
-    keeps this object alive exactly as long as the tensor's storage."""
+    keeps this object alive exactly as long as the tensor's storage. ``keep``: what must live
+    as long (the :class:`_Allocation` for this rank's own heap)."""
 
-    __slots__ = ("__cuda_array_interface__", "__weakref__")
+    __slots__ = ("__cuda_array_interface__", "keep", "__weakref__")
 
-    def __init__(self, address: int, nbytes: int):
+    def __init__(self, address: int, nbytes: int, keep=None):
+        self.keep = keep
         self.__cuda_array_interface__ = {
             "shape": (nbytes,),
             "typestr": "|u1",
@@ -107,17 +127,41 @@ class GpuIpcTransport(Transport):
             return False, str(exc)
         return True, ""
 
-    def __init__(self, bootstrap, heap_size: int):
+    @staticmethod
+    def _gpu_of(bootstrap) -> tuple[int, int]:
+        """``(GPU index, ranks of this host on that GPU)`` for this rank: its local rank, modulo
+        the GPU count under ``IRIS_FW_SHARE_GPUS=1``. Raises when the rank has no GPU."""
         count = torch.cuda.device_count()
-        local = bootstrap.local_rank
+        local, ranks = bootstrap.local_rank, 1
         if count and share_gpus():
             local %= count
+            ranks = len(range(local, bootstrap.local_world_size, count))
         if local >= count:
             raise IrisError(
                 f"gpu_ipc: local rank {local} has no GPU: {count} visible on this host "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
                 "launch at most one rank per GPU (or set IRIS_FW_SHARE_GPUS=1 to share GPUs, for testing)"
             )
+        return local, ranks
+
+    @classmethod
+    def check_resources(cls, bootstrap, heap_size):
+        """The heaps of the ranks on this rank's GPU must fit its free memory, less a reserve for
+        kernels and torch (:data:`GPU_RESERVE`, at most a tenth of the GPU)."""
+        try:
+            local, ranks = cls._gpu_of(bootstrap)
+        except IrisError as exc:
+            return exc
+        free, total = torch.cuda.mem_get_info(local)
+        usable = max(0, free - min(GPU_RESERVE, total // 10))
+        alloc = -(-heap_size // _ALLOC_GRANULE) * _ALLOC_GRANULE
+        if alloc * ranks <= usable:
+            return None
+        return cls._too_large(heap_size, ranks, f"GPU {local}'s memory ({torch.cuda.get_device_name(local)})",
+                              free, usable, "free GPU memory (other processes on this GPU: nvidia-smi)")
+
+    def __init__(self, bootstrap, heap_size: int):
+        local, _ = self._gpu_of(bootstrap)
         self.device = torch.device("cuda", local)
         torch.cuda.set_device(self.device)
         self._rt = rt = _Runtime()
@@ -128,12 +172,15 @@ class GpuIpcTransport(Transport):
         # A whole number of allocation granules: the runtime may place a smaller block inside a
         # shared granule at a 1 KiB-aligned address (seen for a 1 MiB heap on H200), which
         # breaks the heap's alignment and would make its IPC handle name the granule.
-        alloc = -(-heap_size // _ALLOC_GRANULE) * _ALLOC_GRANULE
+        alloc = self._size = -(-heap_size // _ALLOC_GRANULE) * _ALLOC_GRANULE
         try:
             rt("Malloc", ctypes.byref(ptr), ctypes.c_size_t(alloc))
         except IrisError as exc:
             raise IrisError(f"gpu_ipc: cannot allocate a heap of {heap_size} bytes on {self.device}: {exc}") from None
         self._own = ptr.value
+        self._allocation = _Allocation()
+        # at interpreter exit the process's end frees it (peers may still be reading it)
+        weakref.finalize(self._allocation, _free_quietly, rt, self._own).atexit = False
         self._opened: list[int] = []
         handle = _IpcHandle()
         rt("IpcGetMemHandle", ctypes.byref(handle), ctypes.c_void_p(self._own))
@@ -207,7 +254,8 @@ class GpuIpcTransport(Transport):
         self._io(rank, slot, len(values), list(values))
 
     def wrap(self, address, nbytes):
-        owner = _DeviceBlock(address, nbytes)
+        own = self._allocation is not None and self._own <= address < self._own + self._size
+        owner = _DeviceBlock(address, nbytes, self._allocation if own else None)
         tensor = torch.as_tensor(owner, device=self.device)
         return tensor, owner
 
@@ -230,9 +278,8 @@ class GpuIpcTransport(Transport):
             self._rt("IpcCloseMemHandle", ctypes.c_void_p(address))
         self._opened = []
         self._bootstrap.barrier()  # every peer closed its mapping of our heap
-        if self._own:
-            self._rt("Free", ctypes.c_void_p(self._own))
-            self._own = 0
+        # Freed now, or when the last tensor over it goes (see _Allocation).
+        self._allocation = None
 
 
 @hookimpl

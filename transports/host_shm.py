@@ -5,8 +5,9 @@ and atomics real (interpreter atomics are hardware atomics, so they are atomic a
 processes too).
 
 Segments are created ``0600`` under ``/dev/shm`` with unguessable names
-(``IRIS_FW_SHM_PREFIX`` + 128 random bits) and unlinked as soon as every rank has mapped
-them, so a crash after set-up leaks nothing.
+(``IRIS_FW_SHM_PREFIX`` + owner pid + 128 random bits) and unlinked as soon as every rank has
+mapped them, so a crash after set-up leaks nothing; a segment whose owner died during set-up is
+removed by the next set-up with the same prefix on the host (:func:`remove_stale_segments`).
 """
 
 from __future__ import annotations
@@ -14,18 +15,22 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import re
 import secrets
 
 import numpy as np
 import torch
 
-from iris_fw import interpreting
-from iris_fw.errors import IrisError
+from iris_fw import env, interpreting
+from iris_fw.errors import IrisError, NotOnHeapError
 from iris_fw.hookspecs import hookimpl
+from iris_fw.launch import cleanup_shm
 from iris_fw.transport import Transport
 
 SHM_DIR = "/dev/shm"
-DEFAULT_PREFIX = "iris_fw_"
+#: Share of /dev/shm's free space the heaps of one host may take (the rest: room to spare).
+SHM_USABLE = 0.9
+DEFAULT_PREFIX = env.variable("IRIS_FW_SHM_PREFIX").default
 
 
 def _interpreter_problem() -> str:
@@ -47,6 +52,41 @@ def _interpreter_problem() -> str:
     return ""
 
 
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
+    except OSError:
+        return "0"
+
+
+def segment_tag(pid: int) -> str:
+    """The owner part of a segment name: ``<pid namespace>-<pid>`` (the name ends with
+    ``_<128 random bits>``), so a later set-up can tell a dead owner's segment."""
+    return f"{_pid_namespace()}-{pid}"
+
+
+def remove_stale_segments(prefix: str, shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove segments named ``prefix`` + owner tag + random bits whose owner process (in this
+    pid namespace) no longer exists: what a rank killed between creating its segment and
+    unlinking it leaves (under any launcher; ``iris-fw launch`` also removes them at once).
+    Returns the names removed."""
+    pattern = re.compile(re.escape(prefix) + re.escape(_pid_namespace()) + r"-(\d+)_[0-9a-f]{32}")
+
+    def owner_dead(name: str) -> bool:
+        match = pattern.fullmatch(name)
+        if match is None:
+            return False
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass
+        return False  # the owner lives (or belongs to another user): not ours to judge
+
+    return cleanup_shm(prefix, shm_dir, select=owner_dead)
+
+
 class HostShmTransport(Transport):
     name = "host_shm"
     interpreted = True
@@ -60,11 +100,30 @@ class HostShmTransport(Transport):
         problem = _interpreter_problem()
         return (not problem), problem
 
+    @classmethod
+    def check_resources(cls, bootstrap, heap_size):
+        """Segments are sparse: creating one always works, and a page that /dev/shm has no room
+        for kills the process with SIGBUS when first touched. So the heaps of every rank on this
+        host must fit :data:`SHM_USABLE` of the free space of /dev/shm, checked up front."""
+        try:
+            st = os.statvfs(SHM_DIR)
+        except OSError as exc:
+            return IrisError(f"host_shm: cannot stat {SHM_DIR} ({exc})")
+        free = st.f_bavail * st.f_frsize
+        usable = int(free * SHM_USABLE)
+        ranks = bootstrap.local_world_size
+        if heap_size * ranks <= usable:
+            return None
+        return cls._too_large(heap_size, ranks, SHM_DIR, free, usable,
+                              "give the machine more shared memory (docker run --shm-size=..., "
+                              "or mount -o remount,size=... /dev/shm)")
+
     def __init__(self, bootstrap, heap_size: int):
         self.device = torch.device("cpu")
         self._maps: list[mmap.mmap | None] = []
-        prefix = os.environ.get("IRIS_FW_SHM_PREFIX") or self.shm_prefix
-        name = f"{prefix}{secrets.token_hex(16)}"
+        prefix = env.get("IRIS_FW_SHM_PREFIX") if env.is_set("IRIS_FW_SHM_PREFIX") else self.shm_prefix
+        remove_stale_segments(prefix)
+        name = f"{prefix}{segment_tag(os.getpid())}_{secrets.token_hex(16)}"
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
@@ -94,10 +153,16 @@ class HostShmTransport(Transport):
             os.unlink(path)
         failed = [p for p in problems if p]
         if failed:
+            for m in self._maps:  # no tensor exists yet: unmap now
+                m.close()
             self._release()
             raise IrisError("host_shm set-up failed: " + "; ".join(failed))
         self._arrays = [np.frombuffer(m, dtype=np.uint8) for m in self._maps]
         self.bases = [int(a.ctypes.data) for a in self._arrays]
+        self._heap_size = heap_size
+        #: every tensor over a heap holds this: the job's mappings outlive the context while a
+        #: tensor, or a kernel given one, may still reach them (no SIGSEGV after close)
+        self._keep = tuple(self._maps)
         self._check_bases()
         self.heap = torch.from_numpy(self._arrays[bootstrap.rank])
         self.heap_bases = torch.tensor(self.bases, dtype=torch.int64)
@@ -113,7 +178,14 @@ class HostShmTransport(Transport):
             os.close(fd)
 
     def wrap(self, address, nbytes):
-        owner = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+        for r, base in enumerate(self.bases):
+            if base <= address and address + nbytes <= base + self._heap_size:
+                break
+        else:
+            raise NotOnHeapError(f"host_shm.wrap: [{address:#x}, +{nbytes}) lies in no heap mapped here")
+        raw = (ctypes.c_uint8 * nbytes).from_buffer(self._keep[r], address - base)
+        raw.keep = self._keep  # the mappings live as long as this tensor's storage
+        owner = np.ctypeslib.as_array(raw)
         return torch.from_numpy(owner), owner
 
     def close(self):
@@ -123,14 +195,11 @@ class HostShmTransport(Transport):
         self._release()
 
     def _release(self):
-        for m in self._maps:
-            try:
-                m.close()
-            except BufferError:
-                # A tensor over this mapping is still referenced; the segment is already
-                # unlinked, so the memory goes when the last reference (or the process) does.
-                pass
+        # Unmapping happens when the last reference to a mapping goes: here, unless a tensor
+        # over a heap is still alive (it keeps every mapping of the job, see wrap); then when it
+        # goes. The segments are unlinked already, so their memory goes with the last mapping.
         self._maps = []
+        self._keep = ()
 
 
 @hookimpl

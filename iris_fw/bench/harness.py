@@ -28,7 +28,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import env
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+#: The ``measured`` column of every row taken on CPU ranks, and the note printed before them.
+CPU_LABEL = "cpu-interpreter"
+CPU_NOTE = ("CPU ranks run the kernels under Triton's interpreter: these times measure the interpreter "
+            "(a functional smoke run), not performance; rows are marked measured=" + CPU_LABEL)
 
 
 @dataclass
@@ -152,7 +158,7 @@ def environment(ctx) -> dict:
 
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": os.environ.get("IRIS_FW_BENCH_COMMAND", " ".join(sys.argv)),
+        "command": env.get("IRIS_FW_BENCH_COMMAND") or " ".join(sys.argv),
         "world_size": ctx.world_size,
         "transport": ctx.transport.name,
         "torch": torch.__version__,
@@ -327,10 +333,13 @@ def _worker(args) -> int:
     opts = BenchOptions(
         sizes=args.sizes, iters=args.iters, warmup=args.warmup, quick=args.quick,
         rotate_bytes=args.rotate or (256 * MiB if gpu else 64 * KiB), log=log,
-        extra={"explicit_sizes": args.explicit_sizes, "dtype": args.dtype},
+        extra={"explicit_sizes": args.explicit_sizes, "dtype": args.dtype,
+               "cases": [c for c in (args.cases or "").split(",") if c]},
     )
     env = environment(ctx)
     log(f"iris-fw bench on {env['device']}: {', '.join(names)}")
+    if not gpu:
+        log(f"note: {CPU_NOTE}")
     for name in names:
         bench = regs.benchmark.require_available(name)
         log(f"== {name}: {getattr(bench, 'description', '')}")
@@ -340,6 +349,8 @@ def _worker(args) -> int:
         if ctx.rank == 0:
             for row in rows:
                 row.setdefault("benchmark", name)
+                if not gpu:
+                    row.setdefault("measured", CPU_LABEL)
             paths = write_results(name, rows, env, args.out, getattr(bench, "plot", None))
             print(markdown_table(rows, list(dict.fromkeys(k for r in rows for k in r))), flush=True)
             log(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f}s -> {', '.join(paths)}")
@@ -349,8 +360,21 @@ def _worker(args) -> int:
     return 0
 
 
+def benchmark_list() -> str:
+    """The registered benchmarks, one a line with its description (``iris-fw bench --help``)."""
+    from ..registry import load_registries
+
+    entries = list(load_registries().benchmark)
+    width = max((len(e.name) for e in entries), default=0)
+    lines = [f"  {e.name:<{width}}  {getattr(e.obj, 'description', '')}" for e in entries]
+    return "benchmarks (iris-fw plugins lists their providers):\n" + "\n".join(lines or ["  (none registered)"])
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="iris-fw bench", description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="iris-fw bench", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=benchmark_list() if {"-h", "--help"} & set(argv) else None)
     parser.add_argument("benchmarks", nargs="*", help="benchmark names (default: all registered)")
     parser.add_argument("-n", "--nprocs", type=int, default=None, help="ranks (default: GPUs present, else 2 CPU ranks)")
     parser.add_argument("--min-size", type=parse_size, default=None, help="smallest size (default 4K; 4K on CPU)")
@@ -363,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate", type=parse_size, default=None, help="bytes inputs rotate through (default 256M)")
     parser.add_argument("--heap-size", type=parse_size, default=None)
     parser.add_argument("--quick", action="store_true", help="fewer configurations (smoke runs)")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated case groups, for benchmarks that have them (taxonomy: pattern names; "
+                             "gemm: taxonomy, small_m)")
     parser.add_argument("--out", default=None, help="output folder (default bench-results/<date>)")
     parser.add_argument("--replot", metavar="RESULT_JSON", nargs="+", help="redraw plots from recorded results")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -394,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     worker += ["--rotate", str(args.rotate)] if args.rotate else []
     worker += ["--heap-size", str(args.heap_size)] if args.heap_size else []
     worker += ["--quick"] if args.quick else []
-    return launch(worker, nprocs)
+    worker += ["--cases", args.cases] if args.cases else []
+    return launch(worker, nprocs, tag_output=False)  # rank 0 prints the tables: no prefixes
 
 
 if __name__ == "__main__":

@@ -73,17 +73,22 @@ def operands(pattern: str, M: int, N: int, K: int, world: int, device, dtype=tor
 def _shapes(ctx, opts):
     if ctx.device.type == "cpu":
         return CPU_SHAPES
-    wanted = opts.extra.get("shapes")
+    wanted = opts.extra.get("cases")
     return [s for s in SHAPES if not wanted or s[0] in wanted]
 
 
-def _tune_gemm(ctx, opts, m, n, k, log):
+def _tune_gemm(ctx, opts, m, n, k, log, candidates=None):
     """``(best config, {config: us}, cuBLAS us)`` of the Triton GEMM at ``[m, k] @ [k, n]``, every
-    configuration and cuBLAS measured interleaved (same stretch of time)."""
+    configuration (``candidates``, default :data:`CANDIDATES`) and cuBLAS measured interleaved
+    (same stretch of time)."""
     a = torch.randn(m, k, device=ctx.device, dtype=torch.bfloat16) / k ** 0.5
     b = torch.randn(k, n, device=ctx.device, dtype=torch.bfloat16)
     out = torch.empty(m, n, device=ctx.device, dtype=torch.bfloat16)
-    candidates = CANDIDATES if ctx.device.type == "cuda" and not opts.quick else [default_config(m, n, k, a.dtype, ctx.device)]
+    default = default_config(m, n, k, a.dtype, ctx.device)
+    if ctx.device.type == "cuda" and not opts.quick:
+        candidates = list(dict.fromkeys([default, *(candidates or CANDIDATES)]))
+    else:
+        candidates = [default]
     fns = {}
     for cfg in candidates:
         try:  # a configuration that does not fit (shared memory) is skipped
@@ -102,18 +107,44 @@ def _tune_gemm(ctx, opts, m, n, k, log):
     return best, times, cublas
 
 
+#: Tile configurations tried at the few-row GEMMs of GEMM + all-reduce (decode and small
+#: prefill batches: memory-bound, and too few 128-row tiles to fill the SMs).
+SMALL_M_CANDIDATES = [
+    GemmConfig(16, 64, 128, 1, 4, 4), GemmConfig(32, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 1, 4, 4),
+    GemmConfig(64, 64, 64, 1, 4, 6), GemmConfig(64, 128, 128, 1, 4, 4), GemmConfig(64, 128, 64, 1, 4, 5),
+    GemmConfig(64, 256, 64, 1, 4, 4), GemmConfig(128, 64, 64, 1, 4, 4), GemmConfig(128, 128, 64, 8, 8, 4),
+]
+#: Rows up to which GEMM + all-reduce's local GEMMs are tuned with :data:`SMALL_M_CANDIDATES`.
+SMALL_M = 1024
+
+
+def _small_m_shapes(ctx):
+    """``(m, n, k)`` of the local GEMMs of ``iris-fw bench gemm_all_reduce`` up to :data:`SMALL_M` rows."""
+    from .gemm_all_reduce import MS, SHAPES as AR_SHAPES
+
+    if ctx.device.type != "cuda":
+        return []
+    return [(m, n, k // ctx.world_size) for n, k in AR_SHAPES for m in MS if m <= SMALL_M]
+
+
 class GemmAlone:
     name = "gemm"
-    description = "Triton GEMM vs cuBLAS at the taxonomy's local GEMM shapes (tile configs tried, interleaved)"
+    description = ("Triton GEMM vs cuBLAS at the local GEMM shapes of the taxonomy and of GEMM + all-reduce "
+                   "(tile configs tried, interleaved)")
 
     def run(self, ctx, opts):
         rows, seen = [], set()
-        for pattern, M, N, K in _shapes(ctx, opts):
-            m, n, k = local_shape(pattern, M, N, K, ctx.world_size)
+        groups = opts.extra.get("cases") or ("taxonomy", "small_m")
+        shapes = []
+        if "taxonomy" in groups:
+            shapes += [(local_shape(p, M, N, K, ctx.world_size), None) for p, M, N, K in (CPU_SHAPES if ctx.device.type == 'cpu' else SHAPES)]
+        if "small_m" in groups:
+            shapes += [(mnk, SMALL_M_CANDIDATES) for mnk in _small_m_shapes(ctx)]
+        for (m, n, k), candidates in shapes:
             if (m, n, k) in seen:
                 continue
             seen.add((m, n, k))
-            best, times, ref = _tune_gemm(ctx, opts, m, n, k, opts.log)
+            best, times, ref = _tune_gemm(ctx, opts, m, n, k, opts.log, candidates)
             flops = 2 * m * n * k
             for cfg, us in times.items():
                 rows.append({"m": m, "n": n, "k": k, "method": f"triton {_cfg(cfg)}", "us": us,

@@ -23,7 +23,7 @@ import triton
 
 from .. import devinfo
 from ..engine.launcher import KernelLauncher
-from ..errors import IrisError
+from ..errors import ArgumentError, IrisError
 
 #: Smallest capacity class (bytes of one rank's message per kernel configuration).
 MIN_CAPACITY = 4096
@@ -145,8 +145,10 @@ def programs(group, cap_elems: int, block: int) -> int:
     return devinfo.persistent_programs(group.ctx.device, triton.cdiv(cap_elems, block))
 
 
-def launcher(kernel, nprog: int, **constexprs) -> KernelLauncher:
-    return KernelLauncher(kernel, (nprog,), constexprs=constexprs, num_warps=NUM_WARPS)
+def launcher(kernel, nprog: int, options: dict | None = None, **constexprs) -> KernelLauncher:
+    """``kernel`` bound to ``nprog`` programs and ``constexprs``; ``options``: Triton launch
+    options (``num_warps``, default :data:`NUM_WARPS`; ``num_stages``)."""
+    return KernelLauncher(kernel, (nprog,), constexprs=constexprs, **{"num_warps": NUM_WARPS, **(options or {})})
 
 
 def chunks(numel: int, cap_elems: int):
@@ -155,16 +157,33 @@ def chunks(numel: int, cap_elems: int):
         yield start, min(cap_elems, numel - start)
 
 
+#: Buffer pairs a one-chunk call keeps a prepared launch for (each holds its tensors alive).
+PREPARED_PER_CALL = 4
+
+
 def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
     """``run(src, dst)`` launching once per chunk: ``launch(src[start:], dst[start:], *args,
     length, *tail)``, ``start`` counted in *elements* of the flattened (contiguous) tensors —
     whatever their shape, e.g. an all-gather's ``[W, n]`` output; a one-chunk message launches
-    without slicing, an empty one not at all (every member sees the same size: it is part of
-    the validated call)."""
+    without slicing — through a :class:`~iris_fw.engine.launcher.PreparedLaunch` for each of
+    the last :data:`PREPARED_PER_CALL` buffer pairs —, an empty one not at all (every member
+    sees the same size: it is part of the validated call)."""
     pieces = list(chunks(numel, cap_elems)) if numel else []
     if len(pieces) == 1:
         length = pieces[0][1]
-        return lambda src, dst: launch(src, dst, *args, length, *tail)
+        prepared = {}
+
+        def run_one(src, dst):
+            # the same buffers again (an engine's loop): one prepared launch, no key computed
+            key = (src.data_ptr(), dst.data_ptr())
+            launch_one = prepared.get(key)
+            if launch_one is None:
+                if len(prepared) >= PREPARED_PER_CALL:
+                    del prepared[next(iter(prepared))]
+                launch_one = prepared[key] = launch.prepare(src, dst, *args, length, *tail)
+            launch_one()
+
+        return run_one
 
     def run(src, dst):
         src, dst = src.view(-1), dst.view(-1)
@@ -204,7 +223,7 @@ def choose(group, call: Call, requested: str) -> Algorithm:
         algo = registry.require_available(f"{call.collective}.{requested}")
         ok, why = algo.supports(call)
         if not ok:
-            raise ValueError(f"algorithm {requested!r} cannot run this {call.collective}: {why}")
+            raise ArgumentError(f"algorithm {requested!r} cannot run this {call.collective}: {why}")
         return algo
     tried = []
     for name in auto_order(group.ctx, call.world, call.collective, call.nbytes):
@@ -229,7 +248,7 @@ def names(ctx, collective: str) -> list[str]:
 
 
 def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, buffers=(), slots: int = 0,
-                  fill=None) -> tuple:
+                  fill=None, options: dict | None = None) -> tuple:
     """A kernel configuration of ``group``: ``key[0]`` names it (the algorithm); its storage —
     the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
     ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
@@ -237,7 +256,8 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     *bytes*, slots and programs: by every reduction (``constexprs``) and by dtypes of any width,
     each viewing the bytes as its own dtype and launching its own variant. Buffers that
     ``fill(buffers)`` prepares (it returns true: the members then sync before any can send into
-    them) are shared only by dtypes of one width. Returns ``(launch, buffers)``."""
+    them) are shared only by dtypes of one width. ``options``: Triton launch options of the
+    launcher (see :func:`launcher`). Returns ``(launch, buffers)``."""
     sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
     width = buffers[0][1].itemsize if fill is not None and buffers else 0
 
@@ -252,8 +272,8 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
 
     raw, launchers = group.config((key[0], sizes, slots, nprog, width), make)
     bufs = tuple(r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)) + raw[len(buffers):]
-    variant = tuple(sorted(constexprs.items()))
+    variant = (tuple(sorted(constexprs.items())), tuple(sorted((options or {}).items())))
     launch = launchers.get(variant)
     if launch is None:
-        launch = launchers[variant] = launcher(kernel, nprog, **constexprs)
+        launch = launchers[variant] = launcher(kernel, nprog, options, **constexprs)
     return launch, bufs

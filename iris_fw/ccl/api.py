@@ -8,8 +8,9 @@ members (:meth:`Group.exchange`), choose the algorithm, plan it, and cache the l
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import torch
 import triton
@@ -17,6 +18,7 @@ import triton.language as tl
 
 from .. import context as _context
 from .. import tilecomm as tc
+from ..errors import ArgumentError, ArgumentTypeError, bad_type
 from . import algorithm as al
 from .group import Group, default_workspace_bytes
 
@@ -24,6 +26,15 @@ try:
     from torch.distributed import ReduceOp
 except ImportError:  # pragma: no cover - torch builds without distributed
     ReduceOp = None
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+#: What ``group=`` accepts: ``None`` (every rank), a :class:`Group`, a list of ranks, or a
+#: ``torch.distributed.ProcessGroup`` (its ranks are looked up).
+GroupLike = Union[Group, Sequence[int], "torch.distributed.ProcessGroup", None]
+#: What ``op=`` accepts: a ``torch.distributed.ReduceOp`` or its name (``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"prod"``).
+ReduceOpLike = Union["torch.distributed.ReduceOp", str]
 
 #: Prepared calls a group keeps (least recently used dropped; re-validated when called again).
 MAX_CACHED_CALLS = 1024
@@ -53,15 +64,15 @@ def _ranks_of(ctx, group) -> tuple[int, ...]:
         import torch.distributed as dist
 
         if not isinstance(group, dist.ProcessGroup):
-            raise TypeError(f"group must be None, an iris_fw.ccl.Group, a list of ranks or a torch ProcessGroup, "
-                            f"got {type(group).__name__}")
+            raise ArgumentTypeError(f"group must be None, an iris_fw.ccl.Group, a list of ranks or a torch ProcessGroup, "
+                                    f"got {type(group).__name__}")
         ranks = dist.get_process_group_ranks(group)
     if len(set(ranks)) != len(ranks) or not ranks or any(not 0 <= r < ctx.world_size for r in ranks):
-        raise ValueError(f"group must list distinct ranks in [0, {ctx.world_size}), got {list(ranks)}")
+        raise ArgumentError(f"group must list distinct ranks in [0, {ctx.world_size}), got {list(ranks)}")
     return tuple(sorted(ranks))
 
 
-def new_group(ranks=None, *, workspace_bytes: int | None = None, ctx=None) -> Group:
+def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ctx: Context | None = None) -> Group:
     """Create (or return) the group of ``ranks`` (sorted; group rank = position), like
     ``torch.distributed.new_group``: collective over *every* rank of the context, members or
     not, because the group's workspace is a symmetric heap block (``workspace_bytes``, default
@@ -70,7 +81,14 @@ def new_group(ranks=None, *, workspace_bytes: int | None = None, ctx=None) -> Gr
     error, ranks_t, size = None, None, None
     try:
         ranks_t = _ranks_of(ctx, ranks)
-        size = default_workspace_bytes(ctx) if workspace_bytes is None else int(workspace_bytes)
+        if workspace_bytes is None:
+            size = default_workspace_bytes(ctx)
+        elif isinstance(workspace_bytes, bool) or not hasattr(type(workspace_bytes), "__index__"):
+            raise bad_type("workspace_bytes", "an int (bytes) or None", workspace_bytes)
+        else:
+            size = operator.index(workspace_bytes)
+        if size < Group.min_workspace_bytes():
+            raise ArgumentError(f"workspace_bytes must be at least {Group.min_workspace_bytes()} for a group, got {size}")
     except Exception as exc:
         error = exc
     ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error)
@@ -85,7 +103,7 @@ def new_group(ranks=None, *, workspace_bytes: int | None = None, ctx=None) -> Gr
     return group
 
 
-def destroy_group(group=None, *, ctx=None) -> None:
+def destroy_group(group: GroupLike = None, *, ctx: Context | None = None) -> None:
     """Drop a group (``None``: every group of the context), like
     ``torch.distributed.destroy_process_group``: collective over every rank. Its workspace is
     reclaimed at the next collective point."""
@@ -112,15 +130,15 @@ def _group(ctx, group) -> Group:
         found = ctx.comm_groups.get(ranks)
         if found is None:
             if len(ranks) != ctx.world_size:
-                raise ValueError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
-                                 f"on every rank first (as torch.distributed.new_group)")
+                raise ArgumentError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
+                                    f"on every rank first (as torch.distributed.new_group)")
             found = new_group(ranks, ctx=ctx)  # the world: every rank is in this call
     if found.rank is None:
-        raise ValueError(f"rank {ctx.rank} is not in the group {list(found.ranks)} it called a collective on")
+        raise ArgumentError(f"rank {ctx.rank} is not in the group {list(found.ranks)} it called a collective on")
     return found
 
 
-def algorithms(collective: str, *, ctx=None) -> list[str]:
+def algorithms(collective: str, *, ctx: Context | None = None) -> list[str]:
     """The algorithm names registered for ``collective`` (``"all_reduce"``, ``"all_gather"``,
     ``"reduce_scatter"``, ``"all_to_all"``, ``"broadcast"``, ``"reduce"``, ``"gather"``,
     ``"scatter"``)."""
@@ -136,14 +154,14 @@ class Work:
     :meth:`synchronize` blocks the host and raises :class:`~iris_fw.WaitTimeout` if a
     device-side wait of this rank gave up."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: Context):
         self.ctx = ctx
         self._event = None
         if ctx.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
 
-    def wait(self, timeout=None) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
         if self._event is not None:
             torch.cuda.current_stream(self.ctx.device).wait_event(self._event)
         return True
@@ -165,8 +183,14 @@ class Work:
 
 def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
     """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
+    if ctx._closed:
+        ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
     g = _group(ctx, group)
-    run = g.calls.get(key)
+    try:
+        run = g.calls.get(key)
+    except TypeError:  # an unhashable argument (e.g. op=[1]): the full checks report it
+        prepare(g)(src, dst)
+        return Work(ctx) if async_op else None
     if run is None:
         run = prepare(g)
         g.calls[key] = run
@@ -194,7 +218,7 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
     try:
         fields, call, extra = check()
         if not isinstance(algorithm, str):
-            raise TypeError(f"algorithm must be a name or 'auto', got {algorithm!r}")
+            raise ArgumentTypeError(f"algorithm must be a name or 'auto', got {algorithm!r}")
         fields["algorithm"] = algorithm
     except Exception as exc:  # every member must hear of it, or they would wait for this one
         error = exc
@@ -202,18 +226,32 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
     if finish is not None:
         call = finish(call, extras)
     algo = al.choose(g, call, algorithm)
+    if g.size == 1 and call.collective in _INPUT_IS_RESULT_AT_ONE_RANK:
+        return _identity
     return algo.plan(g, call)
+
+
+#: Collectives whose result on a one-rank group is their input (a reduction of one value with
+#: any op, a gather or scatter of one part): the call path's ``dst`` = ``src``.
+_INPUT_IS_RESULT_AT_ONE_RANK = frozenset(
+    {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter"})
+
+
+def _identity(src, dst) -> None:
+    """A one-rank group's collective: ``dst`` = ``src`` (nothing to do when they are one tensor)."""
+    if dst.data_ptr() != src.data_ptr():
+        dst.view(-1).copy_(src.view(-1))
 
 
 def _check_tensor(ctx, t, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != ctx.device:
-        raise ValueError(f"{name} must be on this rank's device {ctx.device}, got a tensor on {t.device}")
+        raise ArgumentError(f"{name} must be on this rank's device {ctx.device}, got a tensor on {t.device}")
     if t.dtype not in al.DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in al.DTYPES)}")
+        raise ArgumentTypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in al.DTYPES)}")
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (shape {list(t.shape)}, strides {list(t.stride())})")
+        raise ArgumentError(f"{name} must be contiguous (shape {list(t.shape)}, strides {list(t.stride())})")
     return t
 
 
@@ -221,36 +259,38 @@ def _op_name(op, dtype) -> str:
     try:
         name = _OPS[op]
     except (KeyError, TypeError):
-        raise ValueError(f"op must be a torch.distributed.ReduceOp (SUM, AVG, MAX, MIN, PRODUCT) or one of "
-                         f"{al.REDUCE_OPS}, got {op!r}") from None
+        raise ArgumentError(f"op must be a torch.distributed.ReduceOp (SUM, AVG, MAX, MIN, PRODUCT) or one of "
+                            f"{al.REDUCE_OPS}, got {op!r}") from None
     if name == "avg" and dtype not in al.FLOAT_DTYPES:
-        raise ValueError(f"op AVG needs a floating dtype, got {dtype}")
+        raise ArgumentError(f"op AVG needs a floating dtype, got {dtype}")
     return name
 
 
-def _fast_ok(ctx, a, b=None) -> bool:
+def _fast_ok(ctx, *tensors) -> bool:
     """Whether the call's tensors can take the cached path (else the full checks report them)."""
     dev = ctx.device
-    if not (isinstance(a, torch.Tensor) and a.device == dev and a.is_contiguous()):
-        return False
-    return b is None or (isinstance(b, torch.Tensor) and b.device == dev and b.is_contiguous())
+    return all(isinstance(t, torch.Tensor) and t.device == dev and t.is_contiguous() for t in tensors)
 
 
 def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:
     if group_rank is not None:
-        if not isinstance(group_rank, int) or not 0 <= group_rank < g.size:
-            raise ValueError(f"group_{name} must be a rank of the group in [0, {g.size}), got {group_rank!r}")
+        if isinstance(group_rank, bool) or not isinstance(group_rank, int):
+            raise bad_type(f"group_{name}", f"a rank of the group in [0, {g.size})", group_rank)
+        if not 0 <= group_rank < g.size:
+            raise ArgumentError(f"group_{name} must be a rank of the group in [0, {g.size}), got {group_rank!r}")
         return group_rank
-    if not isinstance(rank, int) or rank not in g.ranks:
-        raise ValueError(f"{name} must be a (global) rank of the group {list(g.ranks)}, got {rank!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise bad_type(name, f"a (global) rank of the group {list(g.ranks)}", rank)
+    if rank not in g.ranks:
+        raise ArgumentError(f"{name} must be a (global) rank of the group {list(g.ranks)}, got {rank!r}")
     return g.ranks.index(rank)
 
 
 # ---- collectives ----------------------------------------------------------------------------------
 
 
-def all_reduce(tensor, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
-               algorithm: str = "auto", ctx=None):
+def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum", group: GroupLike = None,
+               async_op: bool = False, *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = ``tensor`` reduced with ``op`` over the group's ranks, in place, bitwise the
     same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum."""
     ctx = _ctx(ctx)
@@ -280,8 +320,9 @@ def _heap_offset(ctx, t) -> int | None:
     return ctx.heap.offset_of(t) if t.device == ctx.device else None
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, algorithm: str = "auto",
-                           ctx=None):
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: GroupLike = None,
+                           async_op: bool = False, *, algorithm: str = "auto",
+                           ctx: Context | None = None) -> Work | None:
     """``output_tensor`` (``size * input.numel()`` elements, e.g. ``[size * d0, …]`` or
     ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order."""
     ctx = _ctx(ctx)
@@ -295,11 +336,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
             _check_tensor(ctx, input_tensor, "input_tensor")
             _check_tensor(ctx, output_tensor, "output_tensor")
             if output_tensor.dtype != input_tensor.dtype:
-                raise TypeError(f"output_tensor has dtype {output_tensor.dtype}, input_tensor {input_tensor.dtype}")
+                raise ArgumentTypeError(f"output_tensor has dtype {output_tensor.dtype}, input_tensor {input_tensor.dtype}")
             if output_tensor.numel() != g.size * input_tensor.numel():
-                raise ValueError(f"output_tensor must hold {g.size} x input_tensor.numel() = "
-                                 f"{g.size * input_tensor.numel()} elements, got {output_tensor.numel()} "
-                                 f"(shape {list(output_tensor.shape)})")
+                raise ArgumentError(f"output_tensor must hold {g.size} x input_tensor.numel() = "
+                                    f"{g.size * input_tensor.numel()} elements, got {output_tensor.numel()} "
+                                    f"(shape {list(output_tensor.shape)})")
             fields = {"dtype": input_tensor.dtype, "input numel": input_tensor.numel()}
             call = al.Call("all_gather", input_tensor.dtype, input_tensor.numel(), g.size)
             return fields, call, _heap_offset(ctx, input_tensor)
@@ -313,8 +354,9 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _dispatch(ctx, group, key, prepare, input_tensor, output_tensor, async_op)
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
-                          algorithm: str = "auto", ctx=None):
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum",
+                          group: GroupLike = None, async_op: bool = False, *, algorithm: str = "auto",
+                          ctx: Context | None = None) -> Work | None:
     """``output`` = chunk ``r`` (``output.numel()`` elements) of ``input`` reduced with ``op``
     over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements."""
     ctx = _ctx(ctx)
@@ -326,10 +368,10 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM if ReduceOp else "sum",
             _check_tensor(ctx, input, "input")
             _check_tensor(ctx, output, "output")
             if output.dtype != input.dtype:
-                raise TypeError(f"output has dtype {output.dtype}, input {input.dtype}")
+                raise ArgumentTypeError(f"output has dtype {output.dtype}, input {input.dtype}")
             if input.numel() != g.size * output.numel():
-                raise ValueError(f"input must hold {g.size} x output.numel() = {g.size * output.numel()} elements, "
-                                 f"got {input.numel()} (shape {list(input.shape)})")
+                raise ArgumentError(f"input must hold {g.size} x output.numel() = {g.size * output.numel()} elements, "
+                                    f"got {input.numel()} (shape {list(input.shape)})")
             name = _op_name(op, input.dtype)
             fields = {"dtype": input.dtype, "output numel": output.numel(), "op": name}
             return fields, al.Call("reduce_scatter", input.dtype, output.numel(), g.size, op=name), None
@@ -345,16 +387,17 @@ def _splits(t, sizes, world: int, name: str) -> tuple[int, ...]:
     row = t.numel() // rows if rows else 0
     if sizes is None:
         if rows % world:
-            raise ValueError(f"{name} has {rows} rows, not divisible by the group size {world}; pass split sizes")
+            raise ArgumentError(f"{name} has {rows} rows, not divisible by the group size {world}; pass split sizes")
         return tuple([rows // world * row] * world)
     sizes = [int(s) for s in sizes]
     if len(sizes) != world or any(s < 0 for s in sizes) or sum(sizes) != rows:
-        raise ValueError(f"{name} split sizes must be {world} non-negative row counts summing to {rows}, got {sizes}")
+        raise ArgumentError(f"{name} split sizes must be {world} non-negative row counts summing to {rows}, got {sizes}")
     return tuple(s * row for s in sizes)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
-                      *, algorithm: str = "auto", ctx=None):
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int] | None = None,
+                      input_split_sizes: Sequence[int] | None = None, group: GroupLike = None, async_op: bool = False,
+                      *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """Rank ``r`` sends rows ``input_split_sizes[p]`` of ``input`` (dim 0, in order) to rank
     ``p`` and receives ``output_split_sizes[p]`` rows from it into ``output`` (in order);
     ``None`` splits equally. Every rank's send to ``p`` must match ``p``'s receive."""
@@ -369,10 +412,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             _check_tensor(ctx, input, "input")
             _check_tensor(ctx, output, "output")
             if output.dtype != input.dtype:
-                raise TypeError(f"output has dtype {output.dtype}, input {input.dtype}")
+                raise ArgumentTypeError(f"output has dtype {output.dtype}, input {input.dtype}")
             if tuple(input.shape[1:]) != tuple(output.shape[1:]):
-                raise ValueError(f"input and output must have the same shape past dim 0, got "
-                                 f"{list(input.shape)} and {list(output.shape)}")
+                raise ArgumentError(f"input and output must have the same shape past dim 0, got "
+                                    f"{list(input.shape)} and {list(output.shape)}")
             send = _splits(input, input_split_sizes, g.size, "input")
             recv = _splits(output, output_split_sizes, g.size, "output")
             call = al.Call("all_to_all", input.dtype, input.numel(), g.size)
@@ -382,7 +425,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             for i, (send, _) in enumerate(extras):
                 for j, (_, recv) in enumerate(extras):
                     if send[j] != recv[i]:
-                        raise ValueError(
+                        raise ArgumentError(
                             f"iris_fw.ccl.all_to_all_single: rank {g.ranks[i]} sends {send[j]} elements to rank "
                             f"{g.ranks[j]}, which expects {recv[i]} from it (input/output split sizes)")
             return al.Call(**{**call.__dict__, "splits": tuple(send for send, _ in extras)})
@@ -392,7 +435,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return _dispatch(ctx, group, key, prepare, input, output, async_op)
 
 
-def broadcast(tensor, src=None, group=None, async_op=False, *, group_src=None, algorithm: str = "auto", ctx=None):
+def broadcast(tensor: torch.Tensor, src: int | None = None, group: GroupLike = None, async_op: bool = False, *,
+              group_src: int | None = None, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = rank ``src``'s ``tensor`` (``src`` a global rank, or ``group_src`` a rank
     of the group), in place."""
     ctx = _ctx(ctx)
@@ -410,8 +454,9 @@ def broadcast(tensor, src=None, group=None, async_op=False, *, group_src=None, a
     return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
 
 
-def reduce(tensor, dst=None, op=ReduceOp.SUM if ReduceOp else "sum", group=None, async_op=False, *,
-           group_dst=None, algorithm: str = "auto", ctx=None):
+def reduce(tensor: torch.Tensor, dst: int | None = None, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum",
+           group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
+           ctx: Context | None = None) -> Work | None:
     """Rank ``dst``'s ``tensor`` = ``tensor`` reduced with ``op`` over the group, in place;
     the other ranks' tensors are left as they were."""
     ctx = _ctx(ctx)
@@ -435,25 +480,27 @@ def _rooted_list(ctx, g: Group, items, tensor, root: int, name: str):
     if g.rank != root:
         return None
     if not isinstance(items, (list, tuple)) or len(items) != g.size:
-        raise ValueError(f"{name} must be a list of {g.size} tensors on the root, got {type(items).__name__}"
-                         + (f" of {len(items)}" if isinstance(items, (list, tuple)) else ""))
+        raise ArgumentError(f"{name} must be a list of {g.size} tensors on the root, got {type(items).__name__}"
+                            + (f" of {len(items)}" if isinstance(items, (list, tuple)) else ""))
     for i, t in enumerate(items):
         _check_tensor(ctx, t, f"{name}[{i}]")
         if t.dtype != tensor.dtype or t.numel() != tensor.numel():
-            raise ValueError(f"{name}[{i}] must have tensor's dtype {tensor.dtype} and {tensor.numel()} elements, "
-                             f"got {t.dtype} with {t.numel()}")
+            raise ArgumentError(f"{name}[{i}] must have tensor's dtype {tensor.dtype} and {tensor.numel()} elements, "
+                                f"got {t.dtype} with {t.numel()}")
     return list(items)
 
 
-def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, *, group_dst=None,
-           algorithm: str = "auto", ctx=None):
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int | None = None,
+           group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
+           ctx: Context | None = None) -> Work | None:
     """The root's ``gather_list[p]`` = group rank ``p``'s ``tensor`` (``dst``: a global rank,
     or ``group_dst``; default rank 0 of the group). Other ranks pass no list."""
     return _rooted_list_call("gather", "dst", tensor, gather_list, dst, group_dst, group, async_op, algorithm, ctx)
 
 
-def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, *, group_src=None,
-            algorithm: str = "auto", ctx=None):
+def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None,
+            group: GroupLike = None, async_op: bool = False, *, group_src: int | None = None, algorithm: str = "auto",
+            ctx: Context | None = None) -> Work | None:
     """Group rank ``p``'s ``tensor`` = the root's ``scatter_list[p]`` (``src``: a global rank,
     or ``group_src``; default rank 0 of the group). Other ranks pass no list."""
     return _rooted_list_call("scatter", "src", tensor, scatter_list, src, group_src, group, async_op, algorithm, ctx)
@@ -506,7 +553,8 @@ def _barrier_kernel(slots, counters, rank, world_size, heap_bases):
     tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
 
 
-def barrier(group=None, async_op=False, device_ids=None, *, ctx=None):
+def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None, *,
+            ctx: Context | None = None) -> Work | None:
     """Every member's work queued before the barrier finishes before any member's work after
     it starts; unless ``async_op`` (or while capturing a CUDA graph) the host also waits, as
     torch's barrier does, and raises :class:`~iris_fw.WaitTimeout` if a member never came."""

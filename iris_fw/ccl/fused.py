@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import ArgumentError, ArgumentTypeError
 from . import algorithm as al
-from .api import _check_tensor, _ctx, _dispatch, _fast_ok, _prepare
+from .api import GroupLike, _check_tensor, _ctx, _dispatch, _fast_ok, _prepare
+
+if TYPE_CHECKING:
+    from ..context import Context
 
 COLLECTIVE = "all_reduce_rmsnorm"
 #: dtypes of ``x`` / ``out``; ``residual`` has x's dtype or fp32, ``weight`` any of these.
@@ -58,36 +63,38 @@ def _check_norm_args(ctx, x, residual, weight, out, eps) -> tuple[int, int]:
     for t, name in ((x, "x"), (residual, "residual"), (weight, "weight"), (out, "out")):
         _check_tensor(ctx, t, name)
     if x.dtype not in NORM_DTYPES:
-        raise TypeError(f"x has dtype {x.dtype}; all_reduce_rmsnorm supports {', '.join(map(str, NORM_DTYPES))}")
+        raise ArgumentTypeError(f"x has dtype {x.dtype}; all_reduce_rmsnorm supports {', '.join(map(str, NORM_DTYPES))}")
     if x.dim() < 1 or x.shape[-1] < 1:
-        raise ValueError(f"x must be [T, H] (or [..., H]) with H >= 1, got shape {list(x.shape)}")
+        raise ArgumentError(f"x must be [T, H] (or [..., H]) with H >= 1, got shape {list(x.shape)}")
     hidden = x.shape[-1]
     if tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(f"residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
+        raise ArgumentError(f"residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
     if residual.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"residual must have x's dtype {x.dtype} or torch.float32, got {residual.dtype}")
+        raise ArgumentTypeError(f"residual must have x's dtype {x.dtype} or torch.float32, got {residual.dtype}")
     if tuple(weight.shape) != (hidden,):
-        raise ValueError(f"weight must have shape [H] = [{hidden}], got {list(weight.shape)}")
+        raise ArgumentError(f"weight must have shape [H] = [{hidden}], got {list(weight.shape)}")
     if weight.dtype not in NORM_DTYPES:
-        raise TypeError(f"weight has dtype {weight.dtype}; supported: {', '.join(map(str, NORM_DTYPES))}")
+        raise ArgumentTypeError(f"weight has dtype {weight.dtype}; supported: {', '.join(map(str, NORM_DTYPES))}")
     if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
-        raise ValueError(f"out must have x's shape {list(x.shape)} and dtype {x.dtype}, got "
-                         f"{list(out.shape)} {out.dtype}")
+        raise ArgumentError(f"out must have x's shape {list(x.shape)} and dtype {x.dtype}, got "
+                            f"{list(out.shape)} {out.dtype}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+        raise ArgumentError(f"eps must be a finite number >= 0, got {eps!r}")
     same, out_x, res_x, res_out, weight_alias = _aliasing(x, residual, weight, out)
     if res_x:
-        raise ValueError("residual must not share memory with x")
+        raise ArgumentError("residual must not share memory with x")
     if res_out:
-        raise ValueError("out must not share memory with residual")
+        raise ArgumentError("out must not share memory with residual")
     if out_x and not same:
-        raise ValueError("out must be x itself or not share memory with it")
+        raise ArgumentError("out must be x itself or not share memory with it")
     if weight_alias:
-        raise ValueError("weight must not share memory with residual or out")
+        raise ArgumentError("weight must not share memory with residual or out")
     return x.numel() // hidden, hidden
 
 
-def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, group=None, algorithm: str = "auto", out=None, ctx=None):
+def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                       group: GroupLike = None, algorithm: str = "auto", out: torch.Tensor | None = None,
+                       ctx: Context | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused all-reduce + residual add + RMSNorm over the group, in one kernel per call::
 
         h = all_reduce(x) + residual;  residual[:] = h
@@ -122,7 +129,9 @@ def all_reduce_rmsnorm(x, residual, weight, eps=1e-6, *, group=None, algorithm: 
     return out, residual
 
 
-def all_reduce_rmsnorm_reference(x, residual, weight, eps=1e-6, *, xs=None, group=None, dtype=torch.float64):
+def all_reduce_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                                 xs: list[torch.Tensor] | None = None, group: Any = None,
+                                 dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`all_reduce_rmsnorm` computes, in torch: returns ``(out, h)`` in ``dtype``
     (default float64) and leaves the arguments alone. The all-reduce sums ``xs`` (every rank's
     ``x``, in rank order) when given, else runs ``torch.distributed.all_reduce`` over ``group``

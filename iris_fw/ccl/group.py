@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from ..context import check_reports
-from ..errors import IrisError, WaitTimeout
+from ..errors import ArgumentError, IrisError, WaitTimeout
 
 #: Bytes of one mailbox message (pickled fields); two per member, used by exchange parity.
 MAILBOX_BYTES = 1 << 16
@@ -46,11 +46,11 @@ MAX_DEFAULT_WORKSPACE = 256 << 20
 def default_workspace_bytes(ctx) -> int:
     """A group's workspace unless ``workspace_bytes`` is given: ``IRIS_FW_CCL_WORKSPACE`` bytes,
     else a quarter of the heap up to :data:`MAX_DEFAULT_WORKSPACE`."""
-    import os
+    from .. import env
 
-    env = os.environ.get("IRIS_FW_CCL_WORKSPACE")
-    if env:
-        return int(env)
+    size = env.get("IRIS_FW_CCL_WORKSPACE")
+    if size is not None:
+        return size
     return min(ctx.heap_size // 4, MAX_DEFAULT_WORKSPACE)
 
 
@@ -62,7 +62,7 @@ class Group:
     """The ranks of a collective (global ranks in group order), seen from one rank.
 
     Attributes: ``ranks`` (tuple of global ranks), ``size``, ``rank`` (this rank's index in
-    ``ranks``, ``None`` for a non-member), ``heap_bases`` (members' bases in group order),
+    ``ranks``, ``None`` for a non-member), ``heap_bases`` (members' bases in group order, then zeros),
     ``workspace`` (uint8, symmetric), ``ctx``."""
 
     def __init__(self, ctx, ranks: tuple[int, ...], workspace_bytes: int):
@@ -74,9 +74,9 @@ class Group:
         # (iris_fw.device.translate) reports a peer index outside the group instead of reading past
         self.heap_bases = torch.cat([ctx.heap_bases[list(ranks)],
                                      torch.zeros(ctx.world_size - self.size, dtype=torch.int64, device=ctx.device)])
-        need = self._mailbox_bytes() + CARVE_ALIGN
+        need = self.min_workspace_bytes()
         if workspace_bytes < need:
-            raise ValueError(f"workspace_bytes must be at least {need} for a group, got {workspace_bytes}")
+            raise ArgumentError(f"workspace_bytes must be at least {need} for a group, got {workspace_bytes}")
         self.workspace = ctx.zeros(workspace_bytes, dtype=torch.uint8)
         self._used = self._mailbox_bytes()
         self._seq = 0
@@ -100,6 +100,11 @@ class Group:
     @staticmethod
     def _mailbox_bytes() -> int:
         return 2 * MAILBOX_BYTES + CARVE_ALIGN
+
+    @classmethod
+    def min_workspace_bytes(cls) -> int:
+        """The smallest workspace a group can have (its mailbox and one buffer)."""
+        return cls._mailbox_bytes() + CARVE_ALIGN
 
     @property
     def member(self) -> bool:
@@ -161,13 +166,13 @@ class Group:
         does not post within the context's ``wait_timeout`` makes the others raise
         :class:`~iris_fw.WaitTimeout` naming it."""
         if not self.member:
-            raise ValueError(f"{label}: rank {self.ctx.rank} is not in the group {list(self.ranks)}")
+            raise ArgumentError(f"{label}: rank {self.ctx.rank} is not in the group {list(self.ranks)}")
         self._seq += 1
         rejected = None if error is None else f"{type(error).__name__}: {error}"
         payload = pickle.dumps((rejected, fields, extra))
         if len(payload) + 8 > MAILBOX_BYTES:
-            raise ValueError(f"{label}: the call's description ({len(payload)} bytes) does not fit the "
-                             f"group's mailbox ({MAILBOX_BYTES - 8} bytes)")
+            raise ArgumentError(f"{label}: the call's description ({len(payload)} bytes) does not fit the "
+                                f"group's mailbox ({MAILBOX_BYTES - 8} bytes)")
         self._post(self._seq, payload)
         deadline = time.monotonic() + self.ctx.wait_timeout
         reports, missing = [], []

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from .. import context as _context
+from ..errors import ArgumentError
 from . import api
 from .fused import all_reduce_rmsnorm as _all_reduce_rmsnorm
 
@@ -70,7 +71,7 @@ def reduce_scatter_tensor(x: torch.Tensor, op: str = "sum", ranks: Optional[list
     x = x.contiguous()
     w = _world(ranks)
     if x.shape[0] % w:
-        raise ValueError(f"reduce_scatter_tensor: dim 0 of x ({x.shape[0]}) must divide by the group size {w}")
+        raise ArgumentError(f"reduce_scatter_tensor: dim 0 of x ({x.shape[0]}) must divide by the group size {w}")
     out = x.new_empty((x.shape[0] // w, *x.shape[1:]))
     api.reduce_scatter_tensor(out, x, op=op, group=_group(ranks), algorithm=algorithm)
     return out

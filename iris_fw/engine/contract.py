@@ -34,9 +34,12 @@ derived from the call's epoch, so graph-safe). A tile is handled by the same pro
 rank and in every step, so step ``s`` of a tile may read anything that step ``s - 1`` of that
 tile delivered on any rank — e.g. step 0 pushes each partial tile to the tile's owner rank,
 step 1 has the owner reduce it and push the sum to every rank (a two-shot all-reduce of a
-computed result). Only schedulers with ``multi_step = True`` run them (``fused_sequential``);
-the others decline through ``supports``. Waiting for other programs of the same launch is never
-needed, so the CPU interpreter runs them too.
+computed result). Schedulers with ``multi_step = True`` run every step in one kernel
+(``fused_sequential``, each program going on to its next step as soon as its peers' programs
+did); the other schedulers run the later steps after their own kernels, in a kernel of their own
+(``skeletons._steps_kernel``: the exit barrier of the kernels before it made step 0's deliveries
+complete; later steps are separated by the same per-program step barrier). Waiting for other
+programs of the same launch is never needed, so the CPU interpreter runs them too.
 
 Host side, a pattern implements :class:`Pattern`: ``signature`` (validate one rank's inputs and
 describe them — the description is compared across ranks once and keys the op cache),
@@ -57,7 +60,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
-from ..errors import IrisError
+from ..errors import ArgumentError, ArgumentTypeError, IrisError
 
 #: Kernel parameters that may carry TMA descriptors (see the module docstring).
 MAX_TOP = 2
@@ -111,7 +114,10 @@ class Plan:
     steps in order. ``steps``: passes over the tiles (see "Multi-step patterns" above; 1 for a
     one-pass pattern). ``memo``: what a scheduler derives from the plan once (its launchers and
     launch arguments), reused while :meth:`Pattern.bind` hands back this same plan
-    (:class:`BindCache`)."""
+    (:class:`BindCache`). ``library`` (optional): the same call without fusion — vendor
+    libraries (cuBLAS through torch) and :mod:`iris_fw.ccl`'s collectives — writing
+    ``result``; it must only enqueue device work. The ``library`` scheduler runs it (the
+    fallback of ``scheduler="auto"`` where fusing does not pay)."""
 
     pattern: str
     pieces: Pieces
@@ -127,6 +133,7 @@ class Plan:
     finish: Callable[[], Any] | None = None
     copies: list[Copy] | None = None
     steps: int = 1
+    library: Callable[[], Any] | None = None
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -155,7 +162,7 @@ class BindCache:
 
     def __init__(self, capacity: int = 2):
         if capacity < 1:
-            raise ValueError(f"BindCache capacity must be >= 1, got {capacity}")
+            raise ArgumentError(f"BindCache capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._plans: dict = {}
 
@@ -252,7 +259,7 @@ def check_tensor(t: Any, name: str, ndim: int, device: torch.device, dtype: torc
     """``t`` as a torch tensor with ``ndim`` dims on ``device`` (and ``dtype``, one of ``dtypes``),
     else a ``ValueError``/``TypeError`` naming ``name`` and what was expected."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise PatternError(f"{name} must have {ndim} dimensions, got shape {list(t.shape)}")
     if t.device != device:

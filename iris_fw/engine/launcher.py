@@ -52,13 +52,16 @@ from __future__ import annotations
 
 import inspect
 import operator
-import os
 
 import torch
 
 import iris_fw
 
-__all__ = ["KernelLauncher", "bound_args_template", "fast_path_supported", "launch_entry", "make_key_fn", "spec_key"]
+from .. import env
+from ..errors import ArgumentTypeError
+
+__all__ = ["KernelLauncher", "PreparedLaunch", "bound_args_template", "fast_path_supported", "launch_entry",
+           "make_key_fn", "spec_key"]
 
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -326,12 +329,12 @@ def bound_args_template(params, constexprs: dict):
     names = [p.name for p in params]
     unknown = [k for k in constexprs if k not in names]
     if unknown:
-        raise TypeError(f"not parameters of the kernel: {unknown} (parameters: {names})")
+        raise ArgumentTypeError(f"not parameters of the kernel: {unknown} (parameters: {names})")
     template, runtime, missing = [], [], []
     for i, p in enumerate(params):
         if p.name in constexprs:
             if not p.is_constexpr:
-                raise TypeError(f"parameter {p.name!r} is not a tl.constexpr; pass it at each call")
+                raise ArgumentTypeError(f"parameter {p.name!r} is not a tl.constexpr; pass it at each call")
             template.append(constexprs[p.name])
         elif p.is_constexpr:
             default = p.default
@@ -342,7 +345,7 @@ def bound_args_template(params, constexprs: dict):
             template.append(None)
             runtime.append(i)
     if missing:
-        raise TypeError(f"constexpr parameters without a value: {missing}")
+        raise ArgumentTypeError(f"constexpr parameters without a value: {missing}")
     return template, runtime
 
 
@@ -361,13 +364,13 @@ class KernelLauncher:
 
         self.interpreted = isinstance(kernel, InterpretedFunction) or iris_fw.interpreting()
         if not isinstance(kernel, (JITFunction, InterpretedFunction)):
-            raise TypeError(f"KernelLauncher needs a @triton.jit kernel, got {type(kernel).__name__}")
+            raise ArgumentTypeError(f"KernelLauncher needs a @triton.jit kernel, got {type(kernel).__name__}")
         try:
             grid = tuple(operator.index(g) for g in grid)
         except TypeError:
-            raise TypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}") from None
+            raise ArgumentTypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}") from None
         if not 1 <= len(grid) <= 3:
-            raise TypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}")
+            raise ArgumentTypeError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}")
         self.kernel = kernel
         self.name = kernel.fn.__name__
         self.grid = grid
@@ -410,7 +413,7 @@ class KernelLauncher:
         self._version = _triton_version(triton.__version__)
         self._fast = (not self.interpreted and isinstance(kernel, JITFunction)
                       and fast_path_supported(triton.__version__)
-                      and os.environ.get("IRIS_FW_SLOW_LAUNCH", "0") in ("", "0"))
+                      and not env.get("IRIS_FW_SLOW_LAUNCH"))
 
     def __repr__(self):
         return (f"KernelLauncher({self.name}, grid={self.grid}, constexprs={self.constexprs}, "
@@ -477,6 +480,14 @@ class KernelLauncher:
             launch(g0, g1, g2, handle, *head, args + tail)
         else:
             launch(g0, g1, g2, handle, *head, *args, *tail)
+
+    def prepare(self, *args) -> "PreparedLaunch":
+        """A launch of these exact ``args`` (the same objects at every call: a plan's memoized
+        arguments), which after its first call skips the specialization key and, on Triton
+        3.6, re-encoding the TMA descriptors (:class:`PreparedLaunch`)."""
+        if len(args) != self._n:
+            raise self._arity_error(len(args))
+        return PreparedLaunch(self, args)
 
     def _opts_key(self):
         """The compile options JITFunction.run takes from the kernel and from knobs (3.6: debug,
@@ -546,3 +557,103 @@ class KernelLauncher:
 
 
 _NOT_PRESENT = object()
+
+
+def _expanded_tensordesc_launch(launch, version):
+    """Triton 3.6's ``CudaLauncher.launch`` is ``wrap_handle_tensordesc``'s ``inner``, which
+    encodes every TMA descriptor argument (``make_tensordesc_arg``) on each call before calling
+    the generated C launcher. Returns ``(c_launch, expand)`` — ``expand(kernel_args)`` gives
+    the arguments ``inner`` would pass on — or None where the launch is not that wrapper."""
+    if version[:2] != (3, 6) or getattr(launch, "__name__", "") != "inner" or launch.__closure__ is None:
+        return None
+    cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__)))
+    if set(cells) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+        return None
+    try:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+    except ImportError:  # pragma: no cover
+        return None
+    indices, meta = cells["tensordesc_indices"], cells["tensordesc_meta"]
+
+    def expand(kernel_args):
+        out, k = [], 0
+        for i, arg in enumerate(kernel_args):
+            if i in indices:
+                out.extend(make_tensordesc_arg(arg, meta[k]))
+                k += 1
+            else:
+                out.append(arg)
+        return tuple(out)
+
+    return cells["launcher"], expand
+
+
+class PreparedLaunch:
+    """:meth:`KernelLauncher.prepare`: one kernel launch on fixed arguments.
+
+    The first call goes through the launcher (compiling or finding the kernel); it then keeps
+    what the launch resolved to — the compiled kernel's entry for these arguments' key, the
+    device and compile options it was keyed under, and (Triton 3.6) the kernel arguments with
+    their TMA descriptors already encoded — so a later call costs the launch alone. Each call
+    still takes the launcher's full path when anything that could change the outcome has
+    changed: launch hooks or pre-run hooks set, a global the kernel uses changed, the current
+    device or the compile options (debug, instrumentation) changed. The arguments must not be
+    mutated (a plan's memoized arguments are not); a descriptor's memory must stay where it was
+    (a plan is keyed by its operands' ``data_ptr``)."""
+
+    __slots__ = ("launcher", "args", "_ready")
+
+    def __init__(self, launcher: KernelLauncher, args: tuple):
+        self.launcher, self.args, self._ready = launcher, args, None
+
+    def __call__(self, stream=None) -> None:
+        """Launch on ``stream`` (a ``torch.cuda.Stream``; None: the current stream)."""
+        ready = self._ready
+        lau = self.launcher
+        if ready is None:
+            lau._launch(self.args, stream)
+            self._resolve()
+            return
+        state = lau._state
+        rt, comp, fn = state[0], state[1], state[2]
+        chain = state[3]
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        if (enter is not None and (type(enter) is not chain or enter.calls)) or \
+                (leave is not None and (type(leave) is not chain or leave.calls)) or \
+                rt.add_stages_inspection_hook is not None or fn.pre_run_hooks:
+            return lau._launch(self.args, stream)
+        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
+            now = globals_dict.get(name, _NOT_PRESENT)
+            if now is not val and now != val:
+                return lau._launch(self.args, stream)
+        launch, head, final, as_tuple, device, opts = ready
+        get_device = state[5]
+        if get_device() != device or (fn.debug, rt.debug, comp.instrumentation_mode,
+                                      comp.fpsan_homomorphic_casts if state[4] else None) != opts:
+            return lau._launch(self.args, stream)
+        handle = state[6](device) if stream is None else stream.cuda_stream
+        if as_tuple:
+            launch(lau._g0, lau._g1, lau._g2, handle, *head, final)
+        else:
+            launch(lau._g0, lau._g1, lau._g2, handle, *head, *final)
+
+    def _resolve(self) -> None:
+        """After a launch through the launcher: keep its entry for these arguments."""
+        lau = self.launcher
+        state = lau._state
+        if state is None:  # interpreted, or the slow path only
+            return
+        device = state[5]()
+        opts = lau._opts_key()
+        key = state[7](self.args, device, opts)
+        entry = state[8].get(key) if key is not None else None
+        if entry is None:
+            return
+        launch, head, as_tuple = entry[0], entry[1], entry[2]
+        kernel_args = lau.bound_args(self.args)
+        if not as_tuple:
+            unwrapped = _expanded_tensordesc_launch(launch, lau._version)
+            if unwrapped is not None:
+                launch, expand = unwrapped
+                kernel_args = expand(kernel_args)
+        self._ready = (launch, head, kernel_args, as_tuple, device, opts)

@@ -13,18 +13,18 @@ loop plans (and allocates) once.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any
 
 from .. import context as _context
-from ..errors import IrisError
+from .. import env
+from ..errors import ArgumentError, ArgumentTypeError, IrisError
 from .contract import PatternError, input_fingerprint
 from .scheduler import Scheduler
 from .tuning import lookup
 
 #: Ops an :class:`OpCache` keeps (``IRIS_FW_OP_CACHE_SIZE`` overrides).
-DEFAULT_OP_CACHE_SIZE = 32
+DEFAULT_OP_CACHE_SIZE = env.variable("IRIS_FW_OP_CACHE_SIZE").default
 
 
 class Op:
@@ -46,7 +46,7 @@ class Op:
             self.pattern = self.ctx.registries.pattern.require_available(pattern)
             self.signature = self.pattern.signature(self.ctx, *inputs)
             if not isinstance(scheduler, str):
-                raise TypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
+                raise ArgumentTypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
             requested = scheduler
             if scheduler == "auto":
                 choice = lookup(self.pattern, self.signature, self.ctx)
@@ -55,8 +55,8 @@ class Op:
                 if config is None and choice.config is not None:
                     config = self.pattern.Config(**choice.config)
             if config is not None and not isinstance(config, self.pattern.Config):
-                raise TypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
-                                f"or None, got {type(config).__name__}")
+                raise ArgumentTypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
+                                        f"or None, got {type(config).__name__}")
             self.scheduler: Scheduler = self.ctx.registries.scheduler.require_available(scheduler)
             fields = {"pattern": pattern, "scheduler": (requested, scheduler), "inputs": self.signature,
                       "config": config, "comm_sms": comm_sms, "device": self.ctx.device.type}
@@ -70,9 +70,6 @@ class Op:
         self.buffers = self.pattern.setup(self.ctx, self.signature, config, self.scheduler.uses_stash)
         first = self.pattern.bind(self.ctx, self.buffers, *inputs)
         ok, why = self.scheduler.supports(first)
-        if ok and first.steps > 1 and not getattr(self.scheduler, "multi_step", False):
-            ok, why = False, (f"{self.pattern.name} has {first.steps} steps and {self.scheduler.name} runs one-step "
-                              "patterns only (fused_sequential runs multi-step ones)")
         if not ok:
             raise PatternError(f"scheduler {self.scheduler.name!r} cannot run {self.pattern.name}: {why}")
         self.workspace = self.scheduler.workspace(self.ctx, first, comm_sms)
@@ -87,6 +84,8 @@ class Op:
                             f"{self.pattern.name}(...) calls re-plan by themselves)")
 
     def __call__(self, *inputs: Any):
+        if self.ctx.closed:
+            self.ctx._check_open()  # raises: the op's buffers belong to a closed context
         self._check_armed()
         try:
             fingerprint = input_fingerprint(inputs)
@@ -126,9 +125,9 @@ class OpCache:
 
     def __init__(self, capacity: int | None = None):
         if capacity is None:
-            capacity = int(os.environ.get("IRIS_FW_OP_CACHE_SIZE", DEFAULT_OP_CACHE_SIZE))
+            capacity = env.get("IRIS_FW_OP_CACHE_SIZE")
         if capacity < 1:
-            raise ValueError(f"op cache capacity must be >= 1, got {capacity}")
+            raise ArgumentError(f"op cache capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self._ops: OrderedDict = OrderedDict()
 

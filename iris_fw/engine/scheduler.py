@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from .. import devinfo
-from ..errors import IrisError
+from ..errors import ArgumentError, IrisError
 from .contract import Plan, split_args
 from .launcher import KernelLauncher
-from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, no_depends,
-                        no_fetch, no_step, state_slots)
+from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, _steps_kernel,
+                        no_depends, no_fetch, no_step, state_slots)
 
 #: Estimates behind the default SM split (H100/H200 class): what one SM moves over NVLink with
 #: plain loads/stores, and the bf16 tensor-core rate of one SM.
@@ -67,15 +67,16 @@ class Scheduler:
     description = ""
     #: whether the schedule keeps produced tiles in memory (patterns allocate stash space)
     uses_stash = False
-    #: whether the schedule runs multi-step patterns (``Plan.steps > 1``)
+    #: whether the schedule runs a multi-step pattern's later steps inside its own kernels
+    #: (``Plan.steps > 1``; per-program step barriers). Other schedules run them after their
+    #: kernels, in :func:`launch_steps` (a ``"steps"`` kernel role).
     multi_step = False
 
     def available(self) -> tuple[bool, str]:
         return True, ""
 
     def supports(self, plan: Plan) -> tuple[bool, str]:
-        """Whether this scheduler can run ``plan`` (and if not, why). Multi-step plans are
-        checked against :attr:`multi_step` by the op before this is asked."""
+        """Whether this scheduler can run ``plan`` (and if not, why)."""
         return True, ""
 
     def grids(self, ctx, plan: Plan, comm_sms: int | None) -> dict[str, int]:
@@ -85,6 +86,8 @@ class Scheduler:
     def workspace(self, ctx, plan: Plan, comm_sms: int | None) -> Workspace:
         """Grids, state regions and item flags for an op whose first call is ``plan``."""
         grids = self.grids(ctx, plan, comm_sms)
+        if plan.steps > 1 and not self.multi_step:
+            grids["steps"] = devinfo.persistent_programs(ctx.device, plan.num_tiles)
         state = {role: ctx.zeros(state_slots(ctx.world_size, n), dtype=torch.int64) for role, n in grids.items()}
         flags = ctx.zeros(max(plan.num_items, 1), dtype=torch.int64)
         return Workspace(grids=grids, state=state, flags=flags)
@@ -95,6 +98,8 @@ class Scheduler:
 
     def run(self, ctx, plan: Plan, ws: Workspace):
         self.launch(ctx, plan, ws)
+        if plan.steps > 1 and not self.multi_step:
+            launch_steps(ctx, plan, ws)
         if plan.finish is not None:
             plan.finish()
         return plan.result
@@ -105,14 +110,14 @@ class Scheduler:
         sms = devinfo.num_sms(ctx.device)
         comm = default_comm_sms(plan, sms) if comm_sms is None else comm_sms
         if not isinstance(comm, int) or isinstance(comm, bool) or not 1 <= comm < sms:
-            raise ValueError(f"comm_sms must be an int in [1, {sms - 1}] on this device ({sms} SMs), got {comm_sms!r}")
+            raise ArgumentError(f"comm_sms must be an int in [1, {sms - 1}] on this device ({sms} SMs), got {comm_sms!r}")
         return sms - comm, comm
 
     @staticmethod
     def no_split(comm_sms: int | None, name: str) -> None:
         """Schedules that do not split the SMs refuse ``comm_sms`` rather than ignore it."""
         if comm_sms is not None:
-            raise ValueError(f"comm_sms does not apply to {name} (it does not split the SMs), got {comm_sms!r}")
+            raise ArgumentError(f"comm_sms does not apply to {name} (it does not split the SMs), got {comm_sms!r}")
 
 
 class _EventCalls:
@@ -250,9 +255,9 @@ def launch_producer(ctx, plan: Plan, ws: Workspace, *, role: str = "producer", s
         launcher = bind_kernel(ws, role, _producer_kernel, plan,
                                dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, ENTRY=entry,
                                     EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_items,
-                                                ctx.rank, ctx.world_size, ctx.heap_bases))
-    _launch(call, stream)
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1](stream)
 
 
 def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", sync: bool, queue: bool,
@@ -266,10 +271,10 @@ def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", s
         launcher = bind_kernel(ws, role, _consumer_kernel, plan,
                                dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, QUEUE=queue,
                                     FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
-                                                plan.num_items, fixed_flag, ctx.rank, ctx.world_size,
-                                                ctx.heap_bases))
-    _launch(call, stream)
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_tiles, plan.num_items, fixed_flag, ctx.rank,
+                                                      ctx.world_size, ctx.heap_bases))
+    call[1](stream)
 
 
 def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: bool = True,
@@ -279,9 +284,21 @@ def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: 
     call = plan.memo.get(key)
     if call is None or call[0] is not ws:
         launcher = bind_kernel(ws, role, _fused_kernel, plan, dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
-                                                ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1](*call[2])
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1]()
+
+
+def launch_steps(ctx, plan: Plan, ws: Workspace) -> None:
+    """A multi-step plan's later steps on a schedule that ran step 0 in its own kernels (see
+    :func:`~iris_fw.engine.skeletons._steps_kernel`); role ``"steps"``."""
+    key = ("steps",)
+    call = plan.memo.get(key)
+    if call is None or call[0] is not ws:
+        launcher = bind_kernel(ws, "steps", _steps_kernel, plan, dict(NPROG=ws.grids["steps"], EXIT=True))
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state["steps"], ws.flags,
+                                                      plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases))
+    call[1]()
 
 
 def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: str = "specialized",
@@ -293,14 +310,7 @@ def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: 
         launcher = bind_kernel(ws, role, _specialized_kernel, plan,
                                dict(NPROG=ws.grids[role], PRODUCERS=producers, COMM_FIRST=plan.comm_first,
                                     ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher, (*split_args(plan.args), ws.state[role], ws.flags, plan.num_tiles,
-                                                plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1](*call[2])
-
-
-def _launch(call, stream) -> None:
-    """One memoized launch ``(workspace, launcher, args)``, on ``stream`` if given."""
-    if stream is None:
-        call[1](*call[2])
-    else:
-        call[1].launch_on(stream, *call[2])
+        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
+                                                      plan.num_tiles, plan.num_items, ctx.rank, ctx.world_size,
+                                                      ctx.heap_bases))
+    call[1]()

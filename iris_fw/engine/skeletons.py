@@ -306,6 +306,26 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
 
 
 @triton.jit
+def _steps_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
+                  ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                  STEP: tl.constexpr, STEPS: tl.constexpr, NPROG: tl.constexpr, EXIT: tl.constexpr):
+    """A multi-step pattern's steps ``1 … STEPS-1`` on a schedule that ran step 0 in kernels of
+    its own: launched after them on the same stream, whose exit barrier made every delivery of
+    step 0 complete on every rank — so step 1 needs no barrier of its own; each later step
+    follows :func:`step_barrier`. ``EXIT``: the last program waits until every rank's steps
+    delivered (the steps communicate)."""
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, False)
+    for s in tl.static_range(1, STEPS):
+        if s > 1:
+            if ok:
+                ok = step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG)
+        if ok:
+            for tile in range(tl.program_id(0), num_tiles, NPROG):
+                STEP(args, tile, s, CFG)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+
+
+@triton.jit
 def no_fetch(args, chunk, CFG: tl.constexpr):
     """``fetch`` of a pattern with no operand chunks: does nothing."""
     pass

@@ -32,7 +32,7 @@ def table() -> dict:
 def lookup(pattern, signature: tuple, ctx) -> Choice:
     """The tuned :class:`Choice` for ``pattern`` at ``signature`` on ``ctx``'s device and world
     size (rows are for the input dtypes the table lists: the signature's dtype), else the
-    default scheduler for the pattern's kind."""
+    pattern's default scheduler (``defaults.patterns``), else the default for its kind.""" 
     data = table()
     dtype = next((x for x in signature if isinstance(x, torch.dtype)), None)
     dtype_name = str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
@@ -43,4 +43,6 @@ def lookup(pattern, signature: tuple, ctx) -> Choice:
         for row in rows:
             if row["key"] == key:
                 return Choice(row["scheduler"], row.get("comm_sms"), row.get("config"))
-    return Choice(data["defaults"]["comm_first" if pattern.comm_first else "compute_first"])
+    defaults = data["defaults"]
+    by_pattern = defaults.get("patterns", {}).get(pattern.name)
+    return Choice(by_pattern or defaults["comm_first" if pattern.comm_first else "compute_first"])

@@ -1,0 +1,459 @@
+"""Iris's object-style device API: ``iris.DeviceContext`` (alias ``iris.Context``), ``iris.Tile``,
+``iris.TileView``, ``iris.TensorView``, ``iris.make_tensor_view``, ``iris.AllReduceConfig``.
+
+Triton aggregates, as in Iris. Host side, ``shmem.get_device_context()`` encodes
+``[rank, world_size, heap_base_0 … heap_base_{W-1}]`` (int64 on the device); in a kernel::
+
+    ctx = iris.DeviceContext.initialize(context_tensor, rank, world_size)   # rank, world_size constexpr
+    x = ctx.load(buf + offs, from_rank=1, mask=m)
+    ctx.store(buf + offs, x, to_rank=1, mask=m)
+
+Every method maps onto :mod:`iris_fw.device` (and the tile collectives onto
+:mod:`iris_fw.tilecomm`'s reduction helpers) with ``rank = ctx.rank``. Lock waits are iris-fw's
+bounded waits (:func:`iris_fw.device.wait_until`): a rank that never signals becomes an
+:class:`iris_fw.WaitTimeout` at the next synchronization instead of a hang. Tile collectives
+use iris-fw's default memory order (``acq_rel``, ``scope="sys"``) for their atomics.
+``initialize(…, tracing=True)`` is refused: pending (a tracing subsystem is being built).
+"""
+
+import functools
+
+import triton
+import triton.language as tl
+from triton.language.core import _aggregate
+
+from iris_fw import device as _dv
+from iris_fw import tilecomm as _tc
+
+try:  # the type Triton's interpreter gives @triton.jit functions
+    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
+except ImportError:  # pragma: no cover - every supported Triton has it
+    _Interpreted = ()
+
+_NO_TRACING = "DeviceContext tracing is pending (a tracing subsystem is being built); use tracing=False"
+
+
+class _Method:
+    """Binds an interpreted ``@triton.jit`` method to its aggregate instance."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __get__(self, obj, objtype=None):
+        return self.fn if obj is None else functools.partial(self.fn, obj)
+
+
+def aggregate(cls):
+    """``triton.language.core._aggregate``, whose methods also work under Triton's interpreter:
+    there ``@triton.jit`` gives an ``InterpretedFunction``, which the aggregate does not copy
+    (methods) or bind (``self``); this does both, static methods staying unbound."""
+    value = _aggregate(cls)
+    for name, member in cls.__dict__.items():
+        if isinstance(member, staticmethod) and isinstance(member.__func__, _Interpreted):
+            setattr(value, name, member)
+        elif isinstance(member, _Interpreted):
+            setattr(value, name, _Method(member))
+    return value
+
+
+@triton.jit
+def _tensor(x):
+    """``x`` (an int, a constexpr or a tensor) as a tensor (int32, or wider if ``x`` is)."""
+    return x + tl.zeros((), tl.int32)
+
+
+@triton.jit
+def tile_layout(pid_m, pid_n, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """Rows ``rm [BM]``, columns ``rn [BN]`` of tile ``(pid_m, pid_n)`` of an ``[M, N]`` matrix and
+    the in-bounds mask ``[BM, BN]``."""
+    rm = tl.max_contiguous(tl.multiple_of(pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M), BLOCK_SIZE_M),
+                           BLOCK_SIZE_M)
+    rn = tl.max_contiguous(tl.multiple_of(pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N), BLOCK_SIZE_N),
+                           BLOCK_SIZE_N)
+    return rm, rn, (rm[:, None] < M) & (rn[None, :] < N)
+
+
+@aggregate
+class TileView:
+    """A tile's place: coordinates ``pid_m``, ``pid_n`` (tensors) and block sizes (constexpr)."""
+
+    pid_m: tl.tensor
+    pid_n: tl.tensor
+    block_m: tl.constexpr
+    block_n: tl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, pid_m, pid_n, block_m, block_n):
+        self.pid_m = pid_m
+        self.pid_n = pid_n
+        self.block_m = tl.constexpr(block_m)
+        self.block_n = tl.constexpr(block_n)
+
+    @triton.jit
+    def layout(self, M, N):
+        """``(rm, rn, mask)`` of this tile in an ``[M, N]`` matrix."""
+        return tile_layout(self.pid_m, self.pid_n, M, N, self.block_m, self.block_n)
+
+    @triton.jit
+    def indices(self):
+        """``(rm [BM], rn [BN])`` without bounds checks."""
+        return (self.pid_m * self.block_m + tl.arange(0, self.block_m),
+                self.pid_n * self.block_n + tl.arange(0, self.block_n))
+
+
+@aggregate
+class Tile:
+    """A :class:`TileView` with the tile's values ``data [BM, BN]`` (e.g. a GEMM result)."""
+
+    pid_m: tl.tensor
+    pid_n: tl.tensor
+    block_m: tl.constexpr
+    block_n: tl.constexpr
+    data: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, pid_m, pid_n, block_m, block_n, data):
+        self.pid_m = pid_m
+        self.pid_n = pid_n
+        self.block_m = tl.constexpr(block_m)
+        self.block_n = tl.constexpr(block_n)
+        self.data = data
+
+    @triton.jit
+    def layout(self, M, N):
+        """``(rm, rn, mask)`` of this tile in an ``[M, N]`` matrix."""
+        return tile_layout(self.pid_m, self.pid_n, M, N, self.block_m, self.block_n)
+
+    @triton.jit
+    def indices(self):
+        """``(rm [BM], rn [BN])`` without bounds checks."""
+        return (self.pid_m * self.block_m + tl.arange(0, self.block_m),
+                self.pid_n * self.block_n + tl.arange(0, self.block_n))
+
+
+@aggregate
+class TensorView:
+    """A strided ``[M, N]`` matrix at ``ptr`` (sizes and strides are tensors); make one in a
+    kernel with :func:`make_tensor_view`."""
+
+    ptr: tl.tensor
+    M: tl.tensor
+    N: tl.tensor
+    stride_m: tl.tensor
+    stride_n: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, ptr, M, N, stride_m, stride_n):
+        self.ptr = ptr
+        self.M = M
+        self.N = N
+        self.stride_m = stride_m
+        self.stride_n = stride_n
+
+    @triton.jit
+    def tile_ptr_from_indices(self, rm, rn, block_m: tl.constexpr, block_n: tl.constexpr):
+        """Pointers ``[BM, BN]`` at rows ``rm``, columns ``rn`` and their in-bounds mask."""
+        rm = tl.max_contiguous(tl.multiple_of(rm, block_m), block_m)
+        rn = tl.max_contiguous(tl.multiple_of(rn, block_n), block_n)
+        mask = (rm[:, None] < self.M) & (rn[None, :] < self.N)
+        return self.ptr + rm[:, None] * self.stride_m + rn[None, :] * self.stride_n, mask
+
+    @triton.jit
+    def tile_ptr(self, tile):
+        """Pointers to ``tile`` (a :class:`Tile` or :class:`TileView`) and its mask."""
+        rm, rn = tile.indices()
+        return self.tile_ptr_from_indices(rm, rn, tile.block_m, tile.block_n)
+
+    @triton.jit
+    def offset_tile_ptr(self, tile, offset_m=0, offset_n=0, src_mask=None):
+        """Like :meth:`tile_ptr` with rows shifted by ``offset_m`` and columns by ``offset_n``;
+        ``src_mask`` (optional) is and-ed into the mask."""
+        rm, rn = tile.indices()
+        ptrs, mask = self.tile_ptr_from_indices(rm + offset_m, rn + offset_n, tile.block_m, tile.block_n)
+        if src_mask is not None:
+            mask = mask & src_mask
+        return ptrs, mask
+
+    @triton.jit
+    def offset(self, offset_m=0, offset_n=0):
+        """The same view with its pointer moved by ``offset_m`` rows and ``offset_n`` columns."""
+        return TensorView(self.ptr + offset_m * self.stride_m + offset_n * self.stride_n, self.M, self.N,
+                          self.stride_m, self.stride_n)
+
+    @triton.jit
+    def number_of_tiles(self, block_m, block_n):
+        """Tiles of ``block_m x block_n`` covering the matrix."""
+        return tl.cdiv(self.M, block_m) * tl.cdiv(self.N, block_n)
+
+
+@triton.jit
+def make_tensor_view(ptr, M, N, stride_m, stride_n):
+    """A :class:`TensorView` of the ``[M, N]`` matrix at ``ptr`` with the given strides
+    (ints, constexprs or tensors)."""
+    return TensorView(ptr, _tensor(M), _tensor(N), _tensor(stride_m), _tensor(stride_n))
+
+
+@aggregate
+class AllReduceConfig:
+    """Device-side all-reduce choice: ``variant_code`` (0 atomic, 1 ring, 2 one-shot, 3 two-shot,
+    4 spinlock; constexpr) and ``locks_ptr``."""
+
+    variant_code: tl.constexpr
+    locks_ptr: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, variant_code, locks_ptr):
+        self.variant_code = tl.constexpr(variant_code)
+        self.locks_ptr = locks_ptr
+
+
+@aggregate
+class DeviceContext:
+    """This rank (``rank``, ``world_size``: constexpr) and every rank's heap base
+    (``heap_bases``, an int64 pointer)."""
+
+    rank: tl.constexpr
+    world_size: tl.constexpr
+    heap_bases: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, rank, world_size, heap_bases):
+        self.rank = tl.constexpr(rank)
+        self.world_size = tl.constexpr(world_size)
+        self.heap_bases = heap_bases
+
+    @staticmethod
+    @triton.jit
+    def initialize(context_tensor, rank, world_size, tracing: tl.constexpr = False):
+        """The context from ``shmem.get_device_context()`` (``rank``/``world_size`` constexpr)."""
+        tl.static_assert(not tracing, _NO_TRACING)
+        return DeviceContext(rank, world_size, context_tensor + 2)
+
+    # ---- remote memory access, the caller being ``self.rank`` -------------------------------
+    @triton.jit
+    def load(self, pointer, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = None,
+             volatile: tl.constexpr = False, hint: tl.constexpr = None):
+        return _dv.load(pointer, self.rank, from_rank, self.heap_bases, mask=mask, other=other,
+                        cache_modifier=cache_modifier, volatile=volatile, hint=hint)
+
+    @triton.jit
+    def store(self, pointer, value, to_rank, mask=None, cache_modifier: tl.constexpr = None,
+              hint: tl.constexpr = None):
+        _dv.store(pointer, value, self.rank, to_rank, self.heap_bases, mask=mask, cache_modifier=cache_modifier,
+                  hint=hint)
+
+    @triton.jit
+    def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier: tl.constexpr = None,
+            store_cache_modifier: tl.constexpr = None, hint: tl.constexpr = None):
+        _dv.get(from_ptr, to_ptr, self.rank, from_rank, self.heap_bases, mask=mask, other=other,
+                load_cache_modifier=load_cache_modifier, store_cache_modifier=store_cache_modifier, hint=hint)
+
+    @triton.jit
+    def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, load_cache_modifier: tl.constexpr = None,
+            store_cache_modifier: tl.constexpr = None, hint: tl.constexpr = None):
+        _dv.put(from_ptr, to_ptr, self.rank, to_rank, self.heap_bases, mask=mask, other=other,
+                load_cache_modifier=load_cache_modifier, store_cache_modifier=store_cache_modifier, hint=hint)
+
+    @triton.jit
+    def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None,
+             load_cache_modifier: tl.constexpr = None, store_cache_modifier: tl.constexpr = None,
+             hint: tl.constexpr = None):
+        _dv.copy(src_ptr, dst_ptr, self.rank, from_rank, to_rank, self.heap_bases, mask=mask, other=other,
+                 load_cache_modifier=load_cache_modifier, store_cache_modifier=store_cache_modifier, hint=hint)
+
+    @triton.jit
+    def atomic_add(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                   hint: tl.constexpr = None):
+        return _dv.atomic_add(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                              hint=hint)
+
+    @triton.jit
+    def atomic_sub(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                   hint: tl.constexpr = None):
+        return _dv.atomic_sub(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                              hint=hint)
+
+    @triton.jit
+    def atomic_cas(self, pointer, cmp, val, to_rank, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                   hint: tl.constexpr = None):
+        return _dv.atomic_cas(pointer, cmp, val, self.rank, to_rank, self.heap_bases, sem=sem, scope=scope,
+                              hint=hint)
+
+    @triton.jit
+    def atomic_xchg(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                    hint: tl.constexpr = None):
+        return _dv.atomic_xchg(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                               hint=hint)
+
+    @triton.jit
+    def atomic_xor(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                   hint: tl.constexpr = None):
+        return _dv.atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                              hint=hint)
+
+    @triton.jit
+    def atomic_and(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                   hint: tl.constexpr = None):
+        return _dv.atomic_and(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                              hint=hint)
+
+    @triton.jit
+    def atomic_or(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                  hint: tl.constexpr = None):
+        return _dv.atomic_or(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                             hint=hint)
+
+    @triton.jit
+    def atomic_min(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                   hint: tl.constexpr = None):
+        return _dv.atomic_min(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                              hint=hint)
+
+    @triton.jit
+    def atomic_max(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
+                   hint: tl.constexpr = None):
+        return _dv.atomic_max(pointer, val, self.rank, to_rank, self.heap_bases, mask=mask, sem=sem, scope=scope,
+                              hint=hint)
+
+    # ---- tile collectives ---------------------------------------------------------------------
+    @triton.jit
+    def _tile_id(self, tile, dst_view):
+        return tile.pid_m * tl.cdiv(dst_view.N, tile.block_n) + tile.pid_n
+
+    @triton.jit
+    def _wait_lock(self, lock_ptr, value, peer):
+        """Wait (bounded) until ``peer``'s lock at ``lock_ptr`` equals ``value``; 1 if it did."""
+        return _dv.wait_until(lock_ptr, "==", value, self.rank, peer, self.heap_bases)
+
+    @triton.jit
+    def _reduce_from_peers(self, tile, src_ptrs, mask, locks, tile_id, generation):
+        """``tile.data`` plus every other rank's ``src_ptrs`` (each read once that rank's lock
+        ``locks[tile_id]`` equals ``generation``), in the accumulator type of
+        :func:`iris_fw.tilecomm.widen`; and 1 if every rank was ready."""
+        acc = _tc.widen(tile.data)
+        ready = 1
+        for i in range(1, self.world_size):
+            peer = (self.rank + i) % self.world_size
+            ok = self._wait_lock(locks + tile_id, generation, peer)
+            ready = ready & ok
+            acc = _tc.combine(acc, _tc.widen(self.load(src_ptrs, peer, mask=mask)), "sum")
+        return acc, ready
+
+    @triton.jit
+    def all_reduce_atomic(self, tile, dst_view):
+        """Add ``tile.data`` into ``dst_view``'s tile on every rank (atomics; ``dst`` starts at 0)."""
+        ptrs, mask = dst_view.tile_ptr(tile)
+        for i in range(0, self.world_size):
+            _dv.atomic_add(ptrs, tile.data, self.rank, (self.rank + i) % self.world_size, self.heap_bases, mask=mask)
+
+    @triton.jit
+    def all_reduce_spinlock(self, tile, dst_view, locks):
+        """Read-add-write ``tile.data`` into ``dst_view``'s tile on every rank under that rank's
+        lock ``locks[tile_id]`` (acquired with a bounded compare-and-swap loop)."""
+        tile_id = self._tile_id(tile, dst_view)
+        ptrs, mask = dst_view.tile_ptr(tile)
+        bound = tl.load(_dv.heap_header(self.rank, self.heap_bases) + _dv.HDR_WAIT_BOUND)
+        for i in range(0, self.world_size):
+            peer = (self.rank + i) % self.world_size
+            old = _dv.atomic_cas(locks + tile_id, 0, 1, self.rank, peer, self.heap_bases, sem="acquire")
+            spins = bound * 0
+            while (old != 0) & (spins < bound):
+                old = _dv.atomic_cas(locks + tile_id, 0, 1, self.rank, peer, self.heap_bases, sem="acquire")
+                spins += 1
+            if old == 0:
+                current = self.load(ptrs, peer, mask=mask)
+                total = _tc.combine(_tc.widen(current), _tc.widen(tile.data), "sum")
+                self.store(ptrs, total.to(tile.data.dtype), peer, mask=mask)
+                tl.debug_barrier()
+                _dv.atomic_xchg(locks + tile_id, 0, self.rank, peer, self.heap_bases, sem="release")
+            else:
+                _dv.record_timeout(locks + tile_id, "==", 0, old, spins, self.rank, peer, self.heap_bases)
+
+    @triton.jit
+    def all_reduce_one_shot(self, tile, src_view, dst_view, locks, generation=1):
+        """``dst`` tile = ``tile.data`` + every other rank's ``src`` tile, each read once that
+        rank's ``locks[tile_id]`` equals ``generation`` (its ``src`` tile is written)."""
+        src_ptrs, mask = src_view.tile_ptr(tile)
+        dst_ptrs, _ = dst_view.tile_ptr(tile)
+        acc, _ = self._reduce_from_peers(tile, src_ptrs, mask, locks, self._tile_id(tile, dst_view), generation)
+        tl.store(dst_ptrs, acc.to(tile.data.dtype), mask=mask)
+
+    @triton.jit
+    def all_reduce_two_shot(self, tile, src_view, dst_view, locks, generation=1):
+        """Like :meth:`all_reduce_one_shot`, done only by the tile's owner (``tile_id % world_size``),
+        which stores the sum into ``dst`` on every rank."""
+        tile_id = self._tile_id(tile, dst_view)
+        if tile_id % self.world_size == self.rank:
+            src_ptrs, mask = src_view.tile_ptr(tile)
+            dst_ptrs, _ = dst_view.tile_ptr(tile)
+            acc, _ = self._reduce_from_peers(tile, src_ptrs, mask, locks, tile_id, generation)
+            _tc.tile_store_all(dst_ptrs, acc.to(tile.data.dtype), self.rank, self.world_size, self.heap_bases,
+                               mask=mask)
+
+    @triton.jit
+    def all_reduce_ring(self, tile, src_view, dst_view):
+        """``dst`` tile = the sum of every rank's ``src`` tile (read from each rank; no flags:
+        every rank's ``src`` must be complete before the kernel, as in Iris)."""
+        src_ptrs, mask = src_view.tile_ptr(tile)
+        dst_ptrs, _ = dst_view.tile_ptr(tile)
+        acc = _tc.tile_reduce(src_ptrs, self.rank, self.world_size, self.heap_bases, mask=mask)
+        tl.store(dst_ptrs, acc.to(dst_ptrs.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def all_gather(self, tile, dst_view, dim: tl.constexpr):
+        """Store ``tile.data`` on every rank into ``dst_view`` (the gathered matrix) at this rank's
+        block along ``dim`` (0: rows ``rank * M/W …``, 1: columns ``rank * N/W …``). Lanes outside
+        this rank's block (a ragged last tile) are not written."""
+        rm, rn = tile.indices()
+        if dim == 0:
+            rows = dst_view.M // self.world_size
+            own = (rm[:, None] < rows) & (rn[None, :] < dst_view.N)
+            ptrs, mask = dst_view.offset_tile_ptr(tile, offset_m=self.rank * rows, src_mask=own)
+        else:
+            cols = dst_view.N // self.world_size
+            own = (rm[:, None] < dst_view.M) & (rn[None, :] < cols)
+            ptrs, mask = dst_view.offset_tile_ptr(tile, offset_n=self.rank * cols, src_mask=own)
+        _tc.tile_store_all(ptrs, tile.data, self.rank, self.world_size, self.heap_bases, mask=mask)
+
+    @triton.jit
+    def gather(self, tile, src_view, source_rank: tl.constexpr, hint: tl.constexpr = None):
+        """``source_rank``'s ``src_view`` tile (masked-off lanes 0)."""
+        ptrs, mask = src_view.tile_ptr(tile)
+        return self.load(ptrs, source_rank, mask=mask, other=0, hint=hint)
+
+    @triton.jit
+    def all_to_all(self, tile, src_view, dst_view, N_per_rank: tl.constexpr):
+        """Column-chunked all-to-all of one output tile: output column ``c`` comes from rank
+        ``c // N_per_rank``, from its input column ``rank * N_per_rank + c % N_per_rank``."""
+        rm, rn = tile.indices()
+        owner = rn // N_per_rank
+        src_cols = self.rank * N_per_rank + rn % N_per_rank
+        in_bounds = (rm[:, None] < dst_view.M) & (rn[None, :] < dst_view.N) & (rm[:, None] < src_view.M)
+        src_ptrs = src_view.ptr + rm[:, None] * src_view.stride_m + src_cols[None, :] * src_view.stride_n
+        dst_ptrs = dst_view.ptr + rm[:, None] * dst_view.stride_m + rn[None, :] * dst_view.stride_n
+        for i in range(0, self.world_size):
+            peer = (self.rank + i) % self.world_size
+            mask = in_bounds & (owner[None, :] == peer)
+            tl.store(dst_ptrs, self.load(src_ptrs, peer, mask=mask), mask=mask)
+
+    @triton.jit
+    def reduce_scatter(self, tile, src_view, dst_view, locks):
+        """Reduce-scatter by tile ranges: rank ``r`` owns tiles ``[r*T/W, (r+1)*T/W)`` of the
+        ``T`` tiles (the last rank also the remainder); for an owned tile, ``dst`` = ``tile.data``
+        + every other rank's ``src`` tile, each read once that rank's ``locks[tile_id]`` is 1."""
+        total = tl.cdiv(dst_view.M, tile.block_m) * tl.cdiv(dst_view.N, tile.block_n)
+        per_rank = total // self.world_size
+        tile_id = self._tile_id(tile, dst_view)
+        first = self.rank * per_rank
+        last = first + per_rank
+        if self.rank == self.world_size - 1:
+            last = total
+        if (tile_id >= first) & (tile_id < last):
+            src_ptrs, mask = src_view.tile_ptr(tile)
+            dst_ptrs, _ = dst_view.tile_ptr(tile)
+            acc, _ = self._reduce_from_peers(tile, src_ptrs, mask, locks, tile_id, 1)
+            tl.store(dst_ptrs, acc.to(tile.data.dtype), mask=mask)
+
+
+#: Iris's current name for the device context.
+Context = DeviceContext

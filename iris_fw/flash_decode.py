@@ -1,0 +1,667 @@
+"""Distributed flash-decode: attention of one new token per sequence over a KV cache whose
+sequence is split across the ranks, combined across ranks inside the attention kernel.
+
+``flash_decode(q, k, v, *, kv_lens=None, sm_scale=None, out=None, scheduler="auto",
+block_table=None, group=None, ctx=None) -> o`` — shapes::
+
+    q       [B, Hq, D]        the same on every rank
+    k       [B, S_r, Hkv, D]  this rank's contiguous slice of the sequence (rank order = sequence
+    v       [B, S_r, Hkv, Dv]   order); S_r may differ between ranks, 0 included
+    kv_lens [B] int32         valid tokens of this rank's slice per sequence (optional; clamped to [0, S_r])
+    o       [B, Hq, Dv]       softmax(q·Kᵀ·sm_scale)·V over the whole sequence, on every rank
+
+or paged (as vLLM)::
+
+    block_table [B, pages] int32        each sequence's pages of this rank's slice, in order
+    k [num_pages, page_size, Hkv, D]    the pages; S_r = pages * page_size
+    v [num_pages, page_size, Hkv, Dv]
+
+Query head ``h`` reads kv head ``h // (Hq / Hkv)`` (GQA; MQA and MHA alike); fp16, bf16, fp32;
+``D`` and ``Dv`` any size up to 256 (masked to the next power of two). A sequence without any
+valid token gets zeros. Every rank's ``o`` is bitwise the same.
+
+**Work decomposition.** A *unit* is (sequence b, kv head, block of at most ``max_rows`` query
+heads of that kv head: all ``G = Hq / Hkv`` of them unless G is large); each unit's slice of
+this rank is cut into ``n_split`` block-aligned *splits* (per sequence, from its valid
+length, on the device). A persistent grid of at most one program per SM (tuning table) takes
+the work items (unit, split) ``pid, pid + programs, …``; ``n_split`` is chosen from the unit
+count so that the items about fill the grid (batch 1 × 8 kv heads on 132 SMs: 16 splits).
+A split program loads the unit's query heads as one ``[ROWS, D]`` tile (padded to 16 rows so
+``tl.dot`` applies: the K and V tiles are read once for all query heads of the kv head), runs
+the online softmax over its ``BLOCK_N``-token K/V tiles, and stores its partial (normalized
+``o`` and log-sum-exp) in a local scratch. It then counts itself on the unit's counter (local
+atomic); the split that arrives *last* combines the unit's ``n_split`` partials (in split
+order) into this rank's partial of the unit. Then:
+
+* ``scheduler="fused"`` (``"auto"``): that program pushes the rank's partial into slot
+  ``rank`` of every rank's receive buffer (symmetric, double-buffered by the call's epoch
+  parity), arrives on the unit's slots of every rank, waits — bounded — for every rank's
+  arrival on this unit, and combines the ``W`` partials (in rank order) into ``o``. One
+  launch per call, no host synchronization. No program waits for another program of its
+  own launch (only for programs of other ranks), so the kernel is also correct under
+  Triton's CPU interpreter, which runs a launch's programs one after another. Every program
+  is resident on a GPU at once (grid ≤ SMs × ``programs_per_sm``), so the waits progress.
+* ``scheduler="bulk_sync"``: the same kernel stores the rank's partial locally, then
+  ``iris_fw.ccl.all_gather_into_tensor`` gathers every rank's partials and a combine kernel
+  computes ``o`` (three launches) — the bulk-synchronous reference on our side.
+
+Per-call state lives on the device: per-program epoch counters (:func:`iris_fw.tilecomm.program_epoch`),
+unit counters reset by the last split, arrival slots holding epochs. A call issued again with
+the same host arguments — a CUDA-graph replay with fresh ``q``/``k``/``v``/``kv_lens`` in the
+same tensors — is correct; so is a decode loop whose ``S_r`` grows (``S_r`` is a runtime
+argument, not part of the cached call).
+
+**Calls.** The first call of a shape class (B, Hq, Hkv, D, Dv, dtype, kv_lens given or not,
+sm_scale, scheduler) on a group is validated across its members through the group's mailbox
+(:meth:`iris_fw.ccl.Group.exchange`; ``S_r`` may differ): a mismatch raises on every rank
+naming the ranks and the argument. It then plans: tuning row, split count, scratch, and for
+``fused`` a kernel configuration of the group's workspace (:func:`iris_fw.ccl.algorithm.kernel_config`:
+receive buffers and arrival slots, shared by calls of equal bytes). Later calls are one
+dictionary look-up and one launch. Launch configurations are data:
+``iris_fw/tuning/flash_decode.json``, keyed by device name.
+
+:func:`flash_decode_reference` (float64, from every rank's slices) and
+:func:`combine_partials` (torch: the combine of per-rank partials, the bulk-synchronous
+baseline's last step) sit beside the op.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from . import context as _context
+from . import devinfo
+from . import tilecomm as tc
+from . import tiles
+from .ccl import algorithm as al
+from .ccl import api
+from .engine.launcher import KernelLauncher
+
+__all__ = ["DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "FlashDecode", "combine_partials", "flash_decode",
+           "flash_decode_reference", "plan", "tuning"]
+
+#: dtypes of q, k, v (and of o).
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Largest head dim (D and Dv).
+MAX_HEAD_DIM = 256
+#: ``scheduler=`` values; ``"auto"`` is the first.
+SCHEDULERS = ("fused", "bulk_sync")
+#: Smallest tile side ``tl.dot`` takes.
+MIN_DOT = 16
+LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must be a constexpr)
+
+
+# ---- tuning (data) --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """One row of ``iris_fw/tuning/flash_decode.json`` (see its ``_doc``)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int
+    items_per_program: int
+    max_splits: int
+    max_rows: int
+
+
+@functools.lru_cache(maxsize=None)
+def _table() -> dict:
+    return json.loads(resources.files("iris_fw.tuning").joinpath("flash_decode.json").read_text())
+
+
+def tuning(device: torch.device, head_dim: int) -> Tuning:
+    """The launch configuration for ``device`` at head dim ``head_dim`` (the larger of D, Dv):
+    the device name's rows, else the device type's defaults."""
+    data = _table()
+    dev = devinfo.info(device)
+    rows = data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"]
+    for bound, cfg in rows:
+        if bound is None or head_dim <= bound:
+            return Tuning(**cfg)
+    return Tuning(**rows[-1][1])
+
+
+# ---- device functions -------------------------------------------------------------------------------
+
+
+@triton.jit
+def _unit(u, HQ: tl.constexpr, HKV: tl.constexpr, ROWS: tl.constexpr):
+    """Unit ``u`` → (sequence b, kv head, first query head, query heads in the unit)."""
+    G: tl.constexpr = HQ // HKV
+    HB: tl.constexpr = (G + ROWS - 1) // ROWS
+    b = u // (HKV * HB)
+    kvh = (u // HB) % HKV
+    hb = u % HB
+    return b, kvh, kvh * G + hb * ROWS, tl.minimum(G - hb * ROWS, ROWS)
+
+
+@triton.jit
+def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride_qh, stride_qd, stride_kp, stride_ks,
+                     stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr, DV: tl.constexpr,
+                     ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PAGE: tl.constexpr, EXACT: tl.constexpr):
+    """Online softmax of the ``rows_valid`` query heads at ``q_ptr`` (``[ROWS, D]`` rows
+    ``stride_qh`` apart) over tokens ``first … last-1`` of one kv head of one sequence's slice.
+    ``PAGE == 0``: token ``t``'s ``[D]`` key at ``k_ptr + t * stride_ks``; ``PAGE > 0`` (paged
+    KV): in page ``table[t // PAGE]``, row ``t % PAGE``: ``k_ptr + page * stride_kp + (t % PAGE)
+    * stride_ks``; values likewise (``[Dv]``). Scores are ``q·k · qk_scale`` in base-2 units
+    (``qk_scale`` includes log2(e)). Returns ``(acc [ROWS, BDV], m [ROWS], l [ROWS])`` in fp32:
+    ``acc / l`` is the attention output, ``m + log2(l)`` the base-2 log-sum-exp."""
+    rows = tl.arange(0, ROWS)
+    dq = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    qt = tl.load(q_ptr + rows[:, None] * stride_qh + dq[None, :] * stride_qd,
+                 mask=(rows[:, None] < rows_valid) & (dq[None, :] < D), other=0.0)
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
+    tok = tl.arange(0, BLOCK_N)
+    if PAGE == 0:  # contiguous: the tiles' pointers advance by BLOCK_N tokens
+        k_tile = k_ptr + first.to(tl.int64) * stride_ks + dq[:, None] * stride_kd + tok[None, :] * stride_ks
+        v_tile = v_ptr + first.to(tl.int64) * stride_vs + tok[:, None] * stride_vs + dv[None, :] * stride_vd
+    for n0 in range(first, last, BLOCK_N):
+        valid = (n0 + tok) < last
+        if PAGE > 0:  # paged: each token's row from the block table
+            t = n0 + tok
+            page = tl.load(table + t // PAGE, mask=valid, other=0).to(tl.int64)
+            k_tile = k_ptr + (page * stride_kp + (t % PAGE) * stride_ks)[None, :] + dq[:, None] * stride_kd
+            v_tile = v_ptr + (page * stride_vp + (t % PAGE) * stride_vs)[:, None] + dv[None, :] * stride_vd
+        kt = tl.load(k_tile, mask=valid[None, :] & (dq[:, None] < D), other=0.0)  # [BD, BLOCK_N]: Kᵀ
+        s = tiles.dot(qt, kt, None, EXACT) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_tile, mask=valid[:, None] & (dv[None, :] < DV), other=0.0)  # [BLOCK_N, BDV]
+        acc = tiles.dot(p.to(vt.dtype), vt, acc * alpha[:, None], EXACT)
+        m = m_new
+        if PAGE == 0:
+            k_tile += BLOCK_N * stride_ks
+            v_tile += BLOCK_N * stride_vs
+    return acc, m, l
+
+
+@triton.jit
+def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_TO_LOG2: tl.constexpr, DV: tl.constexpr,
+                   ROWS: tl.constexpr, BDV: tl.constexpr):
+    """Combine ``count`` partials of ``rows_valid`` heads, in slot order (so every rank computes
+    bitwise the same): slot ``i``'s normalized outputs at ``o_ptr + i * o_stride`` (``[ROWS, DV]``,
+    rows ``DV`` apart) and log-sum-exps at ``lse_ptr + i * lse_stride`` (``[ROWS]``; times
+    ``LSE_TO_LOG2`` in base 2; ``-inf``: no tokens). Returns ``(o [ROWS, BDV], lse [ROWS] in
+    base 2)`` in fp32; heads without any token get ``o = 0``, ``lse = -inf``. Loads go to L2
+    (``.cg``): the partials were written by other programs or ranks."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    rmask = rows < rows_valid
+    omask = rmask[:, None] & (cols[None, :] < DV)
+    top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    for i in range(0, count):
+        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
+        top = tl.maximum(top, x * LSE_TO_LOG2)
+    base = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
+    for i in range(0, count):
+        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
+        w = tl.exp2(x * LSE_TO_LOG2 - base)
+        o = tl.load(o_ptr + i * o_stride + rows[:, None] * DV + cols[None, :], mask=omask, other=0.0,
+                    cache_modifier=".cg")
+        total += w
+        acc += w[:, None] * o
+    safe = tl.where(total > 0, total, 1.0)
+    return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
+
+
+# ---- kernels ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_lse, unit_counters, mine, recv, slots,
+                         epochs, batch, seq, n_split,
+                         stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+                         stride_vb, stride_vs, stride_vh, stride_vd, stride_tb,
+                         qk_scale, rank, world_size, heap_bases,
+                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                         ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr):
+    """Split-KV decode attention of this rank's slice, its splits combined per unit by the
+    unit's last split, then (``FUSED``) combined across ranks, else stored locally.
+
+    ``q [B, HQ, D]``, ``k [B, seq, HKV, D]``, ``v [B, seq, HKV, DV]`` (strides given), or with
+    ``PAGE > 0`` (paged KV) ``k [pages, PAGE, HKV, D]``, ``v [pages, PAGE, HKV, DV]`` and
+    ``block_table`` int32 ``[B, seq / PAGE]`` (rows ``stride_tb`` apart) naming each sequence's
+    pages in order; ``kv_lens`` int32 ``[B]`` (read if ``HAS_LENS``); ``out``: contiguous ``[B, HQ, DV]``
+    (``FUSED``). Local scratch: ``partials`` fp32 ``[units, n_split, ROWS, DV]``,
+    ``partial_lse`` fp32 ``[units, n_split, ROWS]``, ``unit_counters`` int64 ``[units]`` (zero
+    between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
+    then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
+    ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
+    ``[units, world_size]``, ``epochs`` int64 ``[programs]``."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    G: tl.constexpr = HQ // HKV
+    HB: tl.constexpr = (G + ROWS - 1) // ROWS
+    units = batch * HKV * HB
+    pack = batch * HQ * (DV + 1)
+    lse_at = batch * HQ * DV
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    if FUSED:
+        epoch = tc.program_epoch(epochs)
+        buf = recv + (epoch % 2) * world_size * pack
+    live = 1
+    for item in range(pid, units * n_split, nprog):
+        u = item // n_split
+        s = item % n_split
+        b = u // (HKV * HB)  # as _unit (inlined: the interpreter pays per nested call)
+        kvh = (u // HB) % HKV
+        h0 = kvh * G + (u % HB) * ROWS
+        rows_valid = tl.minimum(G - (u % HB) * ROWS, ROWS)
+        length = seq
+        if HAS_LENS:
+            length = tl.minimum(tl.maximum(tl.load(kv_lens + b), 0), seq)
+        chunk = ((length + n_split - 1) // n_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        start = tl.minimum(s * chunk, length)
+        b64 = b.to(tl.int64)
+        k_ptr = k + kvh * stride_kh
+        v_ptr = v + kvh * stride_vh
+        if PAGE == 0:
+            k_ptr += b64 * stride_kb
+            v_ptr += b64 * stride_vb
+        acc, m, l = _split_attention(
+            q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, block_table + b64 * stride_tb, start,
+            tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+            stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
+        # this split's partial, normalized, and its base-2 log-sum-exp
+        safe = tl.where(l > 0, l, 1.0)
+        omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
+        slot = u * n_split + s
+        tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], acc / safe[:, None], mask=omask)
+        tl.store(partial_lse + slot * ROWS + rows, tl.where(l > 0, m + tl.log2(safe), float("-inf")),
+                 mask=rows < rows_valid)
+        # the unit's last split to get here combines them (every thread's stores before the release)
+        tl.debug_barrier()
+        done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
+        tl.debug_barrier()
+        if done == n_split - 1:
+            tl.store(unit_counters + u, 0)
+            o, lse2 = _combine_slots(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS,
+                                     ROWS * DV, ROWS, n_split, rows_valid, 1.0, DV, ROWS, BDV)
+            o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
+            lse_off = lse_at + b * HQ + h0 + rows
+            lse = lse2 / _LOG2E
+            if FUSED:
+                tc.tile_store_all(buf + rank * pack + o_off, o, rank, world_size, heap_bases, mask=omask)
+                tc.tile_store_all(buf + rank * pack + lse_off, lse, rank, world_size, heap_bases,
+                                  mask=rows < rows_valid)
+                tc.arrive(slots + u * world_size, epoch, rank, world_size, heap_bases)
+                if live:  # after one timed-out wait, no more waiting: one missing peer costs one timeout
+                    live = tc.wait_arrivals(slots + u * world_size, epoch, rank, world_size, heap_bases)
+                if live:
+                    o, lse2 = _combine_slots(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack,
+                                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
+                    tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
+            else:
+                tl.store(mine + o_off, o, mask=omask)
+                tl.store(mine + lse_off, lse, mask=rows < rows_valid)
+
+
+@triton.jit
+def _combine_kernel(gathered, out, batch, world_size, HQ: tl.constexpr, HKV: tl.constexpr, DV: tl.constexpr,
+                    ROWS: tl.constexpr, BDV: tl.constexpr):
+    """``out [B, HQ, DV]`` (contiguous) from every rank's packed partial: ``gathered`` fp32
+    ``[world_size, pack]`` (see :func:`_flash_decode_kernel`). One program per unit."""
+    b, kvh, h0, rows_valid = _unit(tl.program_id(0), HQ, HKV, ROWS)
+    pack = batch * HQ * (DV + 1)
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    o, lse2 = _combine_slots(gathered + (b * HQ + h0) * DV, gathered + batch * HQ * DV + b * HQ + h0, pack,
+                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
+    omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
+    tl.store(out + (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :], o.to(out.dtype.element_ty), mask=omask)
+
+
+# ---- the call ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeCall:
+    """A flash_decode call as validated across the group (every field but ``seq`` agrees)."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: torch.dtype
+    has_lens: bool
+    sm_scale: float
+    scheduler: str
+    #: tokens per page of a paged KV cache (0: contiguous slices)
+    page_size: int = 0
+
+    def fields(self, device_type: str) -> dict:
+        return {"batch (q.shape[0])": self.batch, "query heads (q.shape[1])": self.q_heads,
+                "kv heads (k.shape[2])": self.kv_heads, "head dim (q.shape[2])": self.head_dim,
+                "value head dim (v.shape[3])": self.v_head_dim, "dtype": self.dtype,
+                "kv_lens given": self.has_lens, "sm_scale": self.sm_scale, "scheduler": self.scheduler,
+                "page size (block_table given; k.shape[1])": self.page_size, "device type": device_type}
+
+
+def _check_tensor(ctx, t, name: str, dims: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flash_decode: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != ctx.device:
+        raise ValueError(f"flash_decode: {name} must be on this rank's device {ctx.device}, got {t.device}")
+    if t.dim() != dims:
+        raise ValueError(f"flash_decode: {name} must have {dims} dimensions, got shape {list(t.shape)}")
+    return t
+
+
+def _scheduler(name) -> str:
+    if name == "auto":
+        return SCHEDULERS[0]
+    if name not in SCHEDULERS:
+        raise ValueError(f"flash_decode: scheduler must be 'auto' or one of {SCHEDULERS}, got {name!r}")
+    return name
+
+
+def check_out(out, call: DecodeCall, device) -> None:
+    """``out`` must be a contiguous ``[B, Hq, Dv]`` tensor of q's dtype on the rank's device."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"flash_decode: out must be a torch.Tensor or None, got {type(out).__name__}")
+    shape = (call.batch, call.q_heads, call.v_head_dim)
+    if tuple(out.shape) != shape or out.dtype != call.dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(f"flash_decode: out must be a contiguous {list(shape)} tensor of dtype {call.dtype} on "
+                         f"{device}, got {list(out.shape)} {out.dtype} on {out.device}"
+                         + ("" if out.is_contiguous() else " (not contiguous)"))
+
+
+def check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler, block_table=None) -> DecodeCall:
+    """Validate one rank's arguments locally; the :class:`DecodeCall` they describe."""
+    _check_tensor(ctx, q, "q", 3)
+    _check_tensor(ctx, k, "k", 4)
+    _check_tensor(ctx, v, "v", 4)
+    if q.dtype not in DTYPES:
+        raise TypeError(f"flash_decode: q has dtype {q.dtype}; supported: {', '.join(map(str, DTYPES))}")
+    for t, name in ((k, "k"), (v, "v")):
+        if t.dtype != q.dtype:
+            raise TypeError(f"flash_decode: {name} has dtype {t.dtype}, q has {q.dtype} (they must agree)")
+    batch, hq, d = q.shape
+    page_size = 0
+    if block_table is None:
+        if k.shape[0] != batch or v.shape[0] != batch:
+            raise ValueError(f"flash_decode: k and v must have q's batch {batch} in dim 0, got k {list(k.shape)}, "
+                             f"v {list(v.shape)}")
+        if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
+            raise ValueError(f"flash_decode: v must be [B, S_r, Hkv, Dv] with k's S_r and Hkv, got k "
+                             f"{list(k.shape)}, v {list(v.shape)}")
+    else:
+        _check_tensor(ctx, block_table, "block_table", 2)
+        if block_table.dtype != torch.int32 or block_table.shape[0] != batch or block_table.stride(1) != 1:
+            raise ValueError(f"flash_decode: block_table must be an int32 tensor [B, pages] = [{batch}, …] with "
+                             f"contiguous rows, got {block_table.dtype} {list(block_table.shape)} strides "
+                             f"{list(block_table.stride())}")
+        if v.shape[:3] != k.shape[:3] or k.shape[1] < 1:
+            raise ValueError(f"flash_decode: with a block_table, k and v must be [pages, page_size, Hkv, D] and "
+                             f"[pages, page_size, Hkv, Dv] (the same pages), got k {list(k.shape)}, v {list(v.shape)}")
+        page_size = k.shape[1]
+    hkv, dv = k.shape[2], v.shape[3]
+    if k.shape[3] != d:
+        raise ValueError(f"flash_decode: k's head dim (k.shape[3] = {k.shape[3]}) must be q's ({d})")
+    if hq < 1 or hkv < 1 or hq % hkv:
+        raise ValueError(f"flash_decode: the query heads ({hq}) must be a positive multiple of the kv heads ({hkv})")
+    for dim, name in ((d, "head dim D"), (dv, "value head dim Dv")):
+        if not 1 <= dim <= MAX_HEAD_DIM:
+            raise ValueError(f"flash_decode: {name} must be in [1, {MAX_HEAD_DIM}], got {dim}")
+    if kv_lens is not None:
+        _check_tensor(ctx, kv_lens, "kv_lens", 1)
+        if kv_lens.dtype != torch.int32 or kv_lens.shape[0] != batch:
+            raise ValueError(f"flash_decode: kv_lens must be an int32 tensor [B] = [{batch}], got {kv_lens.dtype} "
+                             f"{list(kv_lens.shape)}")
+        if not kv_lens.is_contiguous():
+            raise ValueError("flash_decode: kv_lens must be contiguous")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise ValueError(f"flash_decode: sm_scale must be a finite number or None, got {sm_scale!r}")
+    return DecodeCall(batch, hq, hkv, d, dv, q.dtype, kv_lens is not None, float(sm_scale), _scheduler(scheduler),
+                      page_size)
+
+
+def _key(q, k, v, kv_lens, sm_scale, scheduler, block_table):
+    """The cached call's key (None when an argument is not a tensor: the full checks report it).
+    Not in it: what may change from call to call on one rank and not on another — ``S_r``
+    (``k.shape[1]``), or with a block table the pages per sequence (``block_table.shape[1]``)
+    and in the cache (``k.shape[0]``) — else such a rank would validate alone."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    if kv_lens is not None and not isinstance(kv_lens, torch.Tensor):
+        return None
+    lens = None if kv_lens is None else (kv_lens.dtype, tuple(kv_lens.shape), kv_lens.device, kv_lens.is_contiguous())
+    if block_table is None:
+        layout = (k.shape[:1] + k.shape[2:], v.shape[:1] + v.shape[2:], k.dim() == 4 and v.dim() == 4
+                  and k.shape[1] == v.shape[1])
+    elif isinstance(block_table, torch.Tensor):
+        layout = (k.shape[1:], v.shape[1:], k.shape[0] == v.shape[0], block_table.dtype, block_table.shape[:1],
+                  block_table.device, block_table.dim() == 2 and block_table.stride(-1) == 1)
+    else:
+        return None
+    return ("flash_decode", scheduler, q.dtype, k.dtype, v.dtype, tuple(q.shape), q.device, k.device, v.device,
+            k.dim(), v.dim(), layout, lens, sm_scale)
+
+
+class FlashDecode:
+    """A flash_decode prepared for one :class:`DecodeCall` on a group (kept in the group's call
+    cache): tuning (``tune``: default the table's row), split count, scratch, launchers and —
+    fused — the group's kernel configuration; made on every member of the group alike. ``fd(q, k, v, kv_lens=None, out=None) -> o``; ``fd.partial(q, k, v,
+    kv_lens=None) -> packed`` runs the local kernel alone (no communication): this rank's
+    partial, fp32 ``[B·Hq·(Dv+1)]`` = ``o [B, Hq, Dv]`` then natural-log ``lse [B, Hq]``
+    (:meth:`unpack` splits it)."""
+
+    def __init__(self, group, call: DecodeCall, tune: Tuning | None = None):
+        ctx = group.ctx
+        self.group, self.call = group, call
+        dev = ctx.device
+        tune = tune or tuning(dev, max(call.head_dim, call.v_head_dim))
+        self.tune = tune
+        g = call.q_heads // call.kv_heads
+        self.rows = min(max(MIN_DOT, triton.next_power_of_2(g)), max(MIN_DOT, tune.max_rows))
+        self.units = call.batch * call.kv_heads * triton.cdiv(g, self.rows)
+        slots = devinfo.num_sms(dev) * tune.programs_per_sm
+        self.n_split = max(1, min(tune.max_splits, slots * tune.items_per_program // max(self.units, 1)))
+        self.nprog = max(1, min(self.units * self.n_split, slots))
+        self.pack = call.batch * call.q_heads * (call.v_head_dim + 1)
+        self.qk_scale = call.sm_scale * LOG2E
+        f32 = torch.float32
+        self.partials = torch.empty(max(1, self.units * self.n_split * self.rows * call.v_head_dim), dtype=f32,
+                                    device=dev)
+        self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.rows), dtype=f32, device=dev)
+        self.unit_counters = torch.zeros(max(1, self.units), dtype=torch.int64, device=dev)
+        self.no_lens = torch.zeros(1, dtype=torch.int32, device=dev)
+        constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim, ROWS=self.rows,
+                          BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
+                          BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
+                          HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
+        options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
+        self.local_launch = KernelLauncher(_flash_decode_kernel, (self.nprog,),
+                                           constexprs={**constexprs, "FUSED": False}, **options)
+        self.mine = None  # the local partial (packed), made on first use
+        if call.scheduler == "fused":
+            self.fused_launch, (self.recv, self.slots, self.epochs) = al.kernel_config(
+                group, ("flash_decode.fused",), _flash_decode_kernel, nprog=self.nprog,
+                constexprs={**constexprs, "FUSED": True}, options=options,
+                buffers=[(2 * group.size * self.pack, f32, "partials exchange"),
+                         (self.units * group.size, torch.int64, "arrival slots")])
+        else:
+            # symmetric within the group — carved from its workspace, which every rank of the world
+            # made, so members-only calls keep the world's heap symmetric — and shared by every
+            # call of this size: an all-gather may read it in place
+            self.mine = group.config(("flash_decode.bulk_sync partial", self.pack),
+                                     lambda: group.carve(self.pack, f32, "flash_decode.bulk_sync partial"))
+            self.gathered = torch.empty(group.size * self.pack, dtype=f32, device=dev)
+            self.combine_launch = KernelLauncher(
+                _combine_kernel, (max(1, self.units),),
+                constexprs={k: constexprs[k] for k in ("HQ", "HKV", "DV", "ROWS", "BDV")}, num_warps=tune.num_warps)
+
+    # ---- launches -------------------------------------------------------------------------------
+    def _args(self, q, k, v, kv_lens, block_table) -> tuple:
+        none = self.no_lens
+        return (q, k, v, none if kv_lens is None else kv_lens, none if block_table is None else block_table)
+
+    def _runtime(self, q, k, v, block_table) -> tuple:
+        g = self.group
+        if block_table is None:
+            seq, table_stride = k.shape[1], 0
+        else:
+            seq, table_stride = block_table.shape[1] * self.call.page_size, block_table.stride(0)
+        return (self.call.batch, seq, self.n_split, *q.stride(), *k.stride(), *v.stride(), table_stride,
+                self.qk_scale, g.rank, g.size, g.heap_bases)
+
+    def partial(self, q, k, v, kv_lens=None, mine=None, block_table=None) -> torch.Tensor:
+        """This rank's packed partial (the local kernel, no communication): into ``mine``
+        (fp32 ``[pack]``; default the plan's own buffer, overwritten by the next call)."""
+        if mine is None:
+            if self.mine is None:
+                self.mine = torch.empty(self.pack, dtype=torch.float32, device=q.device)
+            mine = self.mine
+        if self.call.batch:
+            self.local_launch(*self._args(q, k, v, kv_lens, block_table), mine, self.partials, self.partial_lse,
+                              self.unit_counters, mine, mine, self.unit_counters, self.unit_counters,
+                              *self._runtime(q, k, v, block_table))
+        return mine
+
+    def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(o [..., B, Hq, Dv], lse [..., B, Hq])`` views of packed partials ``[..., pack]``."""
+        c = self.call
+        n = c.batch * c.q_heads
+        lead = packed.shape[:-1]
+        return (packed[..., :n * c.v_head_dim].view(*lead, c.batch, c.q_heads, c.v_head_dim),
+                packed[..., n * c.v_head_dim:].view(*lead, c.batch, c.q_heads))
+
+    def __call__(self, q, k, v, kv_lens=None, out=None, block_table=None) -> torch.Tensor:
+        c = self.call
+        if out is None:
+            out = torch.empty(c.batch, c.q_heads, c.v_head_dim, dtype=c.dtype, device=q.device)
+        else:
+            check_out(out, c, q.device)
+        if not c.batch:
+            return out
+        if c.scheduler == "fused":
+            self.fused_launch(*self._args(q, k, v, kv_lens, block_table), out, self.partials, self.partial_lse,
+                              self.unit_counters, self.partials, self.recv, self.slots, self.epochs,
+                              *self._runtime(q, k, v, block_table))
+        else:
+            mine = self.partial(q, k, v, kv_lens, self.mine, block_table)
+            api.all_gather_into_tensor(self.gathered, mine, group=self.group, ctx=self.group.ctx)
+            self.combine_launch(self.gathered, out, c.batch, self.group.size)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"<FlashDecode {self.call.scheduler} B={self.call.batch} Hq={self.call.q_heads} "
+                f"Hkv={self.call.kv_heads} D={self.call.head_dim} Dv={self.call.v_head_dim} {self.call.dtype} "
+                f"splits={self.n_split} programs={self.nprog} rows={self.rows}>")
+
+
+def _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table) -> FlashDecode:
+    """The group's prepared call for these arguments, validated across the group on a miss."""
+    g = api._group(ctx, group)
+    key = _key(q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    fd = g.calls.get(key) if key is not None else None
+    if fd is not None:
+        return fd
+    call, error = None, None
+    try:
+        call = check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler, block_table)
+        fields = call.fields(ctx.device.type)
+    except Exception as exc:  # every member must hear of it, or they would wait for this one
+        error, fields = exc, {}
+    g.exchange("iris_fw.flash_decode", fields, error)
+    fd = FlashDecode(g, call)
+    if key is not None:
+        g.calls[key] = fd
+        if len(g.calls) > api.MAX_CACHED_CALLS:
+            del g.calls[next(iter(g.calls))]
+    return fd
+
+
+def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
+         sm_scale: float | None = None, scheduler: str = "auto", block_table: torch.Tensor | None = None,
+         group: Any = None, ctx: Any = None) -> FlashDecode:
+    """The :class:`FlashDecode` that :func:`flash_decode` runs for such arguments (collective
+    on first use: validated across the group), e.g. for its local kernel alone
+    (:meth:`FlashDecode.partial`) or to call it with an ``out`` of its own."""
+    ctx = ctx if ctx is not None else _context.current()
+    return _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
+
+
+def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
+                 sm_scale: float | None = None, out: torch.Tensor | None = None, scheduler: str = "auto",
+                 block_table: torch.Tensor | None = None, group: Any = None, ctx: Any = None) -> torch.Tensor:
+    """Decode attention over a sequence split across the group's ranks (collective): returns
+    ``o [B, Hq, Dv]`` = softmax(q·Kᵀ·sm_scale)·V over every rank's slice, the same on every
+    rank. ``q [B, Hq, D]`` (the same on every rank), ``k [B, S_r, Hkv, D]``, ``v [B, S_r, Hkv,
+    Dv]`` (this rank's slice; rank order is sequence order), ``kv_lens`` int32 ``[B]`` (valid
+    tokens of this rank's slice; default all ``S_r``), ``sm_scale`` (default ``1/sqrt(D)``),
+    ``out`` (a contiguous ``[B, Hq, Dv]`` tensor of q's dtype to write; default a new one),
+    ``scheduler``: ``"auto"`` (= ``"fused"``), ``"fused"`` or ``"bulk_sync"``; ``group``: as
+    in :mod:`iris_fw.ccl` (default every rank). Paged KV (as vLLM): ``block_table`` int32
+    ``[B, pages]`` lists each sequence's pages of this rank's slice in order, ``k [num_pages,
+    page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is
+    ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
+    ctx = ctx if ctx is not None else _context.current()
+    fd = _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    return fd(q, k, v, kv_lens, out, block_table)
+
+
+# ---- torch references -------------------------------------------------------------------------------
+
+
+def flash_decode_reference(q, ks, vs, kv_lens=None, sm_scale=None, dtype=torch.float64) -> torch.Tensor:
+    """What :func:`flash_decode` computes, in torch (``dtype``, default float64): ``q [B, Hq,
+    D]``, ``ks`` / ``vs`` every rank's slices in rank order, ``kv_lens`` None or every rank's
+    ``[B]`` lengths. Sequences without a valid token give zeros."""
+    batch, hq, d = q.shape
+    hkv = ks[0].shape[2]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    out = torch.zeros(batch, hq, vs[0].shape[3], dtype=dtype)
+    for b in range(batch):
+        kb, vb = [], []
+        for r, (kr, vr) in enumerate(zip(ks, vs)):
+            n = kr.shape[1] if kv_lens is None else max(0, min(int(kv_lens[r][b]), kr.shape[1]))
+            kb.append(kr[b, :n].to("cpu", dtype))
+            vb.append(vr[b, :n].to("cpu", dtype))
+        kc, vc = torch.cat(kb), torch.cat(vb)  # [N, Hkv, D], [N, Hkv, Dv]
+        if kc.shape[0] == 0:
+            continue
+        heads = torch.arange(hq) // (hq // hkv)
+        scores = torch.einsum("hd,nhd->hn", q[b].to("cpu", dtype), kc[:, heads]) * scale
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), vc[:, heads])
+    return out
+
+
+def combine_partials(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """The combine of per-rank partials in torch: ``o [W, B, Hq, Dv]`` (normalized per rank),
+    ``lse [W, B, Hq]`` (natural log; ``-inf``: no tokens) → ``[B, Hq, Dv]`` in ``o``'s dtype
+    (the bulk-synchronous baseline's last step; heads without any token get zeros)."""
+    top = lse.max(dim=0).values
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    w = torch.exp(lse - top)
+    total = w.sum(dim=0)
+    acc = (w.unsqueeze(-1) * o).sum(dim=0)
+    return torch.where(total.unsqueeze(-1) > 0, acc / total.clamp_min(torch.finfo(total.dtype).tiny).unsqueeze(-1),
+                       torch.zeros_like(acc))

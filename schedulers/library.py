@@ -1,0 +1,39 @@
+"""``library``: no fusion — the pattern's vendor-library form (:attr:`Plan.library`): cuBLAS
+through torch for the GEMM and :mod:`iris_fw.ccl`'s best collective for the communication, one
+after the other on the current stream. The reference every fused schedule must beat, and what
+``scheduler="auto"`` falls back to where fusing does not pay (``iris_fw/tuning/auto.json``).
+It launches no skeleton kernel; the collectives validate and synchronize themselves."""
+
+from iris_fw.engine.scheduler import Scheduler, Workspace
+from iris_fw.hookspecs import hookimpl
+
+
+class Library(Scheduler):
+    name = "library"
+    description = "no fusion: torch/cuBLAS GEMM, then iris_fw.ccl's collective (the pattern's library form)"
+    uses_stash = False
+
+    def supports(self, plan):
+        if plan.library is None:
+            return False, f"pattern {plan.pattern} has no library form (Plan.library)"
+        return True, ""
+
+    def grids(self, ctx, plan, comm_sms):
+        self.no_split(comm_sms, self.name)
+        return {}
+
+    def workspace(self, ctx, plan, comm_sms):
+        return Workspace(grids=self.grids(ctx, plan, comm_sms), state={}, flags=None)
+
+    def launch(self, ctx, plan, ws):
+        plan.library()
+
+    def run(self, ctx, plan, ws):
+        """The library form is the whole call: no later steps, no ``finish``."""
+        self.launch(ctx, plan, ws)
+        return plan.result
+
+
+@hookimpl
+def iris_fw_register_schedulers(registry):
+    registry.register(Library())

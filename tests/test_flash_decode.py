@@ -1,0 +1,464 @@
+"""iris_fw.flash_decode: distributed decode attention against a float64 reference.
+
+Every rank draws the whole problem from a seed agreed per call (so each rank can build the
+float64 reference of the full sequence itself): ``q`` shared, each rank's K/V slice of its own
+length — uneven, one rank with an empty slice —, ``kv_lens`` with zeros (and, at batch >= 3, a
+sequence with no token on any rank: zeros out). Several calls run back to back with fresh
+inputs and no host synchronization, the first into a NaN-poisoned ``out``; every call's output
+is checked against float64 and is bitwise the same on every rank. The slices grow from call
+to call (a decode loop): later calls reuse the validated plan; half the cases read K/V through
+views of a larger (NaN-filled) cache; some runs read a paged cache (pages in random order
+among NaN-filled spares, through a block table). GQA ratios 1, 4, 8; head dims
+16, 24, 64, 128 with ``Dv != D``; fp16, bf16, fp32; both schedulers; worlds 1-4. Mismatched
+arguments raise on every rank. On GPUs the sizes grow and a CUDA graph is replayed with fresh
+inputs.
+"""
+
+import pytest
+import torch
+
+from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
+from iris_fw.engine.contract import CollectiveMismatch
+
+EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
+SCHEDULERS = ("fused", "bulk_sync")
+
+#: (B, Hq, Hkv, D, Dv, dtype, kv_lens given): GQA 4 / 8 / 1 / 4, odd head dims, Dv != D.
+CASES = [
+    (2, 8, 2, 16, 16, torch.float16, False),
+    (1, 8, 1, 24, 40, torch.bfloat16, True),
+    (3, 2, 2, 64, 32, torch.float32, True),
+    (1, 4, 1, 128, 128, torch.bfloat16, False),
+]
+
+
+def _slices(ctx, case_index: int, call: int) -> list[int]:
+    """Every rank's S_r: uneven, rank 1 empty for even cases; on GPUs thousands of tokens.
+    Grows by one token per call (a decode loop)."""
+    w = ctx.world_size
+    base = [45, 0, 29, 13] if case_index % 2 == 0 else [20, 33, 7, 50]
+    if ctx.device.type != "cpu":
+        base = [4093, 0, 2500, 1031] if case_index % 2 == 0 else [1500, 3001, 257, 4096]
+    return [base[r % 4] + call for r in range(w)]
+
+
+def _draw(ctx, case, case_index, seed, calls, gpu_scale=True):
+    """``calls`` dicts of the whole problem, on the CPU: q, every rank's k, v and kv_lens."""
+    batch, hq, hkv, d, dv, dtype, lens = case
+    if ctx.device.type != "cpu" and gpu_scale:
+        batch = batch + 2
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(calls):
+        slices = _slices(ctx, case_index, i)
+        q = torch.randn(batch, hq, d, generator=g).to(dtype)
+        ks = [torch.randn(batch, s, hkv, d, generator=g).to(dtype) for s in slices]
+        vs = [(2 * torch.randn(batch, s, hkv, dv, generator=g)).to(dtype) for s in slices]
+        kv_lens = None
+        if lens:
+            kv_lens = []
+            for s in slices:
+                n = torch.randint(0, s + 1, (batch,), generator=g)
+                n[torch.rand(batch, generator=g) < 0.25] = 0
+                if batch >= 3:
+                    n[1] = 0  # a sequence without a token anywhere
+                kv_lens.append(n.to(torch.int32))
+        out.append({"q": q, "ks": ks, "vs": vs, "kv_lens": kv_lens})
+    return out
+
+
+def check(ctx, got, data, sm_scale, what):
+    """``got`` against the float64 reference. Bound: the output's rounding to its dtype, and
+    for 16-bit inputs the probabilities' rounding before the P·V product (as every flash
+    attention): a few ulps of the dtype times the largest |v|. Every rank's result bitwise equal."""
+    from iris_fw.flash_decode import flash_decode_reference
+
+    want = flash_decode_reference(data["q"], data["ks"], data["vs"], data["kv_lens"], sm_scale)
+    vmax = max([float(v.abs().max()) for v in data["vs"] if v.numel()] or [0.0])
+    eps = EPS[got.dtype]
+    err = (got.cpu().double() - want).abs()
+    tol = 2 * eps * (want.abs() + vmax) + 1e-6
+    bad = ~(err <= tol)
+    assert not bool(bad.any()), (f"{what}: {int(bad.sum())} of {bad.numel()} wrong, max error "
+                                 f"{float(err.nan_to_num(float('inf')).max()):.3g}, e.g. at {bad.nonzero()[0].tolist()}")
+    gathered = ctx.bootstrap.all_gather(got.cpu().contiguous().view(torch.uint8).clone())
+    assert all(torch.equal(x, gathered[0]) for x in gathered), f"{what}: ranks' outputs differ"
+
+
+def _strided(t, idx):
+    """Odd cases read K/V through a view of a larger cache (tokens and heads around it)."""
+    if idx % 2 == 0:
+        return t
+    b, s, h, d = t.shape
+    big = torch.full((b, s + 3, h + 1, d), float("nan"), dtype=t.dtype, device=t.device)
+    big[:, 2:2 + s, 1:].copy_(t)
+    return big[:, 2:2 + s, 1:]
+
+
+def paged(k, v, kv_lens, page_size, seed):
+    """A paged copy of one rank's slices ``k [B, S, Hkv, D]``, ``v``: ``(k_cache [pages,
+    page_size, Hkv, D], v_cache, block_table [B, cdiv(S, page_size)] int32, kv_lens)``, pages in
+    random order among spare NaN-filled ones; ``kv_lens`` (default all S) marks the tail of the
+    last page invalid."""
+    b, s, h, _ = k.shape
+    per = -(-s // page_size)
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randperm(b * per + 3, generator=g)[:b * per].view(b, per).to(torch.int32)
+    caches = []
+    for t in (k, v):
+        cache = torch.full((b * per + 3, page_size, h, t.shape[3]), float("nan"), dtype=t.dtype, device=t.device)
+        for i in range(b):
+            for j in range(per):
+                n = min(page_size, s - j * page_size)
+                cache[int(table[i, j]), :n] = t[i, j * page_size:j * page_size + n]
+        caches.append(cache)
+    if kv_lens is None:
+        kv_lens = torch.full((b,), s, dtype=torch.int32)
+    return caches[0], caches[1], table.to(k.device), kv_lens.to(k.device)
+
+
+def _decode_rank(ctx, runs, calls=2):
+    """``runs``: ``(scheduler, case index, paged)``, each ``calls`` calls back to back."""
+    from iris_fw.flash_decode import flash_decode
+
+    done = []
+    for scheduler, idx, is_paged in runs:
+        case = CASES[idx]
+        data = _draw(ctx, case, idx, fresh_seed(ctx), calls)
+        dev, r = ctx.device, ctx.rank
+        sm_scale = None if idx % 2 == 0 else 0.3
+        args = []
+        for i, d in enumerate(data):
+            k, v = d["ks"][r].to(dev), d["vs"][r].to(dev)
+            kv_lens = None if d["kv_lens"] is None else d["kv_lens"][r].to(dev)
+            if is_paged:
+                k, v, table, kv_lens = paged(k, v, kv_lens, 8 if dev.type == "cpu" else 16, 1000 * idx + i)
+                args.append((d["q"].to(dev), k, v, kv_lens, table))
+            else:
+                args.append((d["q"].to(dev), _strided(k, idx), _strided(v, idx), kv_lens, None))
+        outs = []
+        for i, (q, k, v, kv_lens, table) in enumerate(args):  # back to back: only the device orders them
+            out = None
+            if i == 0:
+                out = torch.full((q.shape[0], q.shape[1], v.shape[3]), float("nan"), dtype=q.dtype, device=dev)
+            got = flash_decode(q, k, v, kv_lens=kv_lens, sm_scale=sm_scale, out=out, scheduler=scheduler,
+                               block_table=table)
+            assert out is None or got is out
+            outs.append(got)
+            if i == 0:
+                prepared = len(ctx.comm_groups[None].calls)
+        assert len(ctx.comm_groups[None].calls) == prepared, "a growing S_r must not re-plan"
+        ctx.synchronize()
+        for i, got in enumerate(outs):
+            check(ctx, got, data[i], sm_scale, f"{scheduler} case {idx} {case}{' paged' * is_paged} call {i}")
+        done.append((scheduler, idx, is_paged))
+    return done
+
+
+#: CPU default run: (scheduler, case) pairs per world size — every case under both schedulers
+#: somewhere, the interpreter's cost kept small; GPUs and ``-m extended`` run all of them.
+_CPU_RUNS = {1: [("fused", 0, False), ("fused", 1, False), ("fused", 2, False), ("fused", 3, False),
+                 ("bulk_sync", 1, False), ("fused", 2, True)],
+             2: [("fused", 2, False), ("bulk_sync", 3, False), ("fused", 1, True)],
+             3: [("fused", 1, False), ("bulk_sync", 2, False)],
+             4: [("fused", 3, False), ("bulk_sync", 0, True)]}
+_ALL_RUNS = [(s, i, p) for s in SCHEDULERS for i in range(len(CASES)) for p in (False, True)]
+
+
+def test_flash_decode(world, on_gpu):
+    """Two calls back to back per (scheduler, case, contiguous or paged KV): the first into a
+    poisoned ``out``, the second on slices one token longer."""
+    runs = _ALL_RUNS if on_gpu else _CPU_RUNS[world.world_size]
+    assert world.run(_decode_rank, runs)[0] == runs
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_flash_decode_all_cases(iris_pool, world_size):
+    """Every case under both schedulers, contiguous and paged, at worlds 2-4, three calls each."""
+    iris_pool(world_size).run(_decode_rank, _ALL_RUNS, calls=3)
+
+
+def _many_heads_rank(ctx):
+    """32 query heads on one kv head: more than a tile's rows (several head blocks per kv head);
+    the auto scheduler; a subgroup of ranks; an empty batch."""
+    from iris_fw import ccl
+    from iris_fw.flash_decode import flash_decode
+
+    case = (2, 32, 1, 16, 24, torch.float16, True)
+    data = _draw(ctx, case, 0, fresh_seed(ctx), 1)[0]
+    r, dev = ctx.rank, ctx.device
+    got = flash_decode(data["q"].to(dev), data["ks"][r].to(dev), data["vs"][r].to(dev),
+                       kv_lens=data["kv_lens"][r].to(dev))
+    ctx.synchronize()
+    check(ctx, got, data, None, "32 heads per kv head")
+    # a group of ranks 0 and 2 of 3: the sequence is split over the group's members only
+    group = ccl.new_group([0, 2])
+    if r in (0, 2):
+        part = {"q": data["q"], "ks": [data["ks"][0], data["ks"][2]], "vs": [data["vs"][0], data["vs"][2]],
+                "kv_lens": [data["kv_lens"][0], data["kv_lens"][2]]}
+        got = flash_decode(data["q"].to(dev), data["ks"][r].to(dev), data["vs"][r].to(dev),
+                           kv_lens=data["kv_lens"][r].to(dev), group=group, scheduler="bulk_sync")
+        ctx.synchronize()
+        from iris_fw.flash_decode import flash_decode_reference
+
+        want = flash_decode_reference(part["q"], part["ks"], part["vs"], part["kv_lens"])
+        assert torch.allclose(got.cpu().double(), want, atol=4 * EPS[torch.float16] * 4, rtol=0), "subgroup"
+    ccl.destroy_group(group)
+    # an empty batch: nothing launched, on every rank alike
+    for scheduler in SCHEDULERS:
+        o = flash_decode(torch.zeros(0, 4, 16, device=dev), torch.zeros(0, 3, 2, 16, device=dev),
+                         torch.zeros(0, 3, 2, 8, device=dev), scheduler=scheduler)
+        assert o.shape == (0, 4, 8)
+
+
+def test_many_heads_and_groups(iris_pool):
+    iris_pool(3).run(_many_heads_rank)
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def _bad_rank(ctx, what):
+    from iris_fw.flash_decode import flash_decode
+
+    dev, r = ctx.device, ctx.rank
+    b, hq, hkv, d = 2, 4, 2, 16
+    dtype = torch.float16
+    if what == "heads" and r == 1:
+        hq = 8
+    if what == "dtype" and r == 0:
+        dtype = torch.bfloat16
+    q = torch.randn(b, hq, d, device=dev).to(dtype)
+    k = torch.randn(b, 5 + r, hkv, d, device=dev).to(dtype)
+    v = torch.randn(b, 5 + r, hkv, d, device=dev).to(dtype)
+    kwargs = {}
+    if what == "scale":
+        kwargs["sm_scale"] = 0.5 if r == 1 else None  # None: 1/sqrt(16) = 0.25
+    if what == "scheduler":
+        kwargs["scheduler"] = "bulk_sync" if r == 0 else "fused"
+    if what == "lens" and r == 0:
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int32, device=dev)
+    if what == "lens_dtype":
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int64, device=dev)
+    if what == "head_dim" and r == 1:
+        k = torch.randn(b, 5 + r, hkv, d + 1, device=dev).to(dtype)
+    if what == "gqa":
+        q = torch.randn(b, 3, d, device=dev).to(dtype)
+    if what == "paged" and r == 0:
+        kwargs["block_table"] = torch.zeros(b, 1, dtype=torch.int32, device=dev)
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int32, device=dev)
+    if what == "paged" and r != 0:
+        kwargs["kv_lens"] = torch.ones(b, dtype=torch.int32, device=dev)
+    if what == "table_dtype":
+        kwargs["block_table"] = torch.zeros(b, 1, dtype=torch.int64, device=dev)
+    if what == "too_big":
+        q, k, v = (torch.zeros(b, 2, 300, device=dev), torch.zeros(b, 1, 2, 300, device=dev),
+                   torch.zeros(b, 1, 2, 300, device=dev))
+    with pytest.raises((CollectiveMismatch, ValueError, TypeError)) as info:
+        flash_decode(q, k, v, **kwargs)
+    # the group still works afterwards
+    q = torch.ones(1, 2, 16, device=dev)
+    k = torch.ones(1, 3, 1, 16, device=dev)
+    v = torch.full((1, 3, 1, 8), float(ctx.rank), device=dev)
+    o = flash_decode(q, k, v)
+    ctx.synchronize()
+    want = sum(range(ctx.world_size)) / ctx.world_size
+    assert torch.allclose(o.cpu(), torch.full((1, 2, 8), want)), o
+    return str(info.value)
+
+
+@pytest.mark.parametrize("what", ["heads", "dtype", "scale", "scheduler", "lens", "lens_dtype", "head_dim", "gqa",
+                                  "too_big", "paged", "table_dtype"])
+def test_bad_input_raises_everywhere(iris_pool, what):
+    """A bad or mismatched argument on one rank (or all) raises on every rank, naming the ranks
+    and the argument; no hang."""
+    import time
+
+    t0 = time.monotonic()
+    msgs = iris_pool(2).run(_bad_rank, what)
+    assert time.monotonic() - t0 < 60
+    named = {"heads": "'query heads (q.shape[1])'", "dtype": "'dtype'", "scale": "'sm_scale'",
+             "scheduler": "'scheduler'", "lens": "'kv_lens given'", "paged": "'page size (block_table given"}
+    if what in named:
+        assert all(named[what] in m and "ranks 0" in m and "ranks 1" in m for m in msgs), msgs
+    if what == "lens_dtype":
+        assert all("kv_lens must be an int32 tensor" in m for m in msgs), msgs
+    if what == "head_dim":
+        assert "k's head dim" in msgs[1] and "rank 1 rejected its arguments" in msgs[0], msgs
+    if what == "gqa":
+        assert all("multiple of the kv heads" in m for m in msgs), msgs
+    if what == "too_big":
+        assert all("head dim D must be in [1, 256]" in m for m in msgs), msgs
+    if what == "table_dtype":
+        assert all("block_table must be an int32 tensor" in m for m in msgs), msgs
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------
+
+
+def _decode_step_rank(ctx):
+    """One attention-decode step of a model whose KV cache is split by sequence over the ranks:
+    q projection (replicated) -> ``iris_fw::flash_decode`` -> o projection row-parallel over the
+    heads (each rank its share) -> ``iris_fw::all_reduce`` + residual; compiled with
+    ``fullgraph=True`` against a float64 reference of the unsplit model."""
+    import iris_fw.torch_ops  # noqa: F401  (registers torch.ops.iris_fw.*)
+    from iris_fw.flash_decode import flash_decode_reference
+
+    torch._dynamo.reset()
+    w, r, dev = ctx.world_size, ctx.rank, ctx.device
+    batch, hidden, hq, hkv, d = 3, 64, 4, 2, 16
+    g = torch.Generator().manual_seed(fresh_seed(ctx))
+    wq = torch.randn(hidden, hq * d, generator=g) / hidden ** 0.5
+    wo = torch.randn(hq * d, hidden, generator=g) / (hq * d) ** 0.5
+    x = torch.randn(batch, hidden, generator=g)
+    ks = [torch.randn(batch, s, hkv, d, generator=g) for s in _slices(ctx, 0, 0)]
+    vs = [torch.randn(batch, s, hkv, d, generator=g) for s in _slices(ctx, 0, 0)]
+    lens = [torch.randint(0, s + 1, (batch,), generator=g).to(torch.int32) for s in _slices(ctx, 0, 0)]
+    heads = hq // w if hq % w == 0 else hq
+    mine = slice(r * heads, (r + 1) * heads) if heads < hq else slice(0, hq)
+    wq_d, wo_d = wq.to(dev), wo[mine.start * d:mine.stop * d].contiguous().to(dev)
+    k_d, v_d, lens_d = ks[r].to(dev), vs[r].to(dev), lens[r].to(dev)
+
+    def step(x):
+        q = (x @ wq_d).view(batch, hq, d)
+        o = torch.ops.iris_fw.flash_decode(q, k_d, v_d, lens_d, None, "auto", None)
+        part = o[:, mine].reshape(batch, -1) @ wo_d
+        if heads < hq:
+            return torch.ops.iris_fw.all_reduce(part, "sum", [], "auto") + x
+        return part + x
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    q64 = (x.double() @ wq.double()).view(batch, hq, d)
+    o64 = flash_decode_reference(q64, ks, vs, lens)
+    want = o64.reshape(batch, -1) @ wo.double() + x.double()
+    for _ in range(2):  # the second call runs the cached compiled graph
+        got = compiled(x.to(dev))
+        ctx.synchronize()
+        assert torch.allclose(got.cpu().double(), want, rtol=1e-4, atol=1e-4), (got.cpu().double() - want).abs().max()
+    eager = step(x.to(dev))
+    ctx.synchronize()
+    assert torch.allclose(eager.cpu(), got.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_step_compiles(iris_pool):
+    iris_pool(2).run(_decode_step_rank)
+
+
+def test_fake_shape():
+    """The fake implementation gives the shape without communication."""
+    import iris_fw.torch_ops  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = torch.empty(3, 8, 24), torch.empty(3, 100, 2, 24), torch.empty(3, 100, 2, 40)
+        assert torch.ops.iris_fw.flash_decode(q, k, v, None, None, "auto", None).shape == (3, 8, 40)
+
+
+# ---- the benchmark ------------------------------------------------------------------------------
+
+
+def _bench_rank(ctx):
+    from iris_fw.bench import BenchOptions
+    from iris_fw.bench.flash_decode import FlashDecodeBench
+
+    opts = BenchOptions(sizes=[4096], iters=1, warmup=0, quick=True, rotate_bytes=1 << 16, log=lambda msg: None)
+    return FlashDecodeBench().run(ctx, opts)
+
+
+def test_bench_rows(iris_pool, on_gpu):
+    """``iris-fw bench flash_decode``'s plugin on one CPU rank (the full run on 1 and 2 GPUs is
+    scripts/gpu_flash_decode.sh): a checked, timed row per method, the baseline skipped with a
+    reason."""
+    if on_gpu:
+        pytest.skip("the GPU run is scripts/gpu_flash_decode.sh")
+    rows = iris_pool(1).run(_bench_rank)[0]
+    timed = {r["method"]: r for r in rows if "eager_us" in r}
+    assert set(timed) == {"fused", "bulk_sync", "local_kernel", "torch_sdpa_local"}, rows
+    assert all(timed[m]["ok"] is True and timed[m]["max_err"] < 0.05 for m in ("fused", "bulk_sync")), rows
+    assert timed["local_kernel"]["kv_TBps"] > 0 and timed["local_kernel"]["kv_bytes_per_rank"] > 0
+    skipped = {r["method"]: r["skipped"] for r in rows if "skipped" in r}
+    assert "NCCL" in skipped["bsp_nccl"], skipped
+
+
+# ---- CUDA graphs (GPU) ----------------------------------------------------------------------------
+
+
+def _graph_rank(ctx, scheduler, is_paged):
+    from iris_fw.flash_decode import flash_decode
+
+    case = (4, 32, 8, 128, 128, torch.bfloat16, True)
+    dev, r = ctx.device, ctx.rank
+
+    def inputs(data, seed):
+        k, v = data["ks"][r].to(dev), data["vs"][r].to(dev)
+        kv_lens = data["kv_lens"][r].to(dev)
+        if is_paged:  # the same shapes every time: the same slices, pages shuffled anew
+            return (data["q"].to(dev), *paged(k, v, kv_lens, 16, seed))
+        return data["q"].to(dev), k, v, None, kv_lens
+
+    q, k, v, table, kv_lens = inputs(_draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0], 0)
+    reps = 3
+    outs = [torch.empty(q.shape[0], q.shape[1], v.shape[3], dtype=q.dtype, device=dev) for _ in range(reps)]
+
+    def step():
+        for o in outs:
+            flash_decode(q, k, v, kv_lens=kv_lens, out=o, scheduler=scheduler, block_table=table)
+
+    graph = capture_graph(ctx, step)
+    for rep in range(4):
+        data = _draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0]
+        for mine, new in zip((q, k, v, table, kv_lens), inputs(data, rep + 1)):
+            if mine is not None:
+                mine.copy_(new)
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        ctx.synchronize()
+        for i, o in enumerate(outs):
+            check(ctx, o, data, None, f"graph {scheduler}{' paged' * is_paged} replay {rep} call {i}")
+        ctx.barrier()
+
+
+@pytest.mark.parametrize("scheduler,is_paged", [("fused", False), ("bulk_sync", False), ("fused", True)])
+def test_graph_replay(iris_pool, on_gpu, scheduler, is_paged):
+    """Captured once (three calls), replayed with fresh q, k, v and kv_lens (and, paged, a new
+    block table) in the same tensors: right every time (GPU only)."""
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(2).run(_graph_rank, scheduler, is_paged)
+
+
+# ---- the kernels compiled for NVIDIA and AMD targets (no GPU needed) -------------------------------
+
+_COMPILE_JOBS = [  # (kernel, dtype, constexprs)
+    ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
+                                      "BLOCK_N": 64, "HAS_LENS": True, "PAGE": 16, "FUSED": True, "EXACT": False}),
+    ("_flash_decode_kernel", "fp32", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
+                                      "BLOCK_N": 32, "HAS_LENS": False, "PAGE": 0, "FUSED": False, "EXACT": True}),
+    ("_combine_kernel", "bf16", {"HQ": 32, "HKV": 8, "DV": 128, "ROWS": 16, "BDV": 128}),
+]
+
+
+def _compile_all(target_name):
+    """Compile every job for one target; print a line per job (in a child process that set
+    TRITON_INTERPRET=0 before importing Triton)."""
+    from iris_fw import flash_decode as mod
+
+    for name, elem, constexprs in _COMPILE_JOBS:
+        types = {"q": elem, "k": elem, "v": elem, "out": elem, "kv_lens": "i32", "partials": "fp32",
+                 "partial_lse": "fp32", "mine": "fp32", "recv": "fp32", "gathered": "fp32", "unit_counters": "i64",
+                 "slots": "i64", "epochs": "i64", "heap_bases": "i64"}
+        types = {k: "*" + t for k, t in types.items()}
+        types["block_table"] = "*i32"
+        types["qk_scale"] = "fp32"
+        compile_kernel(getattr(mod, name), target_name, constexprs, types, options={"num_warps": 4, "num_stages": 3})
+        print("compiled", name, elem, flush=True)
+
+
+@pytest.mark.parametrize("target", [pytest.param(t, marks=pytest.mark.extended) if COMPILE_TARGETS[t][0] == "hip"
+                                    else t for t in sorted(COMPILE_TARGETS)])
+def test_kernels_compile(tmp_path, target):
+    """Triton's interpreter accepts code the compilers reject: compile the kernels for sm_90 and
+    (extended) gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
+    compile_in_child(tmp_path, "test_flash_decode", "_compile_all", target, len(_COMPILE_JOBS))

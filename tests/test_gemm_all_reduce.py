@@ -1,0 +1,172 @@
+"""GEMM + all-reduce (``iris_fw.ops.gemm_all_reduce``): every scheduler (fused in-kernel steps,
+unfused step kernels, the library form) x one-shot / two-shot, world sizes 1-4, ragged shapes,
+with and without bias, fresh inputs per call, against a float64 reference; dtypes; mismatches
+across ranks; CUDA-graph replays (GPU)."""
+
+import pytest
+import torch
+
+from helpers import fresh_seed
+from iris_fw import ops
+from test_taxonomy import _check
+
+#: Per-rank ``(M, K/W, N)``: ragged (no dimension a multiple of a tile; K odd rules TMA out) and
+#: aligned, on the CPU interpreter and on GPUs.
+SHAPES = {"cpu": {"ragged": (37, 35, 21), "aligned": (32, 48, 32)},
+          "cuda": {"ragged": (999, 1001, 301), "aligned": (256, 1024, 1024)}}
+FUSED = ["fused_sequential"]
+UNFUSED = ["bulk_sync", "producer_consumer", "wg_specialized"]
+
+
+def _inputs(ctx, kind, dtype, bias, seed):
+    """Every rank's ``(a, b[, bias])`` (each rank draws all of them from the shared seed; the
+    bias is the same on every rank)."""
+    M, K, N = SHAPES[ctx.device.type][kind]
+    g = torch.Generator().manual_seed(seed)
+    shared = torch.randn(N, generator=g).to(dtype).to(ctx.device) if bias else None
+    out = []
+    for _ in range(ctx.world_size):
+        a = torch.randn(M, K, generator=g).to(dtype).to(ctx.device)
+        b = (torch.randn(K, N, generator=g) / K ** 0.5).to(dtype).to(ctx.device)
+        out.append((a, b) if shared is None else (a, b, shared))
+    return out
+
+
+def _config(ctx, algorithm, mine):
+    """The pattern's default configuration with ``algorithm`` (None: the default)."""
+    from dataclasses import replace
+
+    if algorithm is None:
+        return None
+    pattern = ctx.registries.pattern.get("gemm_all_reduce")
+    return replace(pattern.default_config(ctx, pattern.signature(ctx, *mine)), algorithm=algorithm)
+
+
+def _run(ctx, scheduler, algorithm, dtype=torch.bfloat16, kinds=("ragged", "aligned"), bias=True, calls=2):
+    from iris_fw.plugins.gemm_all_reduce import GemmAllReduce
+
+    for kind in kinds:
+        inputs = _inputs(ctx, kind, dtype, bias, fresh_seed(ctx))
+        mine = tuple(t.clone() for t in inputs[ctx.rank])
+        op = ops.plan("gemm_all_reduce", *mine, ctx=ctx, scheduler=scheduler, config=_config(ctx, algorithm, mine))
+        for call in range(calls):  # fresh inputs; buffers and device epochs reused
+            if call:
+                inputs = _inputs(ctx, kind, dtype, bias, fresh_seed(ctx))
+                for dst, src in zip(mine, inputs[ctx.rank]):
+                    dst.copy_(src)
+            for t in op.buffers.values():
+                if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+                    t.fill_(float("nan"))
+            out = op(*mine)
+            ctx.synchronize()
+            want = GemmAllReduce.reference(ctx.rank, ctx.world_size, inputs)
+            _check(out, want, dtype, f"gemm_all_reduce/{op.scheduler.name}/{op.config.algorithm} {kind} call {call}")
+            del out
+        del op
+        ctx.barrier()
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+def test_fused(world, algorithm):
+    """Steps inside the persistent kernel: each program reduces its tiles once its peers' same
+    programs pushed them."""
+    world.run(_run, "fused_sequential", algorithm)
+
+
+@pytest.mark.parametrize("scheduler,algorithm", [("bulk_sync", "two_shot"), ("producer_consumer", "one_shot"),
+                                                 ("wg_specialized", "two_shot")])
+def test_unfused_schedules(iris_pool, scheduler, algorithm):
+    """Step 1 in a kernel of its own after the schedule's kernels."""
+    for w in (2, 3):
+        iris_pool(w).run(_run, scheduler, algorithm, kinds=("ragged",))
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("scheduler", UNFUSED)
+def test_unfused_schedules_every_world(world, scheduler, algorithm):
+    world.run(_run, scheduler, algorithm)
+
+
+def _library_and_auto(ctx):
+    from iris_fw.plugins.gemm_all_reduce import GemmAllReduce
+
+    _run(ctx, "library", None, kinds=("ragged",))
+    _run(ctx, "auto", None, kinds=("ragged",), bias=False, calls=1)
+    inputs = _inputs(ctx, "ragged", torch.float32, True, fresh_seed(ctx))
+    for scheduler in ("fused_sequential", "library"):
+        got = ops.gemm_all_reduce(*inputs[ctx.rank][:2], bias=inputs[ctx.rank][2], scheduler=scheduler)
+        ctx.synchronize()
+        _check(got, GemmAllReduce.reference(ctx.rank, ctx.world_size, inputs), torch.float32, f"ops {scheduler}")
+
+
+def test_library_and_auto(iris_pool):
+    """The library form (torch matmul + iris_fw.ccl.all_reduce), and auto (the library form
+    until a fused row is measured), also through the cached ``ops`` call."""
+    for w in (2, 3):
+        iris_pool(w).run(_library_and_auto)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_dtypes(iris_pool, dtype):
+    iris_pool(2).run(_run, "fused_sequential", None, dtype=dtype, kinds=("ragged",), calls=1)
+
+
+def _mismatch(ctx, what):
+    M, K, N = SHAPES[ctx.device.type]["ragged"]
+    last = ctx.rank == ctx.world_size - 1
+    a = torch.randn(M, K + (1 if what == "K" and last else 0), device=ctx.device)
+    b = torch.randn(a.shape[1], N + (3 if what == "N" and last else 0), device=ctx.device)
+    bias = None if what == "bias" and last else torch.randn(b.shape[1], device=ctx.device)
+    if what == "bias_shape" and last:
+        bias = torch.randn(N + 1, device=ctx.device)
+    with pytest.raises(ValueError) as err:
+        ops.gemm_all_reduce(a, b, bias=bias, scheduler="fused_sequential")
+    text = str(err.value)
+    assert str(ctx.world_size - 1) in text, text
+    return text
+
+
+@pytest.mark.parametrize("what", ["K", "N", "bias", "bias_shape"])
+def test_mismatch_raises_everywhere(iris_pool, what):
+    """Ranks disagreeing on a shape, or one passing a bias the others do not (or a bias of the
+    wrong length), raise on every rank naming the rank."""
+    iris_pool(3).run(_mismatch, what)
+
+
+def _graph(ctx, algorithm, scheduler):
+    from iris_fw.plugins.gemm_all_reduce import GemmAllReduce
+
+    inputs = _inputs(ctx, "ragged", torch.bfloat16, True, fresh_seed(ctx))
+    mine = tuple(t.clone() for t in inputs[ctx.rank])
+    op = ops.plan("gemm_all_reduce", *mine, ctx=ctx, scheduler=scheduler, config=_config(ctx, algorithm, mine))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op(*mine)
+    torch.cuda.current_stream().wait_stream(s)
+    ctx.synchronize()
+    ctx.barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = op(*mine)
+    for replay in range(4):  # fresh inputs before every replay, no host synchronization between replays
+        inputs = _inputs(ctx, "ragged", torch.bfloat16, True, fresh_seed(ctx))
+        for dst, src in zip(mine, inputs[ctx.rank]):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        g.replay()
+        ctx.synchronize()
+        _check(out, GemmAllReduce.reference(ctx.rank, ctx.world_size, inputs), torch.bfloat16,
+               f"{scheduler}/{algorithm} graph replay {replay}")
+        ctx.barrier()
+    del g, op, out
+
+
+@pytest.mark.parametrize("scheduler,algorithm", [("fused_sequential", "one_shot"), ("fused_sequential", "two_shot"),
+                                                 ("producer_consumer", "two_shot"), ("library", None)])
+def test_graph_replay(iris_pool, on_gpu, scheduler, algorithm):
+    """A captured call replayed with fresh inputs (device-side epochs, no host integers)."""
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(2).run(_graph, algorithm, scheduler)

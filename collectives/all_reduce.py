@@ -15,6 +15,10 @@ hold bitwise the same result. Sums of 8/16-bit floats accumulate in fp32.
   trips. Large messages at W > 2.
 * ``ring``: reduce-scatter then all-gather around the ring ``r -> r+1``, W-1 steps each,
   tile-pipelined; each rank only talks to its neighbours. Large messages on ring topologies.
+
+Traced (``TRACE``, :mod:`iris_fw.trace`), each program records its phases: ``push`` (sends),
+``arrivals`` / ``receive`` (waits), ``reduce`` (local reduction and stores; *communicate* when
+it stores to peers), ``ring_step`` (one tile row's pass around the ring).
 """
 
 from __future__ import annotations
@@ -25,20 +29,26 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tilecomm as tc
+from iris_fw import trace as tr
 from iris_fw.ccl import algorithm as al
 from iris_fw.hookspecs import hookimpl
 
 
 @triton.jit
-def _one_shot_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_bases,
-                     OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _one_shot_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_bases, trace,
+                     OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                     TRACE: tl.constexpr = 0):
     """``dst[:n]`` = ``src[:n]`` reduced over the group (``n <= CAP``). ``recv``: symmetric
     ``[2, world_size, CAP]``; ``slots``: symmetric int64 ``[programs, world_size]``;
     ``counters``: int64 ``[programs]``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
-    buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP, trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -47,22 +57,35 @@ def _one_shot_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_
             if AVG:
                 acc = acc / world_size
             tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
-def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases,
-                    OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases, trace,
+                    OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                    TRACE: tl.constexpr = 0):
     """As :func:`_one_shot_kernel` with the data as flag: ``recv`` (``[2, world_size, CAP]``)
     holds the empty pattern wherever no data is in flight."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         tc.lamport_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
     tl.debug_barrier()  # in place (dst is src): every warp has read its share before any writes dst
+    if TRACE:
+        ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                       tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
+        t0 = tr.record_start(trace, TRACE)
     ok = 1
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -72,11 +95,15 @@ def _lamport_kernel(src, dst, recv, counters, n, rank, world_size, heap_bases,
             acc = acc / world_size
         if ok:
             tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.RECEIVE, buf, rank, heap_bases)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
-def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size, heap_bases,
-                     OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size, heap_bases, trace,
+                     OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                     TRACE: tl.constexpr = 0):
     """``dst[:n]`` = ``src[:n]`` reduced over the group; tile ``t`` is reduced by rank
     ``t mod world_size``. ``recv``: symmetric ``[2, world_size, CAP]`` (slot ``r``: rank r's
     copy of the tiles this rank owns); ``gath``: symmetric ``[2, CAP]`` (reduced tiles);
@@ -84,16 +111,28 @@ def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     rs = recv + (epoch % 2) * world_size * CAP
     ag = gath + (epoch % 2) * CAP
     phase1 = slots + pid * 2 * world_size
     phase2 = phase1 + world_size
+    ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         dv.store(rs + rank * CAP + offs, tl.load(src + offs, mask=mask), rank, t % world_size, heap_bases, mask=mask)
     tc.arrive(phase1, epoch, rank, world_size, heap_bases)
+    if TRACE:  # every tile but the ones this rank owns goes to its owner
+        tr.record_move(trace, TRACE, t0, tr.PUSH, -1,
+                       (tr.strided_share(n, BLOCK, pid, nprog) - _owned(n, rank, world_size, BLOCK)) * ELEM)
+        t0 = tr.record_start(trace, TRACE)
     ok = tc.wait_arrivals(phase1, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, phase1, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             if t % world_size == rank:
@@ -106,18 +145,38 @@ def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size,
         # "my reduced tiles are in your buffer": only when they are (a failed wait sends no
         # stale data; the peers' waits give up instead)
         tc.arrive(phase2, epoch, rank, world_size, heap_bases)
+    if TRACE:  # the owned tiles' sums to every other rank
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, _owned(n, rank, world_size, BLOCK) * (world_size - 1) * ELEM)
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         ok = tc.wait_arrivals(phase2, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, phase2, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
             tl.store(dst + offs, tl.load(ag + offs, mask=mask), mask=mask)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
-def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_bases,
-                 OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _owned(n, rank, world_size, BLOCK: tl.constexpr):
+    """Elements of this program's tiles of ``[0, n)`` that ``rank`` owns (tile ``t`` is owned by
+    rank ``t mod world_size``): what it reduces in a two-shot all-reduce (for traces)."""
+    owned = tr.as_i64(0)
+    for t in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        owned += tl.where(t % world_size == rank, tl.minimum(n - t * BLOCK, BLOCK), 0)
+    return owned
+
+
+@triton.jit
+def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_bases, trace,
+                 OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                 TRACE: tl.constexpr = 0):
     """Ring all-reduce of ``src[:n]`` into ``dst``: the message is cut into ``world_size``
     segments of ``seg = cdiv(n, world_size)`` elements; program ``p`` carries tile ``j`` of
     every segment (``j = p, p + programs, …``). Reduce-scatter: at step ``s`` (0 … W-2) rank
@@ -135,13 +194,18 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     seg = tl.cdiv(tl.cdiv(n, world_size), BLOCK) * BLOCK  # elements per segment, tile-aligned
     slot = tl.cdiv(tl.cdiv(CAP, world_size), BLOCK) * BLOCK  # elements per step slot
     buf = recv + (epoch % 2) * 2 * world_size * slot
     flags = slots + pid * 2 * world_size
     right = (rank + 1) % world_size
     ok = 1
+    STEP_BYTES: tl.constexpr = BLOCK * (recv.dtype.element_ty.primitive_bitwidth // 8)
     for j in range(pid, tl.cdiv(seg, BLOCK), nprog):
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         loc = j * BLOCK + tl.arange(0, BLOCK)
         mark = epoch * 4294967296 + j + 1  # this (call, tile) on the step flags: only grows
         # reduce-scatter: send segment k, receive the partial of segment k - 1, add my copy
@@ -179,6 +243,10 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
             out = tl.load(step + loc, mask=loc < seg).to(dst.dtype.element_ty)
             if ok:
                 tl.store(dst + offs, out, mask=(loc < seg) & (offs < n))
+        if TRACE:  # 2(W-1) steps of one tile to the right neighbour (waits for the left one included)
+            tr.record_move(trace, TRACE, t0, tr.RING_STEP, right, tr.as_i64(STEP_BYTES) * 2 * (world_size - 1), j)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 class _AllReduce(al.Algorithm):

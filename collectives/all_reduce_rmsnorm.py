@@ -56,6 +56,7 @@ import triton.language as tl
 
 from iris_fw import devinfo
 from iris_fw import tilecomm as tc
+from iris_fw import trace as tr
 from iris_fw.ccl import algorithm as al
 from iris_fw.ccl.group import WorkspaceFull
 from iris_fw.collectives import all_reduce as _ar
@@ -156,8 +157,9 @@ def _one_tile_row(acc, ok, res_row, weight, out_row, hidden, eps, BLOCK: tl.cons
 
 @triton.jit
 def _lamport_rmsnorm_kernel(x, weight, out, residual, recv, partials, row_counters, counters,
-                            rows, hidden, segments, seg, eps, rank, world_size, heap_bases,
-                            BLOCK: tl.constexpr, CAP: tl.constexpr, ONE_TILE: tl.constexpr):
+                            rows, hidden, segments, seg, eps, rank, world_size, heap_bases, trace,
+                            BLOCK: tl.constexpr, CAP: tl.constexpr, ONE_TILE: tl.constexpr,
+                            TRACE: tl.constexpr = 0):
     """``x``, ``residual``, ``out``: ``[T, H]`` with ``T = rows``, ``H = hidden`` (contiguous,
     local); ``weight``: ``[H]``. ``recv``: symmetric ``[2, world_size, CAP]`` holding the empty
     pattern wherever no data is in flight (``rows * hidden <= CAP``); ``partials``: local fp32
@@ -166,8 +168,12 @@ def _lamport_rmsnorm_kernel(x, weight, out, residual, recv, partials, row_counte
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
     items = rows * segments
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         lo = (item % segments) * seg
@@ -176,6 +182,10 @@ def _lamport_rmsnorm_kernel(x, weight, out, residual, recv, partials, row_counte
             offs = row * hidden + c + tl.arange(0, BLOCK)
             mask = c + tl.arange(0, BLOCK) < hi
             tc.lamport_put_all(x + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                       _share(rows, hidden, segments, seg) * (world_size - 1) * (x.dtype.element_ty.primitive_bitwidth // 8))
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         s = item % segments
@@ -203,19 +213,38 @@ def _lamport_rmsnorm_kernel(x, weight, out, residual, recv, partials, row_counte
                     tl.store(res_row + cols, stored, mask=mask)
             _finish_segment(res_row, weight, out_row, partials, row_counters, row, s, segments, ssq, ok,
                             hidden, eps, BLOCK)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.RECEIVE, buf, rank, heap_bases)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
+
+
+@triton.jit
+def _share(rows, hidden, segments, seg):
+    """Elements of this program's items (row segments ``pid, pid + programs, …`` of ``seg``
+    columns), for traces."""
+    share = tr.as_i64(0)
+    for item in range(tl.program_id(0), rows * segments, tl.num_programs(0)):
+        lo = (item % segments) * seg
+        share += tl.minimum(lo + seg, hidden) - lo
+    return share
 
 
 @triton.jit
 def _one_shot_rmsnorm_kernel(x, weight, out, residual, recv, slots, partials, row_counters, counters,
-                             rows, hidden, segments, seg, eps, rank, world_size, heap_bases,
-                             BLOCK: tl.constexpr, CAP: tl.constexpr, ONE_TILE: tl.constexpr):
+                             rows, hidden, segments, seg, eps, rank, world_size, heap_bases, trace,
+                             BLOCK: tl.constexpr, CAP: tl.constexpr, ONE_TILE: tl.constexpr,
+                             TRACE: tl.constexpr = 0):
     """As :func:`_lamport_rmsnorm_kernel` with an arrival instead of data as flag: ``recv``:
     symmetric ``[2, world_size, CAP]``; ``slots``: symmetric int64 ``[programs, world_size]``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
     items = rows * segments
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         lo = (item % segments) * seg
@@ -225,7 +254,14 @@ def _one_shot_rmsnorm_kernel(x, weight, out, residual, recv, slots, partials, ro
             mask = c + tl.arange(0, BLOCK) < hi
             tc.tile_put_all(x + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=mask)
     tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                       _share(rows, hidden, segments, seg) * (world_size - 1) * (x.dtype.element_ty.primitive_bitwidth // 8))
+        t0 = tr.record_start(trace, TRACE)
     ok = tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
     for item in range(pid, items, nprog):
         row = item // segments
         s = item % segments
@@ -249,6 +285,9 @@ def _one_shot_rmsnorm_kernel(x, weight, out, residual, recv, slots, partials, ro
                     tl.store(res_row + cols, stored, mask=mask)
             _finish_segment(res_row, weight, out_row, partials, row_counters, row, s, segments, ssq, ok,
                             hidden, eps, BLOCK)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 # ---- algorithms -----------------------------------------------------------------------------------

@@ -13,6 +13,9 @@ waits for program ``p`` of every rank, which sent it exactly the tiles it reads)
   reduces its slots in rank order (8/16-bit floats in fp32).
 * ``all_to_all.push``: rank ``r`` pushes its chunk for ``p`` (ragged split sizes) to ``p``;
   messages longer than a slot go in rounds.
+
+Traced (``TRACE``, :mod:`iris_fw.trace`), each program records ``push`` / ``pull`` (sends,
+reads), ``arrivals`` (waits) and ``reduce`` (the local reduction or copy-out).
 """
 
 from __future__ import annotations
@@ -23,30 +26,38 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tilecomm as tc
+from iris_fw import trace as tr
 from iris_fw.ccl import algorithm as al
 from iris_fw.hookspecs import hookimpl
 
 
 @triton.jit
-def _all_gather_push_kernel(src, dst, recv, slots, counters, n, stride, rank, world_size, heap_bases,
-                            BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _all_gather_push_kernel(src, dst, recv, slots, counters, n, stride, rank, world_size, heap_bases, trace,
+                            BLOCK: tl.constexpr, CAP: tl.constexpr, TRACE: tl.constexpr = 0):
     """``dst[p * stride + i]`` = rank ``p``'s ``src[i]``, ``i < n <= CAP``. ``recv``: symmetric
     ``[2, world_size, CAP]``; ``slots``: symmetric int64 ``[programs, world_size]``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
-    buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP, trace, TRACE)
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
             for p in range(0, world_size):
                 tl.store(dst + p * stride + offs, tl.load(buf + p * CAP + offs, mask=mask), mask=mask)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
-def _all_gather_pull_kernel(src, dst, stage, slots, counters, n, stride, rank, world_size, heap_bases,
-                            BLOCK: tl.constexpr, CAP: tl.constexpr, STAGED: tl.constexpr):
+def _all_gather_pull_kernel(src, dst, stage, slots, counters, n, stride, rank, world_size, heap_bases, trace,
+                            BLOCK: tl.constexpr, CAP: tl.constexpr, STAGED: tl.constexpr, TRACE: tl.constexpr = 0):
     """``dst[p * stride + i]`` = rank ``p``'s ``src[i]``, read from ``p``'s heap. ``STAGED``:
     ``src`` is copied into ``stage`` (symmetric ``[2, CAP]``) first; else ``src`` is symmetric
     (same offset on every rank) and a second arrival keeps it unchanged until every peer read
@@ -54,7 +65,11 @@ def _all_gather_pull_kernel(src, dst, stage, slots, counters, n, stride, rank, w
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     entry = slots + pid * 2 * world_size
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     if STAGED:
         base = stage + (epoch % 2) * CAP
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
@@ -64,26 +79,48 @@ def _all_gather_pull_kernel(src, dst, stage, slots, counters, n, stride, rank, w
     else:
         base = src
     tc.arrive(entry, epoch, rank, world_size, heap_bases)
-    if tc.wait_arrivals(entry, epoch, rank, world_size, heap_bases):
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.PUSH, -1, 0)
+        t0 = tr.record_start(trace, TRACE)
+    ok = tc.wait_arrivals(entry, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, entry, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
+    if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
             tc.tile_gather(base + offs, dst + offs, stride, rank, world_size, heap_bases, mask=mask)
+    if TRACE:
+        ELEM: tl.constexpr = dst.dtype.element_ty.primitive_bitwidth // 8
+        tr.record_move(trace, TRACE, t0, tr.PULL, tr.only_peer(rank, world_size),
+                       tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
     if not STAGED:
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         tc.arrive(entry + world_size, epoch, rank, world_size, heap_bases)
         tc.wait_arrivals(entry + world_size, epoch, rank, world_size, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, entry + world_size, rank, heap_bases)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
-def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank, world_size, heap_bases,
-                                OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank, world_size, heap_bases, trace,
+                                OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                                TRACE: tl.constexpr = 0):
     """``dst[i]`` = ``src[rank * stride + i]`` reduced over the group, ``i < n <= CAP``.
     ``recv``: symmetric ``[2, world_size, CAP]``; ``slots``: symmetric int64
     ``[programs, world_size]``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -92,7 +129,16 @@ def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank
             dv.store(buf + rank * CAP + offs, tl.load(src + p * stride + offs, mask=mask), rank, p, heap_bases,
                      mask=mask)
     tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    if tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases):
+    if TRACE:
+        ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                       tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
+        t0 = tr.record_start(trace, TRACE)
+    ok = tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
+    if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -100,11 +146,14 @@ def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank
             if AVG:
                 acc = acc / world_size
             tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
-def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank, world_size, heap_bases,
-                            BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank, world_size, heap_bases, trace,
+                            BLOCK: tl.constexpr, CAP: tl.constexpr, TRACE: tl.constexpr = 0):
     """One round of an all-to-all: elements ``[base, base + n)`` of every chunk (``n <= CAP``).
     ``meta``: int64 ``[4, world_size]`` — offset and length (elements) of this rank's chunk for
     each rank in ``src``, and of each rank's chunk for this rank in ``dst``. ``recv``: symmetric
@@ -112,7 +161,13 @@ def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
+    if TRACE:
+        sent = tr.as_i64(0)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         loc = t * BLOCK + tl.arange(0, BLOCK)
         for i in range(0, world_size):
@@ -121,14 +176,27 @@ def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank
             mask = base + loc < tl.load(meta + world_size + p)
             dv.store(buf + rank * CAP + loc, tl.load(src + off + base + loc, mask=mask), rank, p, heap_bases,
                      mask=mask)
+            if TRACE:
+                sent += tl.where(p != rank, tl.sum(mask.to(tl.int64)), 0)
     tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    if tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases):
+    if TRACE:
+        ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size), sent * ELEM)
+        t0 = tr.record_start(trace, TRACE)
+    ok = tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
+        t0 = tr.record_start(trace, TRACE)
+    if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             loc = t * BLOCK + tl.arange(0, BLOCK)
             for p in range(0, world_size):
                 off = tl.load(meta + 2 * world_size + p)
                 mask = base + loc < tl.load(meta + 3 * world_size + p)
                 tl.store(dst + off + base + loc, tl.load(buf + p * CAP + loc, mask=mask), mask=mask)
+    if TRACE:
+        tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 def _geometry(group, algo, call, nbytes=None):

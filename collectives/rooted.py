@@ -8,6 +8,10 @@ reads). To the root: every rank pushes its tiles into its slot of the root's rec
 arrives there; the root combines (reduce: in rank order, 8/16-bit floats in fp32) or copies
 (gather), then raises a "done" flag every rank waits for. Buffers are double-buffered by the
 call's epoch parity.
+
+Traced (``TRACE``, :mod:`iris_fw.trace`), each program records ``push`` (sends), ``arrivals`` /
+``acquire`` (waits for the ranks' arrivals / the root's flag) and ``reduce`` (copy-out or
+reduction).
 """
 
 from __future__ import annotations
@@ -17,23 +21,28 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tilecomm as tc
+from iris_fw import trace as tr
 from iris_fw.ccl import algorithm as al
 from iris_fw.hookspecs import hookimpl
 
 
 @triton.jit
-def _from_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, world_size, heap_bases,
-                      SCATTER: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _from_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, world_size, heap_bases, trace,
+                      SCATTER: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, TRACE: tl.constexpr = 0):
     """Broadcast: every rank's ``dst[:n]`` = the root's ``src[:n]``; scatter: rank ``p``'s
     ``dst[:n]`` = the root's ``src[p * stride:][:n]``. ``recv``: symmetric ``[2, CAP]``;
     ``slots``: symmetric int64 ``[programs, world_size + 1]`` (answers, then the data flag)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * CAP
     answers = slots + pid * (world_size + 1)
     ready = answers + world_size
     if rank == root:
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -49,20 +58,37 @@ def _from_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, wo
                     dv.store(buf + offs, value, rank, p, heap_bases, mask=mask)
         tc.signal_peers(ready, epoch, rank, world_size, heap_bases)
         dv.signal(answers + rank, epoch, rank, rank, heap_bases)
+        if TRACE:
+            ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+            tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                           tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
+            t0 = tr.record_start(trace, TRACE)
         tc.wait_arrivals(answers, epoch, rank, world_size, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, answers, rank, heap_bases)
     else:
-        if tc.wait_flag(ready, epoch, rank, heap_bases):
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
+        ok = tc.wait_flag(ready, epoch, rank, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ACQUIRE, ready, rank, heap_bases)
+            t0 = tr.record_start(trace, TRACE)
+        if ok:
             for t in range(pid, tl.cdiv(n, BLOCK), nprog):
                 offs = t * BLOCK + tl.arange(0, BLOCK)
                 mask = offs < n
                 tl.store(dst + offs, tl.load(buf + offs, mask=mask), mask=mask)
         dv.signal(answers + rank, epoch, rank, root, heap_bases)
+        if TRACE:
+            tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 @triton.jit
-def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, world_size, heap_bases,
+def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, world_size, heap_bases, trace,
                     GATHER: tl.constexpr, OP: tl.constexpr, AVG: tl.constexpr, BLOCK: tl.constexpr,
-                    CAP: tl.constexpr):
+                    CAP: tl.constexpr, TRACE: tl.constexpr = 0):
     """Reduce: the root's ``dst[:n]`` = ``src[:n]`` reduced over the group; gather: the root's
     ``dst[p * stride:][:n]`` = rank ``p``'s ``src[:n]``. ``recv``: symmetric
     ``[2, world_size, CAP]``; ``slots``: symmetric int64 ``[programs, world_size + 1]``
@@ -70,16 +96,29 @@ def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, worl
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     buf = recv + (epoch % 2) * world_size * CAP
     arrivals = slots + pid * (world_size + 1)
     done = arrivals + world_size
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         dv.store(buf + rank * CAP + offs, tl.load(src + offs, mask=mask), rank, root, heap_bases, mask=mask)
     dv.signal(arrivals + rank, epoch, rank, root, heap_bases)
+    if TRACE:
+        ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        tr.record_move(trace, TRACE, t0, tr.PUSH, tl.where(rank == root, -1, root),
+                       tl.where(rank == root, 0, tr.strided_share(n, BLOCK, pid, nprog) * ELEM))
+        t0 = tr.record_start(trace, TRACE)
     if rank == root:
-        if tc.wait_arrivals(arrivals, epoch, rank, world_size, heap_bases):
+        ok = tc.wait_arrivals(arrivals, epoch, rank, world_size, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, arrivals, rank, heap_bases)
+            t0 = tr.record_start(trace, TRACE)
+        if ok:
             for t in range(pid, tl.cdiv(n, BLOCK), nprog):
                 offs = t * BLOCK + tl.arange(0, BLOCK)
                 mask = offs < n
@@ -92,8 +131,14 @@ def _to_root_kernel(src, dst, recv, slots, counters, n, stride, root, rank, worl
                         acc = acc / world_size
                     tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
         tc.signal_peers(done, epoch, rank, world_size, heap_bases)
+        if TRACE:
+            tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, 0)
     else:
         tc.wait_flag(done, epoch, rank, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ACQUIRE, done, rank, heap_bases)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 class _Rooted(al.Algorithm):

@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("program", nargs=argparse.REMAINDER, help="program.py [args...] or -m module [args...]")
     p.set_defaults(func=_cmd_run)
     sub.add_parser("bench", help="run benchmarks on N ranks (see iris-fw bench --help)", add_help=False)
+    from .trace_report import add_parser as add_trace_parser
+
+    add_trace_parser(sub)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # everything after it belongs to the bench's own parser
         from .bench import main as bench_main

@@ -344,17 +344,25 @@ class Context:
         self.watchdog.attach(self)
         self._at_exit = _AtExit(self)
         atexit.register(self._at_exit)
+        #: the open trace session's :class:`~iris_fw.tracing.Tracer` (None when not tracing; see :meth:`trace`)
+        self.tracer = None
         self.barrier()
         # contexts closed or gone drop out here, so creating and dropping contexts in a loop
         # accumulates nothing
         _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
         _created.append(weakref.ref(self))
+        from .tracing import start_env_trace
+
+        start_env_trace(self)  # IRIS_FW_TRACE=path traces the context's whole life
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
         """Free the heap and unmap peers. Collective; calling it again does nothing."""
         if self._closed:
             return
+        from .tracing import end_env_trace
+
+        end_env_trace(self)
         self._closed = True
         self._exit_cleanup.detach()
         atexit.unregister(self._at_exit)
@@ -556,6 +564,22 @@ class Context:
         :meth:`synchronize` or :meth:`barrier`."""
         self._check_open()
         _device_barrier_kernel[(1,)](self.rank, self.world_size, self.heap_bases)
+
+    # ---- tracing ------------------------------------------------------------------------------
+    def trace(self, path=None, *, events_per_program: int | None = None, label: str | None = None,
+              kinds: dict | None = None):
+        """Trace what runs inside ``with ctx.trace("run.json"):`` — every op and collective (their
+        traced kernel variants) and user kernels given :func:`iris_fw.tracing.kernel_args` — into
+        one Chrome-trace / Perfetto JSON per rank (``run.rank<r>.json``) and, on rank 0, a merged
+        ``run.json`` with the ranks' clocks aligned. Collective. ``events_per_program``: records
+        per program ring (older ones are overwritten, and counted, beyond it); ``label``: names the
+        trace (plots, summaries); ``kinds``: names of user event kinds (``{iris_fw.trace.USER + i:
+        "name"}``); ``path=None`` writes no file (the session's ``trace`` / ``merged`` hold the
+        events). See :mod:`iris_fw.tracing` and docs/tracing.md."""
+        from .tracing import TraceSession
+
+        self._check_open()
+        return TraceSession(self, path, events_per_program=events_per_program, label=label, kinds=kinds)
 
     # ---- checks -------------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -60,3 +60,12 @@ def num_sms(device: torch.device) -> int:
 def persistent_programs(device: torch.device, work: int) -> int:
     """Programs of a persistent kernel over ``work`` items: at most one per SM, at least one."""
     return max(1, min(int(work), num_sms(device)))
+
+
+def trace_clock(device: torch.device) -> str:
+    """The clock traced kernels read on ``device`` (their ``TRACE`` constexpr, see
+    :mod:`iris_fw.trace`): ``"host"`` under the interpreter, ``"memrealtime"`` on AMD GPUs,
+    ``"globaltimer"`` on NVIDIA GPUs."""
+    if info(device).type == "cpu":
+        return "host"
+    return "memrealtime" if torch.version.hip else "globaltimer"

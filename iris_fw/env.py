@@ -171,6 +171,9 @@ VARIABLES: tuple[Variable, ...] = (
              "Ops an `iris_fw.ops` op cache keeps per context (least recently used dropped)."),
     Variable("IRIS_FW_SLOW_LAUNCH", "bool", False,
              "Launch every engine kernel through `kernel[grid]` instead of the cached fast path."),
+    Variable("IRIS_FW_TRACE", "path", None,
+             "Trace every context's whole life (`init` to `close`) into this path, as `with ctx.trace(path):` "
+             "does: per-rank Chrome-trace / Perfetto JSON files and a merged one (docs/tracing.md)."),
     Variable("IRIS_FW_MPIRUN", "path", None,
              "The `mpirun` the tests use (unset: the one beside the Python interpreter, else on PATH)."),
     Variable("IRIS_FW_TEST_TIMEOUT", "seconds", 300.0,

@@ -82,6 +82,7 @@ from . import context as _context
 from . import devinfo
 from . import tilecomm as tc
 from . import tiles
+from . import trace as tr
 from .ccl import algorithm as al
 from .ccl import api
 from .engine.launcher import KernelLauncher
@@ -237,7 +238,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                          qk_scale, rank, world_size, heap_bases,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr):
+                         HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
+                         trace, TRACE: tl.constexpr = 0):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
@@ -250,7 +252,13 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
     then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
     ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
-    ``[units, world_size]``, ``epochs`` int64 ``[programs]``."""
+    ``[units, world_size]``, ``epochs`` int64 ``[programs]``.
+
+    Traced (:mod:`iris_fw.trace`): per program its span (item: the call's epoch, ``FUSED``;
+    else -1); per work item an ``attention`` event (item: ``unit * n_split + split``); the
+    unit's last split also a ``reduce`` (the splits' combine, item: the unit) and, ``FUSED``,
+    a ``push`` of the partial to the peers, the ``arrivals`` wait on the unit's slots and a
+    ``reduce`` of the ranks' partials."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     G: tl.constexpr = HQ // HKV
@@ -263,8 +271,12 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     if FUSED:
         epoch = tc.program_epoch(epochs)
         buf = recv + (epoch % 2) * world_size * pack
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     live = 1
     for item in range(pid, units * n_split, nprog):
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
         u = item // n_split
         s = item % n_split
         b = u // (HKV * HB)  # as _unit (inlined: the interpreter pays per nested call)
@@ -293,6 +305,9 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], acc / safe[:, None], mask=omask)
         tl.store(partial_lse + slot * ROWS + rows, tl.where(l > 0, m + tl.log2(safe), float("-inf")),
                  mask=rows < rows_valid)
+        if TRACE:
+            tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
+            t0 = tr.record_start(trace, TRACE)
         # the unit's last split to get here combines them (every thread's stores before the release)
         tl.debug_barrier()
         done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
@@ -305,12 +320,22 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             lse_off = lse_at + b * HQ + h0 + rows
             lse = lse2 / _LOG2E
             if FUSED:
+                if TRACE:
+                    tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
+                    t0 = tr.record_start(trace, TRACE)
                 tc.tile_store_all(buf + rank * pack + o_off, o, rank, world_size, heap_bases, mask=omask)
                 tc.tile_store_all(buf + rank * pack + lse_off, lse, rank, world_size, heap_bases,
                                   mask=rows < rows_valid)
                 tc.arrive(slots + u * world_size, epoch, rank, world_size, heap_bases)
+                if TRACE:  # the unit's rows of o and lse, fp32, to every other rank
+                    tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                                   tr.as_i64(rows_valid) * (DV + 1) * 4 * (world_size - 1), u)
+                    t0 = tr.record_start(trace, TRACE)
                 if live:  # after one timed-out wait, no more waiting: one missing peer costs one timeout
                     live = tc.wait_arrivals(slots + u * world_size, epoch, rank, world_size, heap_bases)
+                if TRACE:
+                    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
+                    t0 = tr.record_start(trace, TRACE)
                 if live:
                     o, lse2 = _combine_slots(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack,
                                              pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
@@ -318,13 +343,23 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             else:
                 tl.store(mine + o_off, o, mask=omask)
                 tl.store(mine + lse_off, lse, mask=rows < rows_valid)
+            if TRACE:
+                tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
+    if TRACE:
+        if FUSED:
+            tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
+        else:
+            tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, -1)
 
 
 @triton.jit
 def _combine_kernel(gathered, out, batch, world_size, HQ: tl.constexpr, HKV: tl.constexpr, DV: tl.constexpr,
-                    ROWS: tl.constexpr, BDV: tl.constexpr):
+                    ROWS: tl.constexpr, BDV: tl.constexpr, trace, TRACE: tl.constexpr = 0):
     """``out [B, HQ, DV]`` (contiguous) from every rank's packed partial: ``gathered`` fp32
-    ``[world_size, pack]`` (see :func:`_flash_decode_kernel`). One program per unit."""
+    ``[world_size, pack]`` (see :func:`_flash_decode_kernel`). One program per unit (traced:
+    a ``reduce`` event, item: the unit)."""
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     b, kvh, h0, rows_valid = _unit(tl.program_id(0), HQ, HKV, ROWS)
     pack = batch * HQ * (DV + 1)
     rows = tl.arange(0, ROWS)
@@ -333,6 +368,8 @@ def _combine_kernel(gathered, out, batch, world_size, HQ: tl.constexpr, HKV: tl.
                              pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
     omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
     tl.store(out + (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :], o.to(out.dtype.element_ty), mask=omask)
+    if TRACE:
+        tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, tl.program_id(0))
 
 
 # ---- the call ---------------------------------------------------------------------------------------
@@ -471,7 +508,8 @@ class FlashDecode:
     fused — the group's kernel configuration; made on every member of the group alike. ``fd(q, k, v, kv_lens=None, out=None) -> o``; ``fd.partial(q, k, v,
     kv_lens=None) -> packed`` runs the local kernel alone (no communication): this rank's
     partial, fp32 ``[B·Hq·(Dv+1)]`` = ``o [B, Hq, Dv]`` then natural-log ``lse [B, Hq]``
-    (:meth:`unpack` splits it)."""
+    (:meth:`unpack` splits it). Inside a trace session (``ctx.trace``) its kernels run their
+    traced variants (docs/tracing.md)."""
 
     def __init__(self, group, call: DecodeCall, tune: Tuning | None = None):
         ctx = group.ctx
@@ -497,28 +535,61 @@ class FlashDecode:
                           BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
                           BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
                           HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
-        options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
-        self.local_launch = KernelLauncher(_flash_decode_kernel, (self.nprog,),
-                                           constexprs={**constexprs, "FUSED": False}, **options)
+        self._constexprs = constexprs
+        self._options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         self.mine = None  # the local partial (packed), made on first use
-        if call.scheduler == "fused":
-            self.fused_launch, (self.recv, self.slots, self.epochs) = al.kernel_config(
-                group, ("flash_decode.fused",), _flash_decode_kernel, nprog=self.nprog,
-                constexprs={**constexprs, "FUSED": True}, options=options,
-                buffers=[(2 * group.size * self.pack, f32, "partials exchange"),
-                         (self.units * group.size, torch.int64, "arrival slots")])
-        else:
+        if call.scheduler == "bulk_sync":
             # symmetric within the group — carved from its workspace, which every rank of the world
             # made, so members-only calls keep the world's heap symmetric — and shared by every
             # call of this size: an all-gather may read it in place
             self.mine = group.config(("flash_decode.bulk_sync partial", self.pack),
                                      lambda: group.carve(self.pack, f32, "flash_decode.bulk_sync partial"))
             self.gathered = torch.empty(group.size * self.pack, dtype=f32, device=dev)
-            self.combine_launch = KernelLauncher(
-                _combine_kernel, (max(1, self.units),),
-                constexprs={k: constexprs[k] for k in ("HQ", "HKV", "DV", "ROWS", "BDV")}, num_warps=tune.num_warps)
+        self._untraced = self._launches(None)
+        self._traced = None  # (session, launches) of the last trace session it ran in
 
     # ---- launches -------------------------------------------------------------------------------
+    def _launches(self, tracer) -> dict:
+        """The launches of the ``local``, ``fused`` (the group's kernel configuration) and
+        ``combine`` kernels, each a :class:`~iris_fw.ccl.algorithm.TracedLaunch` taking its runtime
+        arguments but ``trace``; with ``tracer`` (a trace session) their traced variants,
+        recording into the session's buffers (:mod:`iris_fw.trace`)."""
+        group, call, f32 = self.group, self.call, torch.float32
+        constexprs = self._constexprs
+        traced = {} if tracer is None else {"TRACE": tracer.mode}
+
+        def handle(role, programs):
+            label = f"flash_decode.{call.scheduler} {role}"
+            return None if tracer is None else tracer.handle((id(group), label), programs, label, pin=group)
+
+        launches = {"local": al.TracedLaunch(KernelLauncher(
+            _flash_decode_kernel, (self.nprog,), constexprs={**constexprs, "FUSED": False, **traced}, **self._options),
+            handle("local", self.nprog))}
+        if call.scheduler == "fused":
+            launches["fused"], (self.recv, self.slots, self.epochs) = al.kernel_config(
+                group, ("flash_decode.fused",), _flash_decode_kernel, nprog=self.nprog,
+                constexprs={**constexprs, "FUSED": True}, options=self._options, label="flash_decode.fused",
+                tracer=tracer,
+                buffers=[(2 * group.size * self.pack, f32, "partials exchange"),
+                         (self.units * group.size, torch.int64, "arrival slots")])
+        else:
+            units = max(1, self.units)
+            launches["combine"] = al.TracedLaunch(KernelLauncher(
+                _combine_kernel, (units,), constexprs={**{k: constexprs[k] for k in ("HQ", "HKV", "DV", "ROWS", "BDV")},
+                                                       **traced}, num_warps=self.tune.num_warps),
+                handle("combine", units))
+        return launches
+
+    def _current(self) -> dict:
+        """The launches for now: traced inside a trace session (made at its first call there)."""
+        tracer = self.group.ctx.tracer
+        if tracer is None:
+            return self._untraced
+        if self._traced is None or self._traced[0] != tracer.session:
+            self._traced = (tracer.session, self._launches(tracer))
+        tracer.launched()
+        return self._traced[1]
+
     def _args(self, q, k, v, kv_lens, block_table) -> tuple:
         none = self.no_lens
         return (q, k, v, none if kv_lens is None else kv_lens, none if block_table is None else block_table)
@@ -540,9 +611,9 @@ class FlashDecode:
                 self.mine = torch.empty(self.pack, dtype=torch.float32, device=q.device)
             mine = self.mine
         if self.call.batch:
-            self.local_launch(*self._args(q, k, v, kv_lens, block_table), mine, self.partials, self.partial_lse,
-                              self.unit_counters, mine, mine, self.unit_counters, self.unit_counters,
-                              *self._runtime(q, k, v, block_table))
+            self._current()["local"](*self._args(q, k, v, kv_lens, block_table), mine, self.partials,
+                                     self.partial_lse, self.unit_counters, mine, mine, self.unit_counters,
+                                     self.unit_counters, *self._runtime(q, k, v, block_table))
         return mine
 
     def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -561,14 +632,15 @@ class FlashDecode:
             check_out(out, c, q.device)
         if not c.batch:
             return out
+        launches = self._current()
         if c.scheduler == "fused":
-            self.fused_launch(*self._args(q, k, v, kv_lens, block_table), out, self.partials, self.partial_lse,
+            launches["fused"](*self._args(q, k, v, kv_lens, block_table), out, self.partials, self.partial_lse,
                               self.unit_counters, self.partials, self.recv, self.slots, self.epochs,
                               *self._runtime(q, k, v, block_table))
         else:
             mine = self.partial(q, k, v, kv_lens, self.mine, block_table)
             api.all_gather_into_tensor(self.gathered, mine, group=self.group, ctx=self.group.ctx)
-            self.combine_launch(self.gathered, out, c.batch, self.group.size)
+            launches["combine"](self.gathered, out, c.batch, self.group.size)
         return out
 
     def __repr__(self) -> str:

@@ -73,10 +73,12 @@ import triton
 import triton.language as tl
 
 from . import device as dv
+from . import trace as tr
 
 # String defaults of constexpr parameters are tl.constexpr objects (see iris_fw.device).
 _SUM = tl.constexpr("sum")
 _SET = tl.constexpr("set")
+_NO_TRACE = tl.constexpr(0)
 
 
 # ---- synchronization ----------------------------------------------------------------------
@@ -291,21 +293,31 @@ def tile_broadcast(src, dst, rank, root, heap_bases, mask=None):
 
 @triton.jit
 def push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK: tl.constexpr,
-                  CAP: tl.constexpr):
+                  CAP: tl.constexpr, trace=None, TRACE: tl.constexpr = _NO_TRACE):
     """One round of a push exchange, the first half of a one-shot all-reduce or a push
     all-gather: this program pushes its tiles ``t = pid, pid + programs, …`` of ``src[:n]`` (any
     local pointer) into slot ``rank`` of every rank's receive buffer, arrives, and waits for the
     same program of every rank (which pushed it exactly the tiles it will read). ``recv``:
     symmetric ``[2, world_size, CAP]``, its half chosen by the parity of ``epoch`` (the call's,
     from :func:`program_epoch`); ``slots``: symmetric int64 ``[programs, world_size]``. Returns
-    ``(buf, ok)``: this call's ``[world_size, CAP]`` half, and 1, or 0 if a wait gave up."""
+    ``(buf, ok)``: this call's ``[world_size, CAP]`` half, and 1, or 0 if a wait gave up. Traced
+    (:mod:`iris_fw.trace`): a ``push`` and an ``arrivals`` event."""
     pid = tl.program_id(0)
     buf = recv + (epoch % 2) * world_size * CAP
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=offs < n)
     arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                       tr.strided_share(n, BLOCK, pid, tl.num_programs(0)) * (world_size - 1) * ELEM)
+        t0 = tr.record_start(trace, TRACE)
     ok = wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
     return buf, ok
 
 

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
+from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Copy, Pattern, Pieces, Plan
 from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, exact, plan_operands
 from iris_fw.hookspecs import hookimpl
@@ -99,6 +100,17 @@ def fetch(args, chunk, CFG: tl.constexpr):
 
 
 @triton.jit
+def traffic(args, item, STEP: tl.constexpr, CFG: tl.constexpr):
+    """Chunk ``item`` (a row block of ``A``): its rows owned by other ranks, read by ``fetch``."""
+    off_m = ((item + args.shift) % tl.cdiv(args.M, CFG.BM)) * CFG.BM
+    r = off_m + tl.arange(0, CFG.BM)
+    owner = tl.minimum(r // args.Ms, args.world_size - 1)
+    peer, rows = tr.rows_peer(owner, (r < args.M) & (owner != args.rank))
+    ELEM: tl.constexpr = args.a_full.dtype.element_ty.primitive_bitwidth // 8
+    return peer, rows * args.K * ELEM
+
+
+@triton.jit
 def depends(args, tile, CFG: tl.constexpr):
     seq, off_m, off_n = _coords(args, tile, CFG)
     return seq
@@ -144,7 +156,7 @@ class AllGatherGemm(Pattern):
 
     name = "all_gather_gemm"
     description = "A_shard[M/W,K] gathered from every rank, times b_local[K,N/W] -> C[M,N/W]"
-    pieces = Pieces(produce, consume, stash, reload, fetch, depends)
+    pieces = Pieces(produce, consume, stash, reload, fetch, depends, traffic=traffic)
     comm_first = True
     Args = Args
     Config = GemmConfig

@@ -34,6 +34,7 @@ import triton.language as tl
 from iris_fw import device as dv
 from iris_fw import tiles
 from iris_fw import tilecomm as tc
+from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan, check_tensor
 from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
 from iris_fw.hookspecs import hookimpl
@@ -137,6 +138,29 @@ def step(args, tile, STEP: tl.constexpr, CFG: tl.constexpr):
 
 
 @triton.jit
+def traffic(args, item, STEP: tl.constexpr, CFG: tl.constexpr):
+    """Step 0: tile ``item``'s partial block to every other rank (one-shot) or to its owner
+    (two-shot, nothing when this rank owns it). Step 1: two-shot, the owner's sum to every other
+    rank; one-shot reduces locally."""
+    ELEM: tl.constexpr = args.partials.dtype.element_ty.primitive_bitwidth // 8
+    owner = tr.as_i64(item) % args.world_size
+    mine = owner == args.rank
+    if STEP == 0:
+        block = tr.as_i64(CFG.BM * CFG.BN * ELEM)
+        peer = tl.where(args.two_shot != 0, tl.where(mine, -1, owner), tr.only_peer(args.rank, args.world_size))
+        nbytes = tl.where(args.two_shot != 0, tl.where(mine, 0, block), block * (args.world_size - 1))
+    else:
+        OUT: tl.constexpr = args.out.dtype.element_ty.primitive_bitwidth // 8
+        off_m, off_n = _offsets(args, item, CFG)
+        rows = tl.minimum(tr.as_i64(args.M) - off_m, CFG.BM)
+        cols = tl.minimum(tr.as_i64(args.N) - off_n, CFG.BN)
+        sends = (args.two_shot != 0) & mine
+        peer = tl.where(sends, tr.only_peer(args.rank, args.world_size), -1)
+        nbytes = tl.where(sends, rows * cols * (args.world_size - 1) * OUT, 0)
+    return peer, nbytes
+
+
+@triton.jit
 def _stash_block(args, tile, CFG: tl.constexpr):
     off_m, off_n = _offsets(args, tile, CFG)
     r = off_m + tl.arange(0, CFG.BM)
@@ -162,7 +186,7 @@ class GemmAllReduce(Pattern):
 
     name = "gemm_all_reduce"
     description = "partials a[M,K/W] @ b[K/W,N] summed over ranks (+ bias[N]) on every rank"
-    pieces = Pieces(produce, consume, stash, reload, step=step)
+    pieces = Pieces(produce, consume, stash, reload, step=step, traffic=traffic)
     comm_first = False
     Args = Args
     Config = GemmAllReduceConfig

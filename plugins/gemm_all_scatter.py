@@ -14,6 +14,7 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
+from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, Pieces, Plan
 from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
 from iris_fw.hookspecs import hookimpl
@@ -75,6 +76,16 @@ def consume(args, tile, value, CFG: tl.constexpr, FROM_STASH: tl.constexpr):
 
 
 @triton.jit
+def traffic(args, item, STEP: tl.constexpr, CFG: tl.constexpr):
+    """Tile ``item``'s block of ``C`` goes to the ``W - 1`` other ranks."""
+    off_m, off_n = _coords(args, item, CFG)
+    rows = tl.minimum(tr.as_i64(args.M) - off_m, CFG.BM)
+    cols = tl.minimum(tr.as_i64(args.NL) - off_n, CFG.BN)
+    ELEM: tl.constexpr = args.c.dtype.element_ty.primitive_bitwidth // 8
+    return tr.only_peer(args.rank, args.world_size), rows * cols * (args.world_size - 1) * ELEM
+
+
+@triton.jit
 def stash(args, tile, value, CFG: tl.constexpr):
     ptrs, mask = _c_block(args, tile, CFG)
     tl.store(ptrs, value, mask=mask)
@@ -91,7 +102,7 @@ class GemmAllScatter(Pattern):
 
     name = "gemm_all_scatter"
     description = "each rank a[M,K] @ b_local[K,N/W], tiles scattered: every rank gets C[M,N]"
-    pieces = Pieces(produce, consume, stash, reload)
+    pieces = Pieces(produce, consume, stash, reload, traffic=traffic)
     comm_first = False
     Args = Args
     Config = GemmConfig

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import tiles
+from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan
 from iris_fw.engine.launcher import KernelLauncher
 from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
@@ -75,6 +76,18 @@ def consume(args, tile, value, CFG: tl.constexpr, FROM_STASH: tl.constexpr):
 
 
 @triton.jit
+def traffic(args, item, STEP: tl.constexpr, CFG: tl.constexpr):
+    """Tile ``item``'s rows owned by other ranks go to their owners' ``partials``."""
+    off_m, off_n = _coords(args, item, CFG)
+    r = off_m + tl.arange(0, CFG.BM)
+    owner = tl.minimum(r // args.Mo, args.world_size - 1)
+    peer, rows = tr.rows_peer(owner, (r < args.M) & (owner != args.rank))
+    cols = tl.minimum(tr.as_i64(args.N) - off_n, CFG.BN)
+    ELEM: tl.constexpr = args.partials.dtype.element_ty.primitive_bitwidth // 8
+    return peer, rows * cols * ELEM
+
+
+@triton.jit
 def _stash_block(args, tile, CFG: tl.constexpr):
     off_m, off_n = _coords(args, tile, CFG)
     r = off_m + tl.arange(0, CFG.BM)
@@ -110,7 +123,7 @@ class GemmReduceScatter(Pattern):
 
     name = "gemm_reduce_scatter"
     description = "partials a[M,K/W] @ b[K/W,N] summed over ranks; rank r keeps rows r*M/W.."
-    pieces = Pieces(produce, consume, stash, reload)
+    pieces = Pieces(produce, consume, stash, reload, traffic=traffic)
     comm_first = False
     Args = Args
     Config = GemmConfig

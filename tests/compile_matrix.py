@@ -7,7 +7,7 @@ and AMD targets (tests/test_compile_matrix.py drives it; two child processes, si
    kernel is found without being listed anywhere.
 2. **Record** (child, interpreter on): one rank runs the public calls that launch kernels — the
    context's own kernels, every collective algorithm, every pattern under every scheduler that
-   runs it, the GEMM, flash-decode, the benchmarks' kernels — with a pre-run hook on every discovered kernel
+   runs it, the GEMM, flash-decode, a few of them traced, the benchmarks' kernels — with a pre-run hook on every discovered kernel
    that writes down the arguments of each distinct variant (argument types, constexprs). The
    ``_matmul_kernel`` also gets a TMA-descriptor variant (CPU tensors never take that path).
 3. **Compile** (child, interpreter off): each recorded variant, its arguments rebuilt, goes
@@ -122,9 +122,9 @@ def _resolve(path: str):
     return obj
 
 
-def rebuild(desc):
+def rebuild(desc, constexpr: bool = False):
     """A launch argument like the described one (CPU tensors: the binder only reads dtype and
-    alignment)."""
+    alignment); ``constexpr``: for a constexpr parameter (its value is kept as it is)."""
     import torch
     import triton.language as tl
 
@@ -134,7 +134,7 @@ def rebuild(desc):
         value = desc["value"]
         # recorded on one rank: a world size, peer count... of 1 would compile as a constant (the
         # JIT specializes ints equal to 1); 3 keeps them runtime values, as on a real job
-        return 3 if type(value) is int and value == 1 else value
+        return 3 if type(value) is int and value == 1 and not constexpr else value
     if "constexpr" in desc:
         return tl.constexpr(rebuild(desc["constexpr"]))
     if "type" in desc:
@@ -257,6 +257,10 @@ def _launch_everything(ctx, torch) -> None:
         flash_decode(q, k, k, scheduler=scheduler)
     flash_decode(q, k.reshape(4, 4, 2, 16), k.reshape(4, 4, 2, 16), block_table=pages,
                  kv_lens=torch.tensor([7, 8], dtype=torch.int32, device=dev))
+    with ctx.trace(None):  # traced variants (TRACE=1), and the session's clock synchronization
+        ccl.all_reduce(x.clone())
+        ops.plan("gemm_all_scatter", a, a, scheduler="fused_sequential")(a, a)
+        flash_decode(q, k, k)
     ctx.synchronize()
     _launch_benchmark_kernels(ctx, torch)
 
@@ -316,7 +320,13 @@ def compile_variant(kernel, desc: dict, target_args: tuple):
     target = GPUTarget(*target_args)
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    args = [rebuild(desc[name]) for name in kernel.arg_names]
+    args = [rebuild(desc[p.name], p.is_constexpr) for p in kernel.params]
+    if "TRACE" in kernel.arg_names:  # a traced variant reads the target's clock, not the host's
+        from iris_fw.trace import CLOCKS
+
+        at = kernel.arg_names.index("TRACE")
+        if args[at]:
+            args[at] = CLOCKS.index("globaltimer" if target.backend == "cuda" else "memrealtime") + 1
     kwargs = {"debug": False, "instrumentation_mode": "", "fpsan_homomorphic_casts": False}
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)

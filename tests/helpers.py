@@ -67,6 +67,8 @@ def compile_kernel(kernel, target: str, constexprs: dict, types: dict, default: 
     from triton.compiler import ASTSource
 
     sig, attrs = {}, {}
+    # constexpr parameters with a default (e.g. TRACE=0, tracing off) take it unless given
+    constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     for i, arg in enumerate(kernel.arg_names):
         if arg in constexprs:
             sig[arg] = "constexpr"

@@ -16,7 +16,7 @@ import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import triton
@@ -151,6 +151,23 @@ def launcher(kernel, nprog: int, options: dict | None = None, **constexprs) -> K
     return KernelLauncher(kernel, (nprog,), constexprs=constexprs, **{"num_warps": NUM_WARPS, **(options or {})})
 
 
+class TracedLaunch:
+    """A kernel configuration's launch: the launcher's runtime arguments followed by the kernel's
+    ``trace`` buffer handle (``None`` when not tracing; see :mod:`iris_fw.trace`). Called and
+    prepared as a :class:`~iris_fw.engine.launcher.KernelLauncher`."""
+
+    __slots__ = ("launcher", "trace")
+
+    def __init__(self, launcher: KernelLauncher, trace):
+        self.launcher, self.trace = launcher, trace
+
+    def __call__(self, *args) -> None:
+        self.launcher(*args, self.trace)
+
+    def prepare(self, *args):
+        return self.launcher.prepare(*args, self.trace)
+
+
 def chunks(numel: int, cap_elems: int):
     """``(start, length)`` of each chunk of a ``numel``-element message."""
     for start in range(0, max(numel, 1), cap_elems):
@@ -248,7 +265,7 @@ def names(ctx, collective: str) -> list[str]:
 
 
 def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, buffers=(), slots: int = 0,
-                  fill=None, options: dict | None = None) -> tuple:
+                  fill=None, options: dict | None = None, label: str | None = None, tracer: Any = "open") -> tuple:
     """A kernel configuration of ``group``: ``key[0]`` names it (the algorithm); its storage —
     the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
     ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
@@ -257,7 +274,13 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     each viewing the bytes as its own dtype and launching its own variant. Buffers that
     ``fill(buffers)`` prepares (it returns true: the members then sync before any can send into
     them) are shared only by dtypes of one width. ``options``: Triton launch options of the
-    launcher (see :func:`launcher`). Returns ``(launch, buffers)``."""
+    launcher (see :func:`launcher`). Returns ``(launch, buffers)``. A kernel whose last
+    parameters are ``trace, TRACE: tl.constexpr`` is traced (:mod:`iris_fw.trace`): ``launch``
+    then takes its runtime arguments but ``trace`` (:class:`TracedLaunch`) and, under a trace
+    session, launches the traced variant into the configuration's trace buffer, named ``label``
+    (default ``"ccl <key[0]> <key[1]>"``: the algorithm and dtype) in traces; a kernel without
+    them runs untraced. ``tracer``: the session (:class:`iris_fw.tracing.Tracer`) to trace in,
+    ``None`` for the untraced variant; default the context's open session, if any."""
     sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
     width = buffers[0][1].itemsize if fill is not None and buffers else 0
 
@@ -270,10 +293,28 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
         raw.append(torch.zeros(nprog, dtype=torch.int64, device=group.ctx.device))
         return tuple(raw), {}
 
-    raw, launchers = group.config((key[0], sizes, slots, nprog, width), make)
+    config = (key[0], sizes, slots, nprog, width)
+    raw, launchers = group.config(config, make)
     bufs = tuple(r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)) + raw[len(buffers):]
+    traceable = "trace" in (kernel.arg_names if hasattr(kernel, "arg_names") else kernel.fn.arg_names)
+    if tracer == "open":
+        tracer = group.ctx.tracer
+    if not traceable:
+        tracer = None
+    if tracer is not None:
+        constexprs = {**constexprs, "TRACE": tracer.mode}
     variant = (tuple(sorted(constexprs.items())), tuple(sorted((options or {}).items())))
     launch = launchers.get(variant)
     if launch is None:
         launch = launchers[variant] = launcher(kernel, nprog, options, **constexprs)
-    return launch, bufs
+    if not traceable:
+        return launch, bufs
+    handle = None
+    if tracer is not None:
+        if label is None:
+            label = " ".join(["ccl", *(str(k).replace("torch.", "") for k in key[:2])])
+        named = {f"{label} {what}": b for b, (_, _, what) in zip(bufs, buffers)}
+        if slots:
+            named[f"{label} arrival slots"] = bufs[len(buffers)]
+        handle = tracer.handle((id(group), config, variant), nprog, label, buffers=named, pin=group)
+    return TracedLaunch(launch, handle), bufs

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from .. import context as _context
 from .. import tilecomm as tc
+from .. import trace as tr
 from ..errors import ArgumentError, ArgumentTypeError, bad_type
 from . import algorithm as al
 from .group import Group, default_workspace_bytes
@@ -186,6 +187,9 @@ def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
     if ctx._closed:
         ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
     g = _group(ctx, group)
+    if ctx.tracer is not None:  # traced kernel variants, prepared (and validated) once per session
+        key = key + (("traced", ctx.tracer.session),)
+        ctx.tracer.launched()
     try:
         run = g.calls.get(key)
     except TypeError:  # an unhashable argument (e.g. op=[1]): the full checks report it
@@ -546,11 +550,17 @@ def _rooted_list_call(collective: str, role: str, tensor, items, root_rank, grou
 
 
 @triton.jit
-def _barrier_kernel(slots, counters, rank, world_size, heap_bases):
-    """Every rank arrives at ``slots`` (symmetric int64 ``[world_size]``) and waits for all."""
+def _barrier_kernel(slots, counters, rank, world_size, heap_bases, trace, TRACE: tl.constexpr = 0):
+    """Every rank arrives at ``slots`` (symmetric int64 ``[world_size]``) and waits for all.
+    Traced: the program's span and one ``arrivals`` wait (arriving included), item = epoch."""
     epoch = tc.program_epoch(counters)
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
     tc.arrive(slots, epoch, rank, world_size, heap_bases)
     tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
+    if TRACE:
+        tr.record_wait(trace, TRACE, started, tr.ARRIVALS, slots, rank, heap_bases, epoch)
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
 
 
 def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = None, *,

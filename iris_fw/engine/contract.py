@@ -24,6 +24,14 @@ configuration ``CFG``, a ``NamedTuple`` of the pattern's own choosing):
 ``depends(args, tile, CFG) -> chunk``          the chunk ``produce(STAGED=True)`` of a tile needs.
 ``step(args, tile, STEP, CFG)``                multi-step patterns (``Plan.steps > 1``): step
                                                ``STEP`` (1 … steps-1) of tile ``tile``.
+``traffic(args, item, STEP, CFG)``             optional, for traces (:mod:`iris_fw.trace`):
+``-> (peer, nbytes)``                          what ``item`` moves between this rank and its
+                                               peers — step 0: the ``consume`` of tile ``item``
+                                               (compute-first) or the ``fetch`` of chunk
+                                               ``item`` (communicate-first); step ``STEP``: that
+                                               step of tile ``item``. ``peer``: the one rank
+                                               talked to, -1 for several or none; ``nbytes``:
+                                               bytes to or from peers (int64), 0 for none.
 ============================================  =================================================
 
 **Multi-step patterns.** A plan with ``steps = S > 1`` runs, after the produce/consume pass,
@@ -87,6 +95,7 @@ class Pieces:
     fetch: Any = None
     depends: Any = None
     step: Any = None
+    traffic: Any = None
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class Op:
         if not ok:
             raise PatternError(f"scheduler {self.scheduler.name!r} cannot run {self.pattern.name}: {why}")
         self.workspace = self.scheduler.workspace(self.ctx, first, comm_sms)
+        self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
         # inputs whose signature was checked: a call with the same shapes, dtypes and devices
         # skips the pattern's check (see Pattern.signature)
         self._checked = input_fingerprint(inputs)

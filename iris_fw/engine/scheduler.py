@@ -23,7 +23,7 @@ from ..errors import ArgumentError, IrisError
 from .contract import Plan, split_args
 from .launcher import KernelLauncher
 from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, _steps_kernel,
-                        no_depends, no_fetch, no_step, state_slots)
+                        ST_ARRIVE, no_depends, no_fetch, no_step, no_traffic, state_slots)
 
 #: Estimates behind the default SM split (H100/H200 class): what one SM moves over NVLink with
 #: plain loads/stores, and the bf16 tensor-core rate of one SM.
@@ -45,7 +45,8 @@ def default_comm_sms(plan: Plan, sms: int) -> int:
 class Workspace:
     """Per-op scheduler state: ``grids`` (programs per kernel role, fixed for the op's life),
     one device state region per role (``state[role]``, int64 on the heap), the item ``flags``
-    (int64 on the heap), cached launchers, and a side stream for two-stream schedules."""
+    (int64 on the heap), cached launchers, and a side stream for two-stream schedules. ``name``
+    labels the op's kernels in traces (``"pattern/scheduler"``, set by the op)."""
 
     grids: dict[str, int]
     state: dict[str, torch.Tensor]
@@ -53,6 +54,7 @@ class Workspace:
     side_stream: Any = None
     launchers: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    name: str = ""
 
 
 class Scheduler:
@@ -225,18 +227,20 @@ def side_stream(ctx, ws: Workspace) -> SideStream | None:
     return ws.side_stream
 
 
-def bind_kernel(ws: Workspace, role: str, kernel, plan: Plan, constexprs: dict) -> KernelLauncher:
+def bind_kernel(ws: Workspace, role: str, kernel, plan: Plan, constexprs: dict, trace=0) -> KernelLauncher:
     """The launcher of skeleton ``kernel`` for ``role`` (grid ``ws.grids[role]``) with the plan's
-    named-args type, config and pieces plus ``constexprs`` bound; made once per role and config.
-    Its runtime parameters start ``top0, top1, rest`` (:func:`~iris_fw.engine.contract.split_args`)."""
-    key = (role, plan.cfg)
+    named-args type, config and pieces plus ``constexprs`` bound; made once per role, config and
+    ``trace`` (the kernel's ``TRACE`` constexpr: 0, or the clock of a trace session — a traced
+    kernel is a variant of its own). Its runtime parameters start ``top0, top1, rest``
+    (:func:`~iris_fw.engine.contract.split_args`)."""
+    key = (role, plan.cfg, trace)
     launcher = ws.launchers.get(key)
     if launcher is None:
         args = plan.args
         p = plan.pieces
         pieces = {"PRODUCE": p.produce, "CONSUME": p.consume, "STASH": p.stash, "RELOAD": p.reload,
                   "FETCH": p.fetch or no_fetch, "DEPENDS": p.depends or no_depends, "STEP": p.step or no_step,
-                  "STEPS": plan.steps}
+                  "STEPS": plan.steps, "TRAFFIC": p.traffic or no_traffic, "TRACE": trace}
         names = kernel.arg_names if hasattr(kernel, "arg_names") else kernel.fn.arg_names
         constexprs = {"ARGS": type(args), "NTOP": getattr(type(args), "TOP", 0), "CFG": plan.cfg,
                       **{k: v for k, v in pieces.items() if k in names}, **constexprs}
@@ -245,19 +249,50 @@ def bind_kernel(ws: Workspace, role: str, kernel, plan: Plan, constexprs: dict) 
     return launcher
 
 
+def _memoized(ctx, plan: Plan, ws: Workspace, key: tuple):
+    """The prepared launch memoized in the plan under ``key`` for this workspace (and, under a
+    trace session, for this session), or None."""
+    tracer = ctx.tracer
+    if tracer is None:
+        call = plan.memo.get(key)
+    else:
+        call = plan.memo.get(key + ("traced",))
+        tracer.launched()
+    if call is None or call[0] is not ws or call[2] is not tracer:
+        return None
+    return call[1]
+
+
+def _prepare(ctx, plan: Plan, ws: Workspace, key: tuple, role: str, kernel, constexprs: dict, *args):
+    """Prepare (and memoize under ``key``) the launch of ``kernel`` for ``role`` on the plan's
+    arguments followed by ``args`` and the kernel's ``trace``: under a trace session, the traced
+    variant writing into the role's trace buffer (:meth:`iris_fw.tracing.Tracer.handle`)."""
+    tracer = ctx.tracer
+    handle, mode = None, 0
+    if tracer is not None:
+        key = key + ("traced",)
+        name, st, world, nprog = ws.name or plan.pattern, ws.state[role], ctx.world_size, ws.grids[role]
+        arrive = ST_ARRIVE.value
+        handle = tracer.handle((id(ws), role), nprog, f"{name} {role}", pin=ws, buffers={
+            f"{name} item flags": ws.flags, f"{name} {role} barrier slots": st[arrive:arrive + world],
+            f"{name} {role} step slots": st[arrive + world + nprog:], f"{name} {role} state": st})
+        mode = tracer.mode
+    launcher = bind_kernel(ws, role, kernel, plan, constexprs, mode)
+    call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), *args, handle), tracer)
+    return call[1]
+
+
 def launch_producer(ctx, plan: Plan, ws: Workspace, *, role: str = "producer", sync: bool,
                     entry: bool = False, exit: bool = False, stream=None) -> None:
     """The producer skeleton over the plan's chunks (communicate-first) or tiles; ``stream``: a
     ``torch.cuda.Stream`` to launch on instead of the current one."""
     key = ("producer", role, sync, entry, exit)
-    call = plan.memo.get(key)
-    if call is None or call[0] is not ws:
-        launcher = bind_kernel(ws, role, _producer_kernel, plan,
-                               dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, ENTRY=entry,
-                                    EXIT=exit))
-        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
-                                                      plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1](stream)
+    call = _memoized(ctx, plan, ws, key)
+    if call is None:
+        call = _prepare(ctx, plan, ws, key, role, _producer_kernel,
+                        dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, ENTRY=entry, EXIT=exit),
+                        ws.state[role], ws.flags, plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases)
+    call(stream)
 
 
 def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", sync: bool, queue: bool,
@@ -266,51 +301,48 @@ def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", s
     constant (not the epoch) and reset by the kernel's last program; ``stream``: as for
     :func:`launch_producer`."""
     key = ("consumer", role, sync, queue, fixed_flag, entry, exit)
-    call = plan.memo.get(key)
-    if call is None or call[0] is not ws:
-        launcher = bind_kernel(ws, role, _consumer_kernel, plan,
-                               dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, QUEUE=queue,
-                                    FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
-                                                      plan.num_tiles, plan.num_items, fixed_flag, ctx.rank,
-                                                      ctx.world_size, ctx.heap_bases))
-    call[1](stream)
+    call = _memoized(ctx, plan, ws, key)
+    if call is None:
+        call = _prepare(ctx, plan, ws, key, role, _consumer_kernel,
+                        dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, QUEUE=queue,
+                             FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit),
+                        ws.state[role], ws.flags, plan.num_tiles, plan.num_items, fixed_flag, ctx.rank,
+                        ctx.world_size, ctx.heap_bases)
+    call(stream)
 
 
 def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: bool = True,
                  exit: bool = True) -> None:
     """The fused skeleton: compute a tile, deliver it from registers."""
     key = ("fused", role, entry, exit)
-    call = plan.memo.get(key)
-    if call is None or call[0] is not ws:
-        launcher = bind_kernel(ws, role, _fused_kernel, plan, dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
-                                                      plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1]()
+    call = _memoized(ctx, plan, ws, key)
+    if call is None:
+        call = _prepare(ctx, plan, ws, key, role, _fused_kernel,
+                        dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit, COMM_FIRST=plan.comm_first),
+                        ws.state[role], ws.flags, plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases)
+    call()
 
 
 def launch_steps(ctx, plan: Plan, ws: Workspace) -> None:
     """A multi-step plan's later steps on a schedule that ran step 0 in its own kernels (see
     :func:`~iris_fw.engine.skeletons._steps_kernel`); role ``"steps"``."""
     key = ("steps",)
-    call = plan.memo.get(key)
-    if call is None or call[0] is not ws:
-        launcher = bind_kernel(ws, "steps", _steps_kernel, plan, dict(NPROG=ws.grids["steps"], EXIT=True))
-        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state["steps"], ws.flags,
-                                                      plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases))
-    call[1]()
+    call = _memoized(ctx, plan, ws, key)
+    if call is None:
+        call = _prepare(ctx, plan, ws, key, "steps", _steps_kernel, dict(NPROG=ws.grids["steps"], EXIT=True),
+                        ws.state["steps"], ws.flags, plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases)
+    call()
 
 
 def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: str = "specialized",
                        entry: bool = True, exit: bool = True) -> None:
     """The role-specialized skeleton: ``producers`` programs produce, the rest consume."""
     key = ("specialized", role, producers, entry, exit)
-    call = plan.memo.get(key)
-    if call is None or call[0] is not ws:
-        launcher = bind_kernel(ws, role, _specialized_kernel, plan,
-                               dict(NPROG=ws.grids[role], PRODUCERS=producers, COMM_FIRST=plan.comm_first,
-                                    ENTRY=entry, EXIT=exit))
-        call = plan.memo[key] = (ws, launcher.prepare(*split_args(plan.args), ws.state[role], ws.flags,
-                                                      plan.num_tiles, plan.num_items, ctx.rank, ctx.world_size,
-                                                      ctx.heap_bases))
-    call[1]()
+    call = _memoized(ctx, plan, ws, key)
+    if call is None:
+        call = _prepare(ctx, plan, ws, key, role, _specialized_kernel,
+                        dict(NPROG=ws.grids[role], PRODUCERS=producers, COMM_FIRST=plan.comm_first, ENTRY=entry,
+                             EXIT=exit),
+                        ws.state[role], ws.flags, plan.num_tiles, plan.num_items, ctx.rank, ctx.world_size,
+                        ctx.heap_bases)
+    call()

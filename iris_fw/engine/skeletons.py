@@ -28,6 +28,13 @@ skip their work rather than send stale data, and a consumer stops at its first f
 Under Triton's interpreter the programs of one launch run one after another, so nothing here
 makes a program wait for a later program of the same launch: entry waits are for other ranks,
 and the exit wait is done by the last program.
+
+**Tracing.** Every skeleton kernel takes a ``trace`` buffer handle and a ``TRACE`` constexpr
+(:mod:`iris_fw.trace`; ``None`` and 0 unless a trace session is on, and then the kernel is a
+separate compiled variant). Each program records its span in the call (``program``), the entry,
+exit and step barriers and every acquire (role *wait*, with the flag waited for), every produce
+(*compute*), fetch, consume and step (*communicate* when the pattern's ``traffic`` piece says
+the item moves bytes to or from peers, else *compute*), with the tile or chunk, peer and bytes.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import triton.language as tl
 
 from .. import device as dv
 from .. import tilecomm as tc
+from .. import trace as tr
 
 # ---- state region layout (int64 slots) -----------------------------------------------------------
 ST_QUEUE = tl.constexpr(0)
@@ -44,6 +52,7 @@ ST_DONE = tl.constexpr(1)
 ST_ARRIVE = tl.constexpr(8)
 
 _GPU = tl.constexpr("gpu")
+_NO_TRACE = tl.constexpr(0)
 
 
 def state_slots(world_size: int, nprog: int) -> int:
@@ -122,7 +131,8 @@ def rebuild_args(top0, top1, rest, ARGS: tl.constexpr, NTOP: tl.constexpr):
 
 @triton.jit
 def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
-               ARGS: tl.constexpr, NTOP: tl.constexpr, ENTRY: tl.constexpr):
+               ARGS: tl.constexpr, NTOP: tl.constexpr, ENTRY: tl.constexpr, trace=None,
+               TRACE: tl.constexpr = _NO_TRACE):
     """The prologue of every skeleton kernel: the pattern's named ``args`` (:func:`rebuild_args`),
     this program's epoch for the call (:func:`begin_call`) and, with ``ENTRY``, the cross-rank
     entry barrier. Returns ``(args, epoch, ok)``; ``ok`` is 0 when the entry wait gave up (the
@@ -131,7 +141,11 @@ def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
     epoch = begin_call(st, world_size)
     ok = 1
     if ENTRY:
+        if TRACE:
+            t = tr.record_start(trace, TRACE)
         ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t, tr.ENTRY_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
     return args, epoch, ok
 
 
@@ -147,20 +161,90 @@ def step_barrier(st, epoch, step, STEPS: tl.constexpr, rank, world_size, heap_ba
     return tc.wait_arrivals(slots, value, rank, world_size, heap_bases)
 
 
+@triton.jit
+def traced_step_barrier(st, epoch, step, STEPS: tl.constexpr, rank, world_size, heap_bases, NPROG: tl.constexpr,
+                        trace, TRACE: tl.constexpr):
+    """:func:`step_barrier`, recorded as a wait (``step_barrier``, item = the step); traced kernels
+    only (``TRACE`` set)."""
+    t = tr.record_start(trace, TRACE)
+    ok = step_barrier(st, epoch, step, STEPS, rank, world_size, heap_bases, NPROG)
+    slots = st + ST_ARRIVE + world_size + NPROG + tl.program_id(0) * world_size
+    tr.record_wait(trace, TRACE, t, tr.STEP_BARRIER, slots, rank, heap_bases, step)
+    return ok
+
+
+@triton.jit
+def run_steps(args, st, epoch, ok, FIRST_BARRIER: tl.constexpr, num_tiles, rank, world_size, heap_bases,
+              CFG: tl.constexpr, STEP: tl.constexpr, STEPS: tl.constexpr, NPROG: tl.constexpr, trace,
+              TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
+    """A multi-step pattern's steps ``1 … STEPS-1`` of this program's tiles, each from step
+    ``FIRST_BARRIER`` on after :func:`step_barrier`; ``ok`` 0 (a wait gave up) skips them."""
+    for s in tl.static_range(1, STEPS):
+        if s >= FIRST_BARRIER:
+            if ok:
+                if TRACE:
+                    ok = traced_step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG, trace, TRACE)
+                else:
+                    ok = step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG)
+        if ok:
+            for tile in range(tl.program_id(0), num_tiles, NPROG):
+                if TRACE:
+                    t = tr.record_start(trace, TRACE)
+                STEP(args, tile, s, CFG)
+                if TRACE:
+                    deliver_end(trace, TRACE, t, tr.STEP, args, tile, s, CFG, TRAFFIC)
+
+
+# ---- tracing -------------------------------------------------------------------------------------
+
+
+@triton.jit
+def deliver_end(trace, TRACE: tl.constexpr, start, kind, args, item, STEP: tl.constexpr, CFG: tl.constexpr,
+                TRAFFIC: tl.constexpr):
+    """Record a fetch, consume or step of ``item`` that started at ``start``: peer and bytes from
+    the pattern's ``traffic`` piece; role *communicate* unless it says no byte moves."""
+    if TRACE:
+        peer, nbytes = TRAFFIC(args, item, STEP, CFG)
+        tr.record_move(trace, TRACE, start, kind, peer, nbytes, item)
+
+
+@triton.jit
+def traced_acquire(flags, item, target, rank, heap_bases, trace, TRACE: tl.constexpr):
+    """:func:`acquire`, recorded as a wait (``acquire``, item = the item waited for); traced kernels
+    only (``TRACE`` set)."""
+    t = tr.record_start(trace, TRACE)
+    ok = acquire(flags, item, target, rank, heap_bases)
+    tr.record_wait(trace, TRACE, t, tr.ACQUIRE, flags + item, rank, heap_bases, item)
+    return ok
+
+
+@triton.jit
+def no_traffic(args, item, STEP: tl.constexpr, CFG: tl.constexpr):
+    """``traffic`` of a pattern that does not describe its communication: peer -1, bytes -1
+    (unknown)."""
+    return -1, -1
+
+
 # ---- roles ---------------------------------------------------------------------------------------
 
 
 @triton.jit
 def produce_role(args, first, count, step, flags, epoch, rank, heap_bases,
                  PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr,
-                 COMM_FIRST: tl.constexpr, SYNC: tl.constexpr):
+                 COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, trace, TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
     """Items ``first, first+step, …`` below ``count``: fetch chunks (communicate-first) or
     produce and stash tiles (compute-first); with ``SYNC``, release each one."""
     for item in range(first, count, step):
+        if TRACE:
+            t = tr.record_start(trace, TRACE)
         if COMM_FIRST:
             FETCH(args, item, CFG)
+            if TRACE:
+                deliver_end(trace, TRACE, t, tr.FETCH, args, item, 0, CFG, TRAFFIC)
         else:
             STASH(args, item, PRODUCE(args, item, CFG, False), CFG)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, item)
         if SYNC:
             release(flags, item, epoch, rank, heap_bases)
 
@@ -168,7 +252,8 @@ def produce_role(args, first, count, step, flags, epoch, rank, heap_bases,
 @triton.jit
 def consume_tile(args, tile, flags, target, rank, heap_bases,
                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
-                 CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr):
+                 CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, trace, TRACE: tl.constexpr,
+                 TRAFFIC: tl.constexpr):
     """The consumer's work on one tile: compute from staged operands and deliver it
     (communicate-first), or reload a stashed tile and send it (compute-first). With ``SYNC`` it
     first acquires the item it depends on, and skips the tile if that wait gave up. Returns 1,
@@ -176,14 +261,32 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
     ok = 1
     if COMM_FIRST:
         if SYNC:
-            ok = acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases)
+            if TRACE:
+                ok = traced_acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases, trace, TRACE)
+            else:
+                ok = acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases)
         if ok:
-            CONSUME(args, tile, PRODUCE(args, tile, CFG, True), CFG, False)
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
+            value = PRODUCE(args, tile, CFG, True)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
+                t = tr.record_start(trace, TRACE)
+            CONSUME(args, tile, value, CFG, False)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
     else:
         if SYNC:
-            ok = acquire(flags, tile, target, rank, heap_bases)
+            if TRACE:
+                ok = traced_acquire(flags, tile, target, rank, heap_bases, trace, TRACE)
+            else:
+                ok = acquire(flags, tile, target, rank, heap_bases)
         if ok:
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
             CONSUME(args, tile, RELOAD(args, tile, CFG), CFG, True)
+            if TRACE:
+                deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
     return ok
 
 
@@ -191,7 +294,7 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
 def consume_role(args, first, num_tiles, step, st, flags, epoch, target, rank, heap_bases,
                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
                  CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, QUEUE: tl.constexpr,
-                 NPROG: tl.constexpr):
+                 NPROG: tl.constexpr, trace, TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
     """Tiles ``first, first+step, …`` (or, with ``QUEUE``, whatever the dynamic queue hands out
     to the kernel's ``NPROG`` programs) through :func:`consume_tile`. After an acquire gave up
     the program stops: no later tile is waited for or sent (the queue's tickets are still drawn,
@@ -202,127 +305,170 @@ def consume_role(args, first, num_tiles, step, st, flags, epoch, target, rank, h
         while tile < num_tiles:
             if ok:
                 ok = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS,
-                                  CFG, COMM_FIRST, SYNC)
+                                  CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
             tile = next_tile(st, epoch, num_tiles, NPROG)
     else:
         for tile in range(first, num_tiles, step):
             if ok:
                 ok = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS,
-                                  CFG, COMM_FIRST, SYNC)
+                                  CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
 
 
 @triton.jit
 def end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases,
-              NPROG: tl.constexpr, EXIT: tl.constexpr, RESET_FLAGS: tl.constexpr):
+             NPROG: tl.constexpr, EXIT: tl.constexpr, RESET_FLAGS: tl.constexpr, trace=None,
+             TRACE: tl.constexpr = _NO_TRACE, started=0):
     """End of every program: the last one of the call does the exit barrier and, for flags
-    published with a fixed value (copy engine), resets them for the next call."""
+    published with a fixed value (copy engine), resets them for the next call. Traced, it
+    records the program's span since ``started`` (item = the call's epoch)."""
     last = finish_program(st, epoch, NPROG)
     if last:
         if RESET_FLAGS:
             for item in range(0, num_flags):
                 tl.store(flags + item, 0)
         if EXIT:
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
             exit_barrier(st, epoch, rank, world_size, heap_bases)
+            if TRACE:
+                tr.record_wait(trace, TRACE, t, tr.EXIT_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
+    if TRACE:
+        tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch, -1, 0)
 
 
 # ---- kernel skeletons ----------------------------------------------------------------------------
 
 
 @triton.jit
-def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
+def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases, trace,
                   ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
                   PRODUCE: tl.constexpr, CONSUME: tl.constexpr, STEP: tl.constexpr, STEPS: tl.constexpr,
-                  NPROG: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr):
+                  NPROG: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr,
+                  DEPENDS: tl.constexpr = None, TRAFFIC: tl.constexpr = None, COMM_FIRST: tl.constexpr = False,
+                  TRACE: tl.constexpr = _NO_TRACE):
     """Persistent: each program computes a tile and delivers it at once (it stays in registers).
     A multi-step pattern (``STEPS > 1``) then runs ``STEP(args, tile, s, CFG)`` for the same
-    tiles, step by step, each after :func:`step_barrier`."""
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
+    tiles, step by step, each after :func:`step_barrier`. Communicate-first patterns read their
+    operands from the peers inside ``PRODUCE`` (traced: the produce event carries the chunk's
+    peer and bytes)."""
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     if ok:
         for tile in range(tl.program_id(0), num_tiles, NPROG):
-            CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
-    for s in tl.static_range(1, STEPS):
-        if ok:
-            ok = step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG)
-        if ok:
-            for tile in range(tl.program_id(0), num_tiles, NPROG):
-                STEP(args, tile, s, CFG)
-    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+            if TRACE:
+                t = tr.record_start(trace, TRACE)
+            value = PRODUCE(args, tile, CFG, False)
+            if COMM_FIRST:
+                if TRACE:
+                    peer, nbytes = TRAFFIC(args, DEPENDS(args, tile, CFG), 0, CFG)
+                    tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile, peer, nbytes)
+                    t = tr.record_start(trace, TRACE)
+                CONSUME(args, tile, value, CFG, False)
+                if TRACE:
+                    tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
+            else:
+                if TRACE:
+                    tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
+                    t = tr.record_start(trace, TRACE)
+                CONSUME(args, tile, value, CFG, False)
+                if TRACE:
+                    deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+    if STEPS > 1:
+        run_steps(args, st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
+                  TRACE, TRAFFIC)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
 @triton.jit
-def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_bases,
+def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_bases, trace,
                      ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
                      PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr,
                      NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr,
-                     ENTRY: tl.constexpr, EXIT: tl.constexpr):
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
+                     ENTRY: tl.constexpr, EXIT: tl.constexpr, TRAFFIC: tl.constexpr = None,
+                     TRACE: tl.constexpr = _NO_TRACE):
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     if ok:
         produce_role(args, tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases,
-                     PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC)
-    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+                     PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
 @triton.jit
 def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_flag, rank, world_size, heap_bases,
-                     ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                     trace, ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
                      PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
                      NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, QUEUE: tl.constexpr,
-                     FIXED: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr):
+                     FIXED: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr, TRAFFIC: tl.constexpr = None,
+                     TRACE: tl.constexpr = _NO_TRACE):
     """Acquires items released with the epoch, or (``FIXED``) with the constant ``fixed_flag`` —
     then the last program resets the ``num_flags`` flags for the next call."""
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     target = epoch
     if FIXED:
         target = fixed_flag
     if ok:
         consume_role(args, tl.program_id(0), num_tiles, NPROG, st, flags, epoch, target, rank, heap_bases,
-                     PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG)
-    end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases, NPROG, EXIT, FIXED)
+                     PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG, trace, TRACE, TRAFFIC)
+    end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases, NPROG, EXIT, FIXED, trace, TRACE, started)
 
 
 @triton.jit
-def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank, world_size, heap_bases,
+def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank, world_size, heap_bases, trace,
                         ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
                         PRODUCE: tl.constexpr, CONSUME: tl.constexpr, STASH: tl.constexpr, RELOAD: tl.constexpr,
                         FETCH: tl.constexpr, DEPENDS: tl.constexpr,
                         NPROG: tl.constexpr, PRODUCERS: tl.constexpr, COMM_FIRST: tl.constexpr,
-                        ENTRY: tl.constexpr, EXIT: tl.constexpr):
+                        ENTRY: tl.constexpr, EXIT: tl.constexpr, TRAFFIC: tl.constexpr = None,
+                        TRACE: tl.constexpr = _NO_TRACE):
     """One kernel, two roles: programs below ``PRODUCERS`` produce and release, the others
     acquire and consume. Communicate-first: the fetching programs join the (dynamic) compute
     queue once their chunks are fetched."""
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     pid = tl.program_id(0)
     if ok:
         if pid < PRODUCERS:
             produce_role(args, pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases,
-                         PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True)
+                         PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True, trace, TRACE, TRAFFIC)
             if COMM_FIRST:
                 consume_role(args, 0, num_tiles, 1, st, flags, epoch, epoch, rank, heap_bases,
-                             PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, True, NPROG)
+                             PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, True, NPROG, trace, TRACE,
+                             TRAFFIC)
         else:
             consume_role(args, pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, epoch, epoch, rank,
-                         heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, COMM_FIRST, NPROG)
-    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+                         heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, COMM_FIRST, NPROG,
+                         trace, TRACE, TRAFFIC)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
 @triton.jit
-def _steps_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
+def _steps_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases, trace,
                   ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
-                  STEP: tl.constexpr, STEPS: tl.constexpr, NPROG: tl.constexpr, EXIT: tl.constexpr):
+                  STEP: tl.constexpr, STEPS: tl.constexpr, NPROG: tl.constexpr, EXIT: tl.constexpr,
+                  TRAFFIC: tl.constexpr = None, TRACE: tl.constexpr = _NO_TRACE):
     """A multi-step pattern's steps ``1 … STEPS-1`` on a schedule that ran step 0 in kernels of
     its own: launched after them on the same stream, whose exit barrier made every delivery of
     step 0 complete on every rank — so step 1 needs no barrier of its own; each later step
     follows :func:`step_barrier`. ``EXIT``: the last program waits until every rank's steps
     delivered (the steps communicate)."""
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, False)
-    for s in tl.static_range(1, STEPS):
-        if s > 1:
-            if ok:
-                ok = step_barrier(st, epoch, s, STEPS, rank, world_size, heap_bases, NPROG)
-        if ok:
-            for tile in range(tl.program_id(0), num_tiles, NPROG):
-                STEP(args, tile, s, CFG)
-    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False)
+    started = 0
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, False, trace, TRACE)
+    if STEPS > 1:
+        run_steps(args, st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
+                  TRACE, TRAFFIC)
+    end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
 @triton.jit

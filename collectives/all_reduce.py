@@ -142,15 +142,18 @@ def _two_shot_kernel(src, dst, recv, gath, slots, counters, n, rank, world_size,
                 if AVG:
                     acc = acc / world_size
                 tc.tile_store_all(ag + offs, acc, rank, world_size, heap_bases, mask=mask)
-    tc.arrive(phase2, epoch, rank, world_size, heap_bases)
+        # "my reduced tiles are in your buffer": only when they are (a failed wait sends no
+        # stale data; the peers' waits give up instead)
+        tc.arrive(phase2, epoch, rank, world_size, heap_bases)
     if TRACE:  # the owned tiles' sums to every other rank
         tr.record_move(trace, TRACE, t0, tr.REDUCE, -1, _owned(n, rank, world_size, BLOCK) * (world_size - 1) * ELEM)
         t0 = tr.record_start(trace, TRACE)
-    done = tc.wait_arrivals(phase2, epoch, rank, world_size, heap_bases)
+    if ok:
+        ok = tc.wait_arrivals(phase2, epoch, rank, world_size, heap_bases)
     if TRACE:
         tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, phase2, rank, heap_bases)
         t0 = tr.record_start(trace, TRACE)
-    if done & ok:
+    if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = t * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -211,9 +214,11 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
         acc = tc.widen(tl.load(src + offs, mask=(loc < seg) & (offs < n)))
         for s in range(0, world_size - 1):
             step = buf + s * slot
-            dv.store(step + loc, acc.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
-            dv.signal(flags + s, mark, rank, right, heap_bases)
-            if ok:  # after a timeout, no more waiting: one missing peer costs one timeout
+            # after a failed wait, nothing more is sent (a partial built from a slot never
+            # written is not passed on) and nothing more waited for
+            if ok:
+                dv.store(step + loc, acc.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
+                dv.signal(flags + s, mark, rank, right, heap_bases)
                 ok = tc.wait_flag(flags + s, mark, rank, heap_bases)
             k = (k + world_size - 1) % world_size
             offs = k * seg + loc
@@ -229,9 +234,9 @@ def _ring_kernel(src, dst, recv, slots, counters, n, rank, world_size, heap_base
         # all-gather: forward the reduced segments
         for s in range(world_size - 1, 2 * world_size - 2):
             step = buf + s * slot
-            dv.store(step + loc, out.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
-            dv.signal(flags + s, mark, rank, right, heap_bases)
             if ok:
+                dv.store(step + loc, out.to(step.dtype.element_ty), rank, right, heap_bases, mask=loc < seg)
+                dv.signal(flags + s, mark, rank, right, heap_bases)
                 ok = tc.wait_flag(flags + s, mark, rank, heap_bases)
             k = (k + world_size - 1) % world_size
             offs = k * seg + loc

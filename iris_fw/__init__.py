@@ -39,7 +39,7 @@ def _choose_interpreter(environ=_os.environ) -> None:
 _choose_interpreter()
 
 from .context import Context, init  # noqa: E402
-from .errors import HeapOutOfMemory, IrisError, NotOnHeapError, SymmetryError, WaitTimeout  # noqa: E402
+from .errors import HeapOutOfMemory, IrisError, NotOnHeapError, PeerFailure, SymmetryError, WaitTimeout  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -48,6 +48,7 @@ __all__ = [
     "HeapOutOfMemory",
     "IrisError",
     "NotOnHeapError",
+    "PeerFailure",
     "SymmetryError",
     "WaitTimeout",
     "init",

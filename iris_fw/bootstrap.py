@@ -11,18 +11,30 @@ nothing more; kernels never use it. Built-ins:
 :func:`choose` picks one from the environment (MPI/PMI variables → ``mpi``; an initialized
 torch.distributed or torchrun variables → ``torch``; neither → ``single``) unless the user
 names one (``init(bootstrap=…)`` or ``IRIS_FW_BOOTSTRAP``).
+
+**Bounded.** The built-ins never wait for a rank that is gone: their collectives are issued
+non-blocking and polled, and while they wait they ask the rank's watchdog
+(:mod:`iris_fw.watchdog`, set as ``liveness``) whether a peer was lost, and the rendezvous
+store whether a peer aborted (``torch``), raising :class:`~iris_fw.PeerFailure` naming the rank.
+A rank that does not arrive at ``iris_fw.init`` within the liveness bound is named by the
+others (``torch``: through the store; ``mpi``: ``MPI_Init`` itself waits for every rank).
+``abort(reason)`` makes the others stop waiting for this rank (MPI: ``Abort``; torch: the
+reason goes into the store, then the group is torn down).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import socket
+import sys
+import time
 import weakref
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
-from .errors import ArgumentError, IrisError
+from .errors import ArgumentError, IrisError, PeerFailure
 from .hookspecs import hookimpl
 
 #: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
@@ -45,6 +57,12 @@ class Bootstrap(ABC):
 
     rank: int
     world_size: int
+    #: The rank's watchdog (:class:`iris_fw.watchdog.Watchdog`), set by it: collectives that
+    #: wait poll it, so a lost peer ends the wait.
+    liveness = None
+    #: Every rank's :func:`iris_fw.watchdog.process_info`, when the bootstrap learnt it at
+    #: arrival (else the watchdog all-gathers it).
+    processes = None
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -86,6 +104,35 @@ class Bootstrap(ABC):
 
     def abort(self, reason: str) -> None:
         """Best-effort: make the other ranks stop instead of waiting for this one."""
+
+    def _poll(self, done: Callable[[], bool], what: str) -> None:
+        """Wait until ``done()``, asking the watchdog (and :meth:`_check_peers`) between polls,
+        with pauses growing from 20 us to 2 ms."""
+        pause, checked = 0.0, time.monotonic()
+        while not done():
+            now = time.monotonic()
+            if now - checked >= 0.05:
+                checked = now
+                if self.liveness is not None:
+                    self.liveness.check(f"the bootstrap's {what}")
+                self._check_peers(what)
+            time.sleep(pause)
+            pause = min(max(2 * pause, 20e-6), 2e-3)
+
+    def _check_peers(self, what: str) -> None:
+        """Raise :class:`PeerFailure` if a peer announced it aborted (``torch``: the store)."""
+
+    def _failed(self, what: str, exc: BaseException) -> IrisError:
+        """The error for a collective that failed under us: a lost peer (the watchdog looks
+        again for a second) or an abort a peer announced, else ``exc`` wrapped."""
+        try:
+            self._check_peers(what)
+            if self.liveness is not None:
+                self.liveness.confirm(1.0)
+            self._check_peers(what)
+        except PeerFailure as lost:
+            return lost
+        return IrisError(f"bootstrap {self.name!r}: {what} failed on rank {self.rank}: {exc}")
 
 
 class SingleBootstrap(Bootstrap):
@@ -155,11 +202,14 @@ class TorchBootstrap(Bootstrap):
             return "torch.distributed is initialized"
         return "torchrun's variables: " + ", ".join(v for v in (*_TORCHRUN_VARS, *_TORCH_ENV_VARS) if v in environ)
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, arrival_timeout: float | None = None):
         import torch.distributed as dist
 
         self._dist = dist
         self._owns_default = False
+        self._broken = False
+        self._abandoned = False
+        self._store, self._abort_key = None, None
         timeout = datetime.timedelta(seconds=timeout_s)
         if not dist.is_initialized():
             missing = [v for v in _TORCH_ENV_VARS if v not in os.environ]
@@ -168,60 +218,175 @@ class TorchBootstrap(Bootstrap):
                     "bootstrap 'torch' needs an initialized torch.distributed or torchrun's "
                     f"environment; missing: {', '.join(missing)}"
                 )
-            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-                self._init_from_agent_store(timeout)
-            else:
-                dist.init_process_group(backend="gloo", init_method="env://", timeout=timeout)
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            store = self._arrive(rank, world, arrival_timeout)
+            dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world, timeout=timeout)
             self._owns_default = True
+        else:
+            try:
+                self._store = dist.distributed_c10d._get_default_store()
+            except Exception:  # a private helper: without it, no abort announcements
+                self._store = None
         self._group = None
         if dist.get_backend() != "gloo":
             self._group = dist.new_group(backend="gloo", timeout=timeout)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         TorchBootstrap._open.add(self)
+        if self._store is not None and self._abort_key is None:  # a reused group: count inits as _arrive does
+            gen = self._store.add(f"{self._key_prefix()}reused/{self._dist.get_rank()}", 1)
+            self._abort_key = f"{self._key_prefix()}reused/{gen}/abort"
         if "LOCAL_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
             self.local_rank = int(os.environ["LOCAL_RANK"])
             self.local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
         else:
             self._set_local_ranks()
 
-    def _init_from_agent_store(self, timeout: datetime.timedelta) -> None:
-        """The default group over the store a launcher hosts (``iris-fw launch``, torchrun),
-        under a prefix new to each group this rank creates: keys of a previous group (a context
-        closed and created again) are never read."""
-        dist = self._dist
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timeout)
-        generation = store.add(f"iris_fw/groups_created/{rank}", 1)  # equal on every rank: inits are collective
-        dist.init_process_group(backend="gloo", store=dist.PrefixStore(f"iris_fw/{generation}", store), rank=rank,
-                                world_size=world_size, timeout=timeout)
+    # ---- arrival ----------------------------------------------------------------------------------
+    @staticmethod
+    def _key_prefix() -> str:
+        """Store keys of iris-fw under torchrun's run and restart (the agent's store outlives
+        a restart) or the launcher's port."""
+        run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "")
+        return f"iris_fw/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+    def _arrive(self, rank: int, world: int, arrival_timeout: float | None):
+        """The rendezvous store (the launcher's agent store — torchrun's, ``iris-fw launch``'s
+        — else hosted by rank 0, as ``env://`` does), and every rank's arrival in it within
+        ``arrival_timeout`` seconds: each rank posts its process description; a rank that does
+        not post in time is named. Returns the store for the default group."""
+        from .watchdog import arrival_timeout as default_arrival, liveness_timeout, process_info
+
+        bound = arrival_timeout if arrival_timeout is not None else default_arrival(liveness_timeout())
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+        try:
+            store = self._dist.TCPStore(addr, port, world_size=None if agent else world,
+                                        is_master=(rank == 0 and not agent),
+                                        timeout=datetime.timedelta(seconds=bound), wait_for_workers=False,
+                                        multi_tenant=True)
+        except RuntimeError as exc:
+            raise PeerFailure(
+                f"rank {rank}: rank 0, which hosts the rendezvous at {addr}:{port}, did not arrive at "
+                f"iris_fw.init within {bound:g} s (IRIS_FW_ARRIVAL_TIMEOUT): {exc}", 0) from None
+        prefix = self._key_prefix()
+        gen = store.add(f"{prefix}gen/{rank}", 1)  # this rank's n-th init: every rank counts alike
+        keys = [f"{prefix}{gen}/arrived/{r}" for r in range(world)]
+        store.set(keys[rank], pickle.dumps(process_info()))
+        deadline = time.monotonic() + bound
+        while not store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                raise PeerFailure(
+                    f"rank {rank}: rank(s) {missing} of {world} did not arrive at iris_fw.init within {bound:g} s "
+                    "(IRIS_FW_ARRIVAL_TIMEOUT; they exited or hang before it, or were started late)", missing[0])
+            time.sleep(0.02)
+        self.processes = [pickle.loads(store.get(k)) for k in keys]
+        store.set_timeout(datetime.timedelta(seconds=DEFAULT_TIMEOUT_S))
+        self._store, self._abort_key = store, f"{prefix}{gen}/abort"
+        # the group's keys under this init's prefix: a previous group's (a context closed and
+        # created again) are never read
+        return self._dist.PrefixStore(f"{prefix}{gen}/group", store)
+
+    # ---- collectives ------------------------------------------------------------------------------
+    def _run(self, work, what: str) -> None:
+        try:
+            self._poll(work.is_completed, what)
+        except BaseException:  # a lost peer (PeerFailure), KeyboardInterrupt, ...
+            self._abandoned = True  # a collective still in flight: the group cannot be torn down
+            raise
+        try:
+            work.wait()
+            return
+        except RuntimeError as exc:
+            cause = exc
+        error = self._failed(what, cause)
+        raise error from (None if isinstance(error, PeerFailure) else cause)
+
+    def _check_peers(self, what: str) -> None:
+        if self._store is not None and self._abort_key is not None:
+            try:
+                announced = self._store.check([self._abort_key])
+            except Exception:  # the store is gone with its host (rank 0): the watchdog will say
+                return
+            if announced:
+                reason = self._store.get(self._abort_key).decode(errors="replace")
+                raise PeerFailure(f"rank {self.rank} during the bootstrap's {what}: {reason}")
 
     def all_gather(self, obj):
-        out = [None] * self.world_size
-        self._dist.all_gather_object(out, obj, group=self._group)
-        return out
+        import torch
+
+        data = pickle.dumps(obj)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        self._run(self._dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64),
+                                        group=self._group, async_op=True), "all_gather")
+        counts = [int(n) for n in sizes]
+        buf = torch.zeros(max(counts), dtype=torch.uint8)
+        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [torch.empty_like(buf) for _ in range(self.world_size)]
+        self._run(self._dist.all_gather(out, buf, group=self._group, async_op=True), "all_gather")
+        return [pickle.loads(t[:n].numpy().tobytes()) for t, n in zip(out, counts)]
 
     def broadcast(self, obj, src):
+        import torch
+
         _check_src(src, self.world_size)
-        box = [obj]
-        self._dist.broadcast_object_list(box, src=src, group=self._group)
-        return box[0]
+        src_global = src if self._group is None else self._dist.get_global_rank(self._group, src)
+        data = pickle.dumps(obj) if self.rank == src else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        self._run(self._dist.broadcast(size, src=src_global, group=self._group, async_op=True), "broadcast")
+        buf = torch.zeros(int(size), dtype=torch.uint8)
+        if self.rank == src:
+            buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._run(self._dist.broadcast(buf, src=src_global, group=self._group, async_op=True), "broadcast")
+        return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
 
     def barrier(self):
-        self._dist.barrier(group=self._group)
+        self._run(self._dist.barrier(group=self._group, async_op=True), "barrier")
+
+    def abort(self, reason):
+        """Announce ``reason`` in the rendezvous store (the others' waits raise it), then tear
+        down the groups this bootstrap created."""
+        if self._store is not None and self._abort_key is not None:
+            try:
+                self._store.set(self._abort_key, reason)
+            except Exception:
+                pass
+        print(f"iris_fw: {reason}; aborting", file=sys.stderr, flush=True)
+        self._broken = True
+        self.close()
 
     def close(self):
+        """Destroy the groups this bootstrap created — or abort them when a peer is lost or
+        this rank aborts (destroying a gloo group waits for every peer: a stopped one would
+        hold it for the whole timeout). The default group, when another torch bootstrap of
+        this process is still open, is left to that one (contexts made and dropped in any order
+        share it)."""
         TorchBootstrap._open.discard(self)
+        if self._abandoned:  # gloo would wait for the lost peer: leave the group to process exit
+            self._group, self._owns_default = None, False
+            return
+        broken = self._broken or (self.liveness is not None and bool(self.liveness.lost))
+        end = self._abort_group if broken else self._dist.destroy_process_group
         if self._group is not None:
-            self._dist.destroy_process_group(self._group)
+            end(self._group)
             self._group = None
         if self._owns_default and self._dist.is_initialized():
             heir = next(iter(TorchBootstrap._open), None)
             if heir is not None:
                 heir._owns_default = True
             else:
-                self._dist.destroy_process_group()
+                end()
             self._owns_default = False
+
+    def _abort_group(self, group=None) -> None:
+        abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
+        if abort is None:  # an older torch: leave the group to process exit rather than wait
+            return
+        try:
+            abort(group)
+        except Exception:
+            pass
 
 
 class MpiBootstrap(Bootstrap):
@@ -250,6 +415,8 @@ class MpiBootstrap(Bootstrap):
     def __init__(self):
         from mpi4py import MPI
 
+        from .watchdog import process_info
+
         self._MPI = MPI
         self._comm = MPI.COMM_WORLD.Dup()
         self.rank = self._comm.Get_rank()
@@ -258,6 +425,10 @@ class MpiBootstrap(Bootstrap):
         self.local_rank = node.Get_rank()
         self.local_world_size = node.Get_size()
         node.Free()
+        self.processes = self.all_gather(process_info())
+
+    def _run(self, request, what: str) -> None:
+        self._poll(request.Test, what)
 
     @property
     def comm(self):
@@ -265,16 +436,34 @@ class MpiBootstrap(Bootstrap):
         return self._comm
 
     def all_gather(self, obj):
-        return self._comm.allgather(obj)
+        import numpy as np
+
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = np.zeros(self.world_size, dtype=np.int64)
+        self._run(self._comm.Iallgather(np.array([data.size], dtype=np.int64), sizes), "all_gather")
+        counts = [int(n) for n in sizes]
+        displs = [sum(counts[:r]) for r in range(self.world_size)]
+        out = np.empty(sum(counts), dtype=np.uint8)
+        self._run(self._comm.Iallgatherv(data, [out, counts, displs, self._MPI.BYTE]), "all_gather")
+        return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
 
     def broadcast(self, obj, src):
+        import numpy as np
+
         _check_src(src, self.world_size)
-        return self._comm.bcast(obj, root=src)
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == src else None
+        size = np.array([data.size if data is not None else 0], dtype=np.int64)
+        self._run(self._comm.Ibcast(size, root=src), "broadcast")
+        buf = data.copy() if data is not None else np.empty(int(size[0]), dtype=np.uint8)
+        self._run(self._comm.Ibcast(buf, root=src), "broadcast")
+        return obj if self.rank == src else pickle.loads(buf.tobytes())
 
     def barrier(self):
-        self._comm.Barrier()
+        self._run(self._comm.Ibarrier(), "barrier")
 
     def abort(self, reason):
+        """Print ``reason`` and end the whole job (``MPI_Abort``: the launcher stops every rank)."""
+        print(f"iris_fw: {reason}; aborting the MPI job", file=sys.stderr, flush=True)
         self._MPI.COMM_WORLD.Abort(1)
 
     def close(self):

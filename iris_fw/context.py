@@ -3,6 +3,8 @@ host-side collectives around them. Created by :func:`init`."""
 
 from __future__ import annotations
 
+import atexit
+import inspect
 import logging
 import math
 import operator
@@ -16,9 +18,10 @@ from . import bootstrap as _bootstrap
 from . import env
 from . import interpreting
 from . import device as dev
+from . import watchdog as _watchdog
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
 from .errors import (ArgumentError, ArgumentTypeError, ContextClosed, HeapOutOfMemory, IrisError, NotOnHeapError,
-                     SymmetryError, WaitTimeout, bad_type)
+                     PeerFailure, SymmetryError, WaitTimeout, bad_type)
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
 from .transport import Transport
@@ -40,8 +43,9 @@ _N_ERR_SLOTS = dev.HDR_WAIT_BOUND.value  # slots [0, HDR_WAIT_BOUND) form the er
 
 
 def header_bytes(world_size: int) -> int:
-    """Bytes reserved at the start of every heap for the header (see :mod:`iris_fw.device`)."""
-    slots = dev.HDR_BARRIER_SLOTS.value + world_size
+    """Bytes reserved at the start of every heap for the header (see :mod:`iris_fw.device`;
+    the cause records after the barrier slots: :mod:`iris_fw.watchdog`)."""
+    slots = _watchdog.header_slots(world_size)
     align = dev.HEAP_BASE_ALIGN.value
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
 
@@ -99,11 +103,11 @@ def check_resources(transport_cls, boot, heap_size: int) -> None:
     its heap; if any rank has not, every rank raises (that rank's error, naming it)."""
     mine = transport_cls.check_resources(boot, heap_size)
     problems = boot.all_gather(mine)
-    if mine is not None:
-        raise mine
     for rank, problem in enumerate(problems):
         if problem is not None:
-            raise type(problem)(f"rank {rank}: {problem}")
+            error = mine if mine is not None else type(problem)(f"rank {rank}: {problem}")
+            error.everywhere = True  # every rank raises: none needs to abort the others
+            raise error
 
 
 def _element(block: Block, offset: int) -> str:
@@ -151,6 +155,7 @@ def init(
     wait_timeout: float | None = None,
     debug: bool | None = None,
     registries: Registries | None = None,
+    liveness_timeout: float | None = None,
 ) -> "Context":
     """Create this rank's context. Collective: every rank calls it with the same arguments.
 
@@ -164,6 +169,13 @@ def init(
         raises :class:`WaitTimeout` (default ``IRIS_FW_WAIT_TIMEOUT`` or 30).
     :param debug: check every allocation's offset across ranks (``IRIS_FW_DEBUG=1``).
     :param registries: use these registries instead of loading the installed plugins.
+    :param liveness_timeout: seconds after which a rank that stopped, hangs without a heartbeat
+        or never arrived is reported lost by the others (default ``IRIS_FW_LIVENESS_TIMEOUT`` or
+        10; a rank that dies or exits is noticed at once). See :mod:`iris_fw.watchdog`.
+
+    A set-up failure on one rank calls the bootstrap's ``abort`` (MPI: ``Abort``; torch: the
+    reason is published in the rendezvous store and the group torn down), so the other ranks
+    fail within seconds instead of waiting in a collective.
     """
     heap_size = _check_int(heap_size, "heap_size", 1)
     env.in_effect()  # every IRIS_FW_* variable set parses (a bad one is named here, not deep in set-up)
@@ -177,13 +189,21 @@ def init(
     for name, value in (("transport", transport), ("bootstrap", bootstrap)):
         if value is not None and not isinstance(value, str):
             raise bad_type(name, "a plugin name (str) or None", value)
+    liveness = _watchdog.liveness_timeout(None if liveness_timeout is None else
+                                          _check_seconds(liveness_timeout, "liveness_timeout"))
     regs = registries if registries is not None else load_registries()
     transport_name, transport_why = transport_choice(regs.transport, transport)
     transport_cls = regs.transport.require_available(transport_name)
     boot_cls, boot_why = _bootstrap.choice(regs.bootstrap, bootstrap)
-    boot = boot_cls()
+    accepts = "arrival_timeout" in inspect.signature(boot_cls).parameters
+    boot = boot_cls(arrival_timeout=_watchdog.arrival_timeout(liveness)) if accepts else boot_cls()
     log.info("rank %d of %d: bootstrap %s (%s); transport %s (%s)", boot.rank, boot.world_size, boot_cls.name,
              boot_why, transport_name, transport_why)
+    try:
+        watchdog = _watchdog.Watchdog(boot, liveness)
+    except BaseException:
+        boot.close()
+        raise
     try:
         need = header_bytes(boot.world_size) + ALIGN
         if heap_size < need:
@@ -193,10 +213,60 @@ def init(
             )
         check_resources(transport_cls, boot, heap_size)
         tr = transport_cls(boot, heap_size)
-    except BaseException:
-        boot.close()
+    except BaseException as exc:
+        _abort_setup(boot, watchdog, exc)
         raise
-    return Context(tr, boot, heap_size, wait_timeout=wait_timeout, debug=debug, registries=regs)
+    try:
+        return Context(tr, boot, heap_size, wait_timeout=wait_timeout, debug=debug, registries=regs,
+                       watchdog=watchdog)
+    except BaseException as exc:
+        _abort_setup(boot, watchdog, exc)
+        raise
+
+
+def _abort_setup(boot, watchdog, exc: BaseException) -> None:
+    """A set-up failure on this rank: unless every rank failed the same way (a collective
+    failure) or a peer is already lost, make the others stop waiting for this rank (the
+    bootstrap's abort), then release the bootstrap."""
+    watchdog.stop()
+    if not getattr(exc, "everywhere", False) and not isinstance(exc, PeerFailure) and not watchdog.lost:
+        try:
+            boot.abort(f"rank {boot.rank} failed during iris_fw.init: {type(exc).__name__}: {exc}")
+        except Exception:
+            pass
+    try:
+        boot.close()
+    except Exception:
+        pass
+
+
+def _release_unclosed(watchdog, bootstrap) -> None:
+    """What a context that was never closed leaves behind: its watchdog thread, its bootstrap."""
+    watchdog.stop()
+    bootstrap.close()
+
+
+#: The errors a barrier re-raises by name (the first failing rank's class).
+_ERROR_CLASSES = {cls.__name__: cls for cls in (WaitTimeout, NotOnHeapError, PeerFailure)}
+
+
+class _AtExit:
+    """At interpreter exit, a context that was not closed tells its peers (its heartbeat says it
+    left) and stops its watchdog; a job left broken by a lost peer is aborted through the
+    bootstrap (MPI would otherwise wait for the lost rank in ``MPI_Finalize``). Holds the
+    context weakly."""
+
+    def __init__(self, ctx: "Context"):
+        self._ctx = weakref.ref(ctx)
+
+    def __call__(self) -> None:
+        ctx = self._ctx()
+        if ctx is None or ctx._closed:
+            return
+        lost = ctx.watchdog.lost
+        ctx.watchdog.stop(heartbeat=_watchdog.HEARTBEAT_EXITED)
+        if lost:
+            ctx.bootstrap.abort(f"rank {ctx.rank} exits after losing rank(s) {sorted(lost)}")
 
 
 #: Contexts of this process in creation order (weak references), for APIs whose ``ctx``
@@ -231,7 +301,7 @@ class Context:
     """
 
     def __init__(self, transport: Transport, bootstrap: _bootstrap.Bootstrap, heap_size: int, *, wait_timeout: float,
-                 debug: bool, registries: Registries | None = None):
+                 debug: bool, registries: Registries | None = None, watchdog=None):
         self.transport = transport
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -243,12 +313,17 @@ class Context:
         self.debug = debug
         self.registries = registries if registries is not None else load_registries()
         self._closed = False
-        # A context never closed (Iris-style programs) still releases what its bootstrap
-        # created (a process group) at interpreter exit; local only, never a collective.
-        self._exit_cleanup = weakref.finalize(self, bootstrap.close)
         hdr_bytes = header_bytes(self.world_size)
         self._hdr = transport.heap[:hdr_bytes].view(torch.int64)
         self._hdr.zero_()
+        self._hdr[dev.HDR_HEAP_SIZE.value] = heap_size
+        self._hdr[dev.HDR_WORLD_SIZE.value] = self.world_size
+        #: liveness and abort causes (iris_fw.watchdog); set up by init()
+        self.watchdog = watchdog if watchdog is not None else _watchdog.Watchdog(bootstrap, _watchdog.liveness_timeout())
+        # A context never closed (Iris-style programs) still stops its watchdog and releases what
+        # its bootstrap created (a process group) when it goes or at interpreter exit; local
+        # only, never a collective.
+        self._exit_cleanup = weakref.finalize(self, _release_unclosed, self.watchdog, bootstrap)
         self.heap = SymmetricHeap(
             transport.bases[self.rank],
             heap_size,
@@ -263,7 +338,12 @@ class Context:
         self.op_cache = OpCache()
         #: communication groups of :mod:`iris_fw.ccl` by their ranks (``ccl.new_group``)
         self.comm_groups: dict = {}
+        #: how many aborts the job was re-armed after (ops planned before the last one refuse calls)
+        self.abort_epoch = 0
         self.wait_timeout = wait_timeout
+        self.watchdog.attach(self)
+        self._at_exit = _AtExit(self)
+        atexit.register(self._at_exit)
         #: the open trace session's :class:`~iris_fw.tracing.Tracer` (None when not tracing; see :meth:`trace`)
         self.tracer = None
         self.barrier()
@@ -285,12 +365,15 @@ class Context:
         end_env_trace(self)
         self._closed = True
         self._exit_cleanup.detach()
+        atexit.unregister(self._at_exit)
         self.op_cache.clear()
         self.comm_groups.clear()
         try:
             self.transport.synchronize()
+            self.watchdog.closing()
             self.bootstrap.barrier()
         finally:
+            self.watchdog.stop()
             self.heap.closed = True
             self._hdr = None
             self.transport.close()
@@ -302,8 +385,13 @@ class Context:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
+            return
         # On an exception the other ranks may not reach a collective close: leave the
-        # mappings to process exit (segments are already unlinked) rather than hang here.
+        # mappings to process exit (segments are already unlinked) rather than hang here, and
+        # make the others' waits give up now, naming this exception, unless the job is already
+        # aborted (the exception is then most likely that abort's report).
+        if not self._closed and not self.watchdog.aborted:
+            self.abort(f"{exc_type.__name__}: {exc} (raised inside its `with iris_fw.init(...)` block)")
 
     @property
     def closed(self) -> bool:
@@ -324,11 +412,13 @@ class Context:
         self._hdr[dev.HDR_WAIT_BOUND.value] = polls
         _wait_probe_kernel[(1,)](self.rank, self.heap_bases)  # compile / warm up
         self.transport.synchronize()
+        self._hdr[dev.HDR_ABORT.value] = 0  # the probe's timeout set it
         start = time.perf_counter()
         _wait_probe_kernel[(1,)](self.rank, self.heap_bases)
         self.transport.synchronize()
         elapsed = time.perf_counter() - start
         self._hdr[:_N_ERR_SLOTS] = 0
+        self._hdr[dev.HDR_ABORT.value] = 0  # the probe's timeout set it
         _poll_rates[key] = polls / max(elapsed, 1e-9)
         return _poll_rates[key]
 
@@ -347,12 +437,9 @@ class Context:
         polls = min(float(_MAX_WAIT_POLLS), seconds * self._polls_per_s)
         self._hdr[dev.HDR_WAIT_BOUND.value] = max(_MIN_WAIT_POLLS, int(polls))
 
-    def _take_error(self) -> str | None:
-        """Read and clear this rank's error record; a description, or ``None``."""
-        record = self._hdr[:_N_ERR_SLOTS].tolist()
-        if record[dev.HDR_ERR_FLAG.value] == 0 and record[dev.HDR_ERR_COUNT.value] == 0:
-            return None
-        self._hdr[:_N_ERR_SLOTS] = 0
+    def _describe_timeout(self, record: list) -> str:
+        """The message for this rank's timeout record (the header's first ``HDR_WAIT_BOUND``
+        slots, as read by the watchdog)."""
         rank, peer, offset = (record[s.value] for s in (dev.HDR_ERR_RANK, dev.HDR_ERR_PEER, dev.HDR_ERR_OFFSET))
         expected, seen, cmp, spins = (
             record[s.value] for s in (dev.HDR_ERR_EXPECTED, dev.HDR_ERR_SEEN, dev.HDR_ERR_CMP, dev.HDR_ERR_SPINS)
@@ -367,28 +454,59 @@ class Context:
                 f"barrier epoch {expected} (rank {late} did not call device_barrier() as often as rank {rank}, or "
                 f"it is stuck or gone); {record[dev.HDR_ERR_COUNT.value]} wait(s) timed out on rank {self.rank}"
             )
-        block = self.heap.block_at(offset)
-        where = f"offset {offset:#x}"
-        if block is not None:
-            where += f" ({block.what} allocated at {block.site}, +{offset - block.offset} bytes{_element(block, offset)})"
-        elif slot == dev.HDR_PROBE.value and offset % dev.HDR_SLOT_BYTES.value == 0:
-            where += " (heap header: the wait-bound calibration flag)"
-        elif 0 <= offset < self._hdr.numel() * 8:
-            where += f" (heap header slot {slot})"
+        where = self._describe_offset(offset)
         return (
             f"rank {rank} gave up waiting for the flag at {where} in rank {peer}'s heap to become "
             f"{cmp_op} {expected}: last saw {seen} after {spins} polls (wait_timeout "
             f"{self._wait_timeout:g}s); {record[dev.HDR_ERR_COUNT.value]} wait(s) timed out on rank {self.rank}"
         )
 
+    def _describe_offset(self, offset: int) -> str:
+        """``offset`` of this rank's heap, with the allocation (and element) or header slot there."""
+        block = self.heap.block_at(offset)
+        where = f"offset {offset:#x}"
+        slot = offset // dev.HDR_SLOT_BYTES.value
+        if block is not None:
+            where += f" ({block.what} allocated at {block.site}, +{offset - block.offset} bytes{_element(block, offset)})"
+        elif slot == dev.HDR_PROBE.value and offset % dev.HDR_SLOT_BYTES.value == 0:
+            where += " (heap header: the wait-bound calibration flag)"
+        elif 0 <= offset < self._hdr.numel() * 8:
+            where += f" (heap header slot {slot})"
+        return where
+
+    def _describe_bad_pointer(self, state: list) -> str:
+        """The message for this rank's pointer-check record (the header's fixed slots)."""
+        rank, peer, offset, program, count = (state[s.value] for s in (
+            dev.HDR_PTR_RANK, dev.HDR_PTR_PEER, dev.HDR_PTR_OFFSET, dev.HDR_PTR_PROGRAM, dev.HDR_PTR_COUNT))
+        what = []
+        if not 0 <= peer < self.world_size:
+            what.append(f"peer rank {peer} is outside the world [0, {self.world_size})")
+        if not 0 <= offset < self.heap_size:
+            what.append(f"the pointer is at offset {offset:#x} ({offset}) from rank {self.rank}'s heap base, "
+                        f"outside the heap of {self.heap_size} bytes (not a symmetric tensor of this rank?)")
+        if not what:
+            what.append(f"the pointer at {self._describe_offset(offset)} or peer {peer} is not in a group's heaps")
+        return (f"rank {self.rank}: a device primitive of program {program} (rank argument {rank}, peer {peer}) "
+                f"was given an invalid address: " + "; ".join(what) + f"; {count} lane(s) failed the check and "
+                "were not accessed (the job's waits were aborted)")
+
     def synchronize(self) -> None:
-        """Wait for this rank's queued device work; raise :class:`WaitTimeout` if a
-        device-side wait on this rank gave up."""
+        """Wait for this rank's queued device work; raise if a device-side wait on this rank
+        gave up (:class:`WaitTimeout` for its own, or the job's first cause when it gave up
+        because the job was aborted) or a pointer failed its check (:class:`NotOnHeapError`)."""
         self._check_open()
         self.transport.synchronize()
-        error = self._take_error()
-        if error:
-            raise WaitTimeout(error)
+        self.watchdog.sync_point()
+        error = self.watchdog.failure()
+        if error is not None:
+            raise error
+
+    def abort(self, reason: str) -> None:
+        """Abort the job's device work: set the abort word on this rank and every peer with
+        ``reason`` as the cause; every device wait gives up at once and each rank's host raises
+        at its next synchronization (:class:`~iris_fw.PeerFailure` naming this rank). Called
+        for a host failure inside a call other ranks take part in; ``barrier()`` re-arms."""
+        self.watchdog.abort(reason)
 
     def barrier(self) -> None:
         """Synchronize this rank's device work, then wait for every rank. Heap blocks freed on
@@ -396,10 +514,20 @@ class Context:
         raises :class:`WaitTimeout` saying which."""
         self._check_open()
         self.transport.synchronize()
+        self.watchdog.sync_point()  # this rank's device cause reaches every peer before the exchange
+        failure = self.watchdog.failure()
+        mine = None if failure is None else (type(failure).__name__, str(failure))
+        aborted = self.watchdog.aborted
         reports = self.bootstrap.all_gather(
-            (self._take_error(), self.heap.pending_offsets(), self.heap.free_list_digest(),
-             [(b.seq, b.offset, b.size, b.what, b.site) for b in self.heap.recent()])
+            (mine, self.heap.pending_offsets(), (self.heap.free_list_digest(), self.heap.sequence_digest(restart=True)),
+             [(b.seq, b.offset, b.size, b.what, b.site) for b in self.heap.recent()], aborted,
+             self.watchdog.generation)
         )
+        # every rank reported: re-arm the job (causes sent from now on carry the next generation)
+        self.watchdog.clear(max(r[5] for r in reports))
+        if any(r[4] for r in reports):
+            self._rearm()
+        reports = [r[:4] for r in reports]
         if len({digest for _, _, digest, _ in reports}) > 1:
             lines = [
                 f"rank {r}: recent allocations " + ", ".join(f"#{q} {w} ({n} B at {o:#x}, {site})" for q, o, n, w, site in recent)
@@ -407,14 +535,27 @@ class Context:
             ]
             raise SymmetryError(
                 "the symmetric heap diverged across ranks before this barrier (every rank must "
-                "allocate the same sizes in the same order; ctx.check_symmetry() or IRIS_FW_DEBUG=1 "
-                "finds the first difference):\n  " + "\n  ".join(lines)
+                "allocate the same sizes, dtypes and offsets in the same order; ctx.check_symmetry() "
+                "or IRIS_FW_DEBUG=1 finds the first difference):\n  " + "\n  ".join(lines)
             )
         # Blocks freed on every rank become reusable, identically everywhere (see heap.py).
         self.heap.reclaim_freed_everywhere(pending for _, pending, _, _ in reports)
         errors = [error for error, _, _, _ in reports if error]
         if errors:
-            raise WaitTimeout("; ".join(errors))
+            cls = _ERROR_CLASSES.get(errors[0][0], WaitTimeout)
+            raise cls("; ".join(text for _, text in errors))
+
+    def _rearm(self) -> None:
+        """After an abort (every rank, in the barrier that reports it): a call that was in flight
+        left per-call device state (epochs, arrivals, queues) unequal across ranks, so ops and
+        collective configurations start afresh — cached ops are dropped, ops held by the user
+        refuse further calls, every group's workspace is zeroed — and the ranks meet once more
+        before any of them uses a group again."""
+        self.abort_epoch += 1
+        self.op_cache.clear()
+        for group in {id(g): g for g in self.comm_groups.values()}.values():
+            group.reset()
+        self.bootstrap.barrier()
 
     def device_barrier(self) -> None:
         """Queue a cross-rank barrier on the current stream: device work after it starts once

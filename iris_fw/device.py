@@ -1,7 +1,7 @@
 """Device primitives: ``@triton.jit`` functions that reach into a peer's symmetric heap.
 
-This is a leaf module: it imports Triton and nothing from iris-fw's host side, so kernels
-anywhere can import it.
+This is a leaf module: it imports Triton and nothing from iris-fw's host side (but
+:mod:`iris_fw.env`, to read ``IRIS_FW_DEBUG``), so kernels anywhere can import it.
 
 **One argument order for every primitive.** Pointers and values come first (sources before
 destinations, as data flows), then ``rank`` (the calling rank), then the peer rank(s), then
@@ -32,7 +32,9 @@ allocated); the primitive translates it to the same offset in the peer's heap. `
 equal ``rank``. Atomics default to ``scope="sys"``: a gpu-scope flag is invisible to a peer.
 
 The first bytes of every heap are a header of int64 slots (layout below) holding the wait
-bound, the error record of a timed-out wait, and the device barrier's epoch and slots.
+bound, the error record of a timed-out wait, the device barrier's epoch and slots, and the
+fail-fast state: the abort word every wait polls, a heartbeat, and the record of a pointer
+that failed its check (docs/reliability.md, "Fail fast").
 """
 
 import triton
@@ -53,9 +55,31 @@ HDR_ERR_SPINS = tl.constexpr(8)  # how many polls were made
 HDR_WAIT_BOUND = tl.constexpr(9)  # polls before a wait gives up (set by the host)
 HDR_BARRIER_EPOCH = tl.constexpr(10)  # device barrier: this rank's epoch
 HDR_PROBE = tl.constexpr(11)  # scratch flag the host uses to calibrate the wait bound
-HDR_SINK = tl.constexpr(15)  # NVSHMEM calls: masked-off lanes of a remote store land here
-HDR_BARRIER_SLOTS = tl.constexpr(16)  # device barrier: one arrival slot per rank from here
+HDR_ABORT = tl.constexpr(12)  # the abort word: non-zero makes every wait on this rank give up
+HDR_GAVE_UP = tl.constexpr(13)  # waits that gave up because the abort word was set
+HDR_HEAP_SIZE = tl.constexpr(14)  # this heap's bytes (set by the host; pointer checks)
+HDR_WORLD_SIZE = tl.constexpr(15)  # ranks of the job (set by the host; pointer checks)
+HDR_HEARTBEAT = tl.constexpr(16)  # advanced by the host's watchdog thread (peers read it)
+HDR_PTR_COUNT = tl.constexpr(17)  # pointer check: lanes that failed it (the first one claims the record)
+HDR_PTR_FLAG = tl.constexpr(18)  # pointer check: 0 no record, 1 record complete
+HDR_PTR_PEER = tl.constexpr(19)  # pointer check: the peer asked for
+HDR_PTR_OFFSET = tl.constexpr(20)  # pointer check: the pointer's byte offset from this heap's base
+HDR_PTR_PROGRAM = tl.constexpr(21)  # pointer check: program id of the failing program
+HDR_PTR_RANK = tl.constexpr(22)  # pointer check: the rank argument given
+HDR_PTR_SEEN = tl.constexpr(23)  # pointer check: set by any failing lane (cleared by the host)
+HDR_SCRATCH = tl.constexpr(24)  # 8 slots a failed pointer check redirects its lanes to
+HDR_SINK = tl.constexpr(32)  # NVSHMEM calls: masked-off lanes of a remote store land here
+HDR_BARRIER_SLOTS = tl.constexpr(40)  # device barrier: one arrival slot per rank from here
 HDR_SLOT_BYTES = tl.constexpr(8)
+
+#: Abort word values: set by this rank's device (a wait timed out, a pointer failed its check),
+#: by this rank's host (a peer lost, a host error), or ``ABORT_FROM_RANK + r`` by rank r's host.
+ABORT_BY_DEVICE = tl.constexpr(1)
+ABORT_BY_HOST = tl.constexpr(2)
+ABORT_FROM_RANK = tl.constexpr(16)
+#: A spinning wait reads the abort word every this many polls (its first spin included): one
+#: extra load per this many polls, and none at all for a wait satisfied at its first poll.
+ABORT_POLL_EVERY = tl.constexpr(64)
 
 CMP_OPS = ("==", "!=", ">=", ">", "<=", "<")
 
@@ -65,6 +89,20 @@ CMP_OPS = ("==", "!=", ">=", ">", "<=", "<")
 # to the compiler and loads/stores stay vectorized.
 HEAP_BASE_ALIGN = tl.constexpr(4096)
 _DELTA_ALIGN_ELEMS = tl.constexpr(16)
+
+
+def _pointer_checks() -> bool:
+    """Whether translation checks its pointers: always under Triton's interpreter (CPU ranks),
+    on GPUs when ``IRIS_FW_DEBUG`` is on when this module is imported (kernels compile with
+    it; the constant is part of every kernel's cache key)."""
+    from . import env, interpreting
+
+    return interpreting() or env.get("IRIS_FW_DEBUG")
+
+
+#: Translation checks that the pointer lies in the caller's heap and the peer in the world, and
+#: records a failure instead of touching memory (see :func:`translate`). Compiled out when false.
+CHECK_POINTERS = tl.constexpr(_pointer_checks())
 
 # String defaults of constexpr parameters are tl.constexpr objects: Triton 3.6 does not wrap a
 # plain-str default when a jit function calls another.
@@ -95,17 +133,63 @@ def set_nvshmem_calls(mode: int) -> None:
 
 
 @triton.jit
-def translate(ptr, rank, peer, heap_bases):
+def translate(ptr, rank, peer, heap_bases, mask=None):
     """The address in ``peer``'s heap at the offset ``ptr`` has in ``rank``'s heap.
 
-    ``ptr``: a pointer or block of pointers into the caller's heap. Costs the two base loads
-    and one scalar subtraction; the block's contiguity and alignment are preserved.
+    ``ptr``: a pointer or block of pointers into the caller's heap; ``mask``: the lanes that
+    will be accessed (as in ``tl.load``; ``None``: all). Costs the two base loads and one scalar
+    subtraction; the block's contiguity and alignment are preserved.
+
+    With :data:`CHECK_POINTERS` (always on CPU ranks, ``IRIS_FW_DEBUG=1`` on GPUs) it also
+    checks that every accessed lane lies inside the caller's heap and that ``peer`` is a rank
+    of the world; a lane that fails is redirected to a scratch slot of the caller's header
+    (memory outside the heaps is never touched) and the failure is recorded there
+    (:func:`record_bad_pointer`), which the host raises as :class:`iris_fw.NotOnHeapError`.
     """
-    here = tl.load(heap_bases + rank)
-    there = tl.load(heap_bases + peer)
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
-    delta = ((there - here) // (ELEM * _DELTA_ALIGN_ELEMS)) * _DELTA_ALIGN_ELEMS
-    return ptr + delta
+    here = tl.load(heap_bases + rank)
+    if CHECK_POINTERS:
+        # Few operations on the block and no nested call unless a lane fails: under the
+        # interpreter an operation costs tens of microseconds whatever the block's size, a call
+        # (tl.max included) a millisecond. Unsigned compares: a negative peer or offset is a
+        # large one. A peer outside the world, or outside the group (whose heap_bases lists its
+        # members, then zeros up to the world size), leaves no offset in bounds.
+        hdr = here.to(tl.pointer_type(tl.uint64))
+        there = tl.load(heap_bases + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
+        bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * (there != 0)
+        offset = ptr.to(tl.uint64) - here.to(tl.uint64)
+        if mask is None:
+            bad = offset >= bound
+        else:
+            bad = mask & (offset >= bound)
+        # any failing lane raises the header's "seen" flag; then (only then) look at the lanes
+        tl.store(tl.broadcast_to(hdr + HDR_PTR_SEEN, offset.shape), 1, mask=bad)
+        if tl.load(hdr + HDR_PTR_SEEN) != 0:
+            record_bad_pointer(offset.to(tl.int64), bad, rank, peer, here.to(tl.pointer_type(tl.int64)))
+        # failing lanes go to a scratch slot of the caller's header: no memory outside the heaps is
+        # touched (selected here, not in the branch above: AMD's compiler takes no pointer out of one)
+        out = tl.where(bad, (hdr + HDR_SCRATCH + 4).to(ptr.dtype, bitcast=True), ptr + (there - here) // ELEM)
+    else:
+        there = tl.load(heap_bases + peer)
+        delta = ((there - here) // (ELEM * _DELTA_ALIGN_ELEMS)) * _DELTA_ALIGN_ELEMS
+        out = ptr + delta
+    return out
+
+
+@triton.jit
+def record_bad_pointer(offset, bad, rank, peer, hdr):
+    """Record the lanes ``bad`` of a pointer check in the header at ``hdr`` (the caller's):
+    the first failing lane of the job claims the record (rank, peer, byte ``offset``, program
+    id), every failing lane is counted, and the abort word is set."""
+    zero = offset * 0
+    old = tl.atomic_add(hdr + HDR_PTR_COUNT + zero, 1 + zero, mask=bad, sem="relaxed", scope="sys")
+    first = bad & (old == 0)
+    tl.store(hdr + HDR_PTR_RANK + zero, rank + zero, mask=first)
+    tl.store(hdr + HDR_PTR_PEER + zero, peer + zero, mask=first)
+    tl.store(hdr + HDR_PTR_OFFSET + zero, offset, mask=first)
+    tl.store(hdr + HDR_PTR_PROGRAM + zero, tl.program_id(0) + zero, mask=first)
+    tl.atomic_xchg(hdr + HDR_PTR_FLAG + zero, 1 + zero, mask=first, sem="release", scope="sys")
+    tl.atomic_xchg(hdr + HDR_ABORT + zero, zero + ABORT_BY_DEVICE, mask=bad, sem="relaxed", scope="sys")
 
 
 @triton.jit
@@ -123,8 +207,10 @@ def _sink(rank, heap_bases):
 @triton.jit
 def hinted(ptr, hint: tl.constexpr = None):
     """``ptr`` with the vectorization ``hint`` applied (``tl.multiple_of`` and
-    ``tl.max_contiguous``, an int or a tuple per dimension); ``ptr`` itself for ``None``."""
-    if hint is not None:
+    ``tl.max_contiguous``, an int or a tuple per dimension); ``ptr`` itself for ``None`` — and
+    with :data:`CHECK_POINTERS`, whose translation may send lanes to a scratch slot: the block
+    is no longer contiguous there."""
+    if hint is not None and not CHECK_POINTERS:
         ptr = tl.max_contiguous(tl.multiple_of(ptr, hint), hint)
     return ptr
 
@@ -145,9 +231,9 @@ def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.
     """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other``/``cache_modifier``/
     ``volatile`` as in ``tl.load``."""
     if NVSHMEM_CALLS:
-        return _nvd.load(ptr, hinted(translate(ptr, rank, peer, heap_bases), hint), rank, peer, heap_bases,
+        return _nvd.load(ptr, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
                          _sink(rank, heap_bases), mask, other, cache_modifier, volatile, NVSHMEM_CALLS, _load)
-    return _load(hinted(translate(ptr, rank, peer, heap_bases), hint), mask, other, cache_modifier, volatile)
+    return _load(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), mask, other, cache_modifier, volatile)
 
 
 @triton.jit
@@ -155,10 +241,10 @@ def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.cons
           hint: tl.constexpr = None):
     """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
     if NVSHMEM_CALLS:
-        _nvd.store(ptr, value, hinted(translate(ptr, rank, peer, heap_bases), hint), rank, peer, heap_bases,
+        _nvd.store(ptr, value, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
                    _sink(rank, heap_bases), mask, cache_modifier, NVSHMEM_CALLS)
         return
-    tl.store(hinted(translate(ptr, rank, peer, heap_bases), hint), value, mask=mask, cache_modifier=cache_modifier)
+    tl.store(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), value, mask=mask, cache_modifier=cache_modifier)
 
 
 @triton.jit
@@ -173,7 +259,7 @@ def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
         value = load(src_ptr, rank, peer, heap_bases, mask=mask, other=other, cache_modifier=load_cache_modifier,
                      hint=hint)
     else:
-        value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases), hint), mask=mask, other=other,
+        value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases, mask), hint), mask=mask, other=other,
                         cache_modifier=load_cache_modifier)
     tl.store(dst_ptr, value, mask=mask, cache_modifier=store_cache_modifier)
 
@@ -190,7 +276,7 @@ def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
     if NVSHMEM_CALLS:
         store(dst_ptr, value, rank, peer, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
     else:
-        tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases), hint), value, mask=mask,
+        tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases, mask), hint), value, mask=mask,
                  cache_modifier=store_cache_modifier)
 
 
@@ -205,9 +291,9 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
                      hint=hint)
         store(dst_ptr, value, rank, dst_rank, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
         return
-    value = tl.load(hinted(translate(src_ptr, rank, src_rank, heap_bases), hint), mask=mask, other=other,
+    value = tl.load(hinted(translate(src_ptr, rank, src_rank, heap_bases, mask), hint), mask=mask, other=other,
                     cache_modifier=load_cache_modifier)
-    tl.store(hinted(translate(dst_ptr, rank, dst_rank, heap_bases), hint), value, mask=mask,
+    tl.store(hinted(translate(dst_ptr, rank, dst_rank, heap_bases, mask), hint), value, mask=mask,
              cache_modifier=store_cache_modifier)
 
 
@@ -218,7 +304,7 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
 def _atomic_by_call(OP: tl.constexpr, ptr, val, cmp, rank, peer, heap_bases, mask, sem: tl.constexpr,
                     scope: tl.constexpr, hint: tl.constexpr):
     """The atomic ``OP`` when ``NVSHMEM_CALLS`` is on (:func:`iris_fw.nvshmem_device.atomic`)."""
-    return _nvd.atomic(OP, ptr, val, cmp, hinted(translate(ptr, rank, peer, heap_bases), hint), rank, peer, heap_bases,
+    return _nvd.atomic(OP, ptr, val, cmp, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
                        mask, sem, scope, NVSHMEM_CALLS, _xchg)
 
 
@@ -228,7 +314,7 @@ def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("add", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -237,7 +323,7 @@ def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
     """Atomically subtract ``val``; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("add", ptr, -val, -val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases), hint), -val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -273,7 +359,7 @@ def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr =
     """Atomically exchange with ``val``; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("xchg", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return _xchg(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask, sem, scope)
+    return _xchg(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask, sem, scope)
 
 
 @triton.jit
@@ -282,7 +368,7 @@ def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
     """Atomic bitwise and; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("and", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_and(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_and(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -291,7 +377,7 @@ def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _
     """Atomic bitwise or; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("or", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_or(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_or(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -300,7 +386,7 @@ def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
     """Atomic bitwise xor; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("xor", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_xor(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_xor(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -309,7 +395,7 @@ def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
     """Atomic minimum; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("min", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_min(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_min(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -318,7 +404,7 @@ def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
     """Atomic maximum; returns the old value."""
     if NVSHMEM_CALLS:
         return _atomic_by_call("max", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_max(hinted(translate(ptr, rank, peer, heap_bases), hint), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_max(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
 # ---- signalling ---------------------------------------------------------------------------
@@ -381,8 +467,9 @@ def _cmp_code(cmp: tl.constexpr):
 def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, heap_bases):
     """Write what a timed-out wait waited for into the caller's header (first writer wins):
     the flag at ``flag_ptr`` (an address in ``rank``'s heap; ``peer``'s copy was polled) did not
-    satisfy ``cmp value`` after ``spins`` polls, its last value ``seen``. For waits written
-    outside this module (e.g. :func:`iris_fw.tilecomm.lamport_wait`)."""
+    satisfy ``cmp value`` after ``spins`` polls, its last value ``seen``; then set the abort
+    word, so every other wait of this rank gives up at once (the host's watchdog passes it on to
+    every peer). For waits written outside this module (e.g. :func:`iris_fw.tilecomm.lamport_wait`)."""
     hdr = heap_header(rank, heap_bases)
     tl.atomic_add(hdr + HDR_ERR_COUNT, 1, sem="relaxed", scope="sys")
     claimed = tl.atomic_cas(hdr + HDR_ERR_FLAG, tl.cast(0, tl.int64), tl.cast(-1, tl.int64), sem="acq_rel", scope="sys")
@@ -396,6 +483,22 @@ def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, 
         tl.store(hdr + HDR_ERR_CMP, _cmp_code(cmp))
         tl.store(hdr + HDR_ERR_SPINS, spins)
         tl.atomic_xchg(hdr + HDR_ERR_FLAG, 1, sem="release", scope="sys")
+    tl.atomic_xchg(hdr + HDR_ABORT, ABORT_BY_DEVICE, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def aborted(rank, heap_bases):
+    """1 if the abort word of ``rank``'s header is set (a wait timed out or a pointer failed its
+    check on some rank, a rank was lost, or a host failed inside a call), else 0. Long loops
+    that wait by other means than :func:`wait_until` poll it to give up with the others."""
+    return (tl.load(heap_header(rank, heap_bases) + HDR_ABORT, volatile=True) != 0).to(tl.int32)
+
+
+@triton.jit
+def gave_up(rank, heap_bases):
+    """Count a wait of ``rank`` that gave up because the abort word was set (the host then
+    raises the first cause)."""
+    tl.atomic_add(heap_header(rank, heap_bases) + HDR_GAVE_UP, 1, sem="relaxed", scope="sys")
 
 
 @triton.jit
@@ -414,24 +517,34 @@ def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: 
     holds (``cmp`` one of ``==, !=, >=, >, <=, <``), with acquire order.
 
     The wait is bounded: after the header's ``HDR_WAIT_BOUND`` polls it records rank, peer,
-    flag offset, expected and last seen value in the caller's header and gives up; the host
-    raises :class:`iris_fw.WaitTimeout` from that. Returns 1 if the condition held, else 0.
+    flag offset, expected and last seen value in the caller's header, sets the abort word and
+    gives up; the host raises :class:`iris_fw.WaitTimeout` from that on every rank. It also
+    gives up, without a record of its own, as soon as it sees the abort word set (read every
+    :data:`ABORT_POLL_EVERY` polls while it spins): one lost peer costs one wait bound per job,
+    not one per wait. Returns 1 if the condition held, else 0.
     """
     tl.static_assert(
         cmp == "==" or cmp == "!=" or cmp == ">=" or cmp == ">" or cmp == "<=" or cmp == "<",
         "wait_until: cmp must be one of ==, !=, >=, >, <=, <",
     )
     target = translate(flag_ptr, rank, peer, heap_bases)
-    bound = tl.load(heap_header(rank, heap_bases) + HDR_WAIT_BOUND)
+    hdr = heap_header(rank, heap_bases)
+    bound = tl.load(hdr + HDR_WAIT_BOUND)
     seen = _poll(flag_ptr, target, rank, peer, heap_bases, sem, scope)
     done = _compare(seen, value, cmp)
     spins = bound * 0
-    while (done == 0) & (spins < bound):
+    stop = done * 0
+    while (done == 0) & (spins < bound) & (stop == 0):
+        if spins % ABORT_POLL_EVERY == 0:
+            stop = (tl.load(hdr + HDR_ABORT, volatile=True) != 0).to(tl.int32)
         seen = _poll(flag_ptr, target, rank, peer, heap_bases, sem, scope)
         done = _compare(seen, value, cmp)
         spins += 1
     if done == 0:
-        record_timeout(flag_ptr, cmp, value, seen, spins, rank, peer, heap_bases)
+        if stop == 0:
+            record_timeout(flag_ptr, cmp, value, seen, spins, rank, peer, heap_bases)
+        else:
+            gave_up(rank, heap_bases)
     # The rest of the program reads only after the acquiring thread saw the flag.
     tl.debug_barrier()
     return done

@@ -163,7 +163,16 @@ VARIABLES: tuple[Variable, ...] = (
              "Seconds a device-side wait polls before it gives up and the host raises `WaitTimeout` "
              "(`init(wait_timeout=...)` overrides)."),
     Variable("IRIS_FW_DEBUG", "bool", False,
-             "Check every heap allocation's offset across ranks as it happens (`init(debug=...)` overrides)."),
+             "Check every heap allocation's offset across ranks as it happens (`init(debug=...)` overrides); "
+             "on GPUs also compile the device pointer checks into every kernel (always on under the interpreter; "
+             "read when `iris_fw.device` is imported)."),
+    Variable("IRIS_FW_LIVENESS_TIMEOUT", "seconds", 10.0,
+             "Seconds after which the other ranks report a rank lost that is stopped (SIGSTOP, a debugger), or "
+             "whose heartbeat stood still where its process cannot be seen (`init(liveness_timeout=...)` "
+             "overrides; a rank that dies or exits is noticed at once)."),
+    Variable("IRIS_FW_ARRIVAL_TIMEOUT", "seconds", None,
+             "Seconds the ranks wait at `iris_fw.init()` for the others to arrive before naming those that did "
+             "not (unset: the liveness bound); raise it where ranks start slowly or staggered."),
     Variable("IRIS_FW_SHM_PREFIX", "prefix", "iris_fw_",
              "Name prefix of `host_shm` segments in /dev/shm (launchers set one per job, so their clean-up "
              "finds the job's segments)."),

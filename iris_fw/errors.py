@@ -23,6 +23,14 @@ class NotOnHeapError(IrisError, ValueError):
     """A tensor that must live on the symmetric heap does not."""
 
 
+class PeerFailure(IrisError):
+    """Another rank failed: it died, exited without closing its context, stopped responding,
+    never arrived, or raised inside a call this rank takes part in. ``rank`` names it (or is
+    ``None`` when the failing rank is not known)."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
 # ---- bad input -------------------------------------------------------------------------------
 # Every error iris-fw raises for bad input is one of these (or a subclass): an IrisError that is
 # also the builtin a Python user expects, so ``except ValueError`` and ``except iris_fw.IrisError``

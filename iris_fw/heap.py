@@ -16,6 +16,7 @@ order. The free lists therefore stay identical on all ranks whatever the GC does
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 import sys
 import weakref
@@ -85,6 +86,8 @@ class SymmetricHeap:
         self._live: dict[int, Block] = {}
         self._pending: dict[int, Block] = {}  # freed here, not yet reclaimed
         self._seq = 0
+        # the allocations since the last barrier, in order: (offset, size, dtype) — see sequence_digest
+        self._sequence = hashlib.blake2b(digest_size=16)
         self.closed = False
 
     # ---- accounting ------------------------------------------------------------------------
@@ -106,6 +109,17 @@ class SymmetricHeap:
         """A hash of the free list: equal on every rank while the heap is symmetric."""
         return hash(tuple((o, self._free_sizes[o]) for o in self._free_offsets))
 
+    def sequence_digest(self, restart: bool = False) -> bytes:
+        """A digest of the allocations this rank made since the last ``restart``, in order —
+        offset, size and dtype (the part of ``what`` before the shape): equal on every rank
+        while they allocate the same sequence. Unlike the free list, it sees two ranks
+        allocating the same sizes in another order, or the same bytes as different dtypes.
+        ``restart``: begin a new window after this one (each barrier compares one window)."""
+        digest = self._sequence.digest()
+        if restart:
+            self._sequence = hashlib.blake2b(digest_size=16)
+        return digest
+
     def recent(self, count: int = 3) -> list[Block]:
         """The ``count`` most recent live allocations."""
         return sorted(self._live.values(), key=lambda b: b.seq)[-count:]
@@ -116,7 +130,7 @@ class SymmetricHeap:
 
     def block_at(self, offset: int) -> Block | None:
         """The live block containing byte ``offset``, if any."""
-        for block in self._live.values():
+        for block in list(self._live.values()):  # a snapshot: the watchdog thread asks too
             if block.offset <= offset < block.offset + block.size:
                 return block
         return None
@@ -151,6 +165,7 @@ class SymmetricHeap:
                 del self._live[offset]
                 self._insert_free(block.offset, block.size)
                 raise
+        self._sequence.update(f"{block.offset},{block.size},{what.split('[')[0]};".encode())
         return block
 
     def free(self, offset: int) -> None:

@@ -377,20 +377,29 @@ def lamport_wait(ptrs, where, rank, heap_bases, mask=None, live=1):
     holds the empty pattern; returns ``(tile, 1)``, or ``(tile, 0)`` after the header's wait
     bound, when the timeout is recorded against the scalar pointer ``where`` (the buffer, for
     the host's ``WaitTimeout`` message). ``live=0`` (an earlier wait of the caller failed)
-    looks once and does not wait, so one missing peer costs one timeout, not one per tile."""
+    looks once and does not wait, so one missing peer costs one timeout, not one per tile; it
+    gives up at once, too, when the abort word is set (polled as :func:`iris_fw.device.wait_until`
+    does)."""
     bits_ptrs = _as_bits(ptrs)
     EMPTY = _empty_bits(ptrs)
-    bound = tl.load(dv.heap_header(rank, heap_bases) + dv.HDR_WAIT_BOUND) * live
+    hdr = dv.heap_header(rank, heap_bases)
+    bound = tl.load(hdr + dv.HDR_WAIT_BOUND) * live
     bits = tl.load(bits_ptrs, mask=mask, other=0, volatile=True)
     missing = tl.sum((bits == EMPTY).to(tl.int32))
     spins = bound * 0
-    while (missing > 0) & (spins < bound):
+    stop = missing * 0
+    while (missing > 0) & (spins < bound) & (stop == 0):
+        if spins % dv.ABORT_POLL_EVERY == 0:  # the abort word: give up with the others
+            stop = (tl.load(hdr + dv.HDR_ABORT, volatile=True) != 0).to(tl.int32)
         bits = tl.load(bits_ptrs, mask=mask, other=0, volatile=True)
         missing = tl.sum((bits == EMPTY).to(tl.int32))
         spins += 1
     ok = (missing == 0).to(tl.int32)
     if (missing > 0) & (live != 0):
-        dv.record_timeout(where, "!=", EMPTY, EMPTY, spins, rank, rank, heap_bases)
+        if stop == 0:
+            dv.record_timeout(where, "!=", EMPTY, EMPTY, spins, rank, rank, heap_bases)
+        else:
+            dv.gave_up(rank, heap_bases)
     return bits.to(ptrs.dtype.element_ty, bitcast=True), ok
 
 

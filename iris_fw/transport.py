@@ -8,14 +8,17 @@ A transport is constructed with a bootstrap and a heap size. Afterwards it expos
 * ``heap_bases`` – the same as an int64 tensor ``[world_size]`` on ``device``,
 
 and the methods :meth:`Transport.wrap`, :meth:`Transport.synchronize` and
-:meth:`Transport.close`.
+:meth:`Transport.close`, and :meth:`Transport.header_words` / :meth:`Transport.set_header_words`
+(the host's access to heap headers while kernels run: heartbeats and the abort word).
 """
 
 from __future__ import annotations
 
+import ctypes
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from .device import HEAP_BASE_ALIGN
@@ -78,6 +81,24 @@ class Transport(ABC):
                     f"not aligned to {HEAP_BASE_ALIGN.value} bytes"
                 )
 
+    def header_words(self, rank: int, slot: int, count: int) -> list[int]:
+        """``count`` int64 words from slot ``slot`` of ``rank``'s heap header, as the host sees
+        them now — also while kernels run (the watchdog thread reads heartbeats and the abort
+        word this way). The default reads host memory; device-memory transports override it."""
+        return self._host_words(rank)[slot:slot + count].tolist()
+
+    def set_header_words(self, rank: int, slot: int, values: list[int]) -> None:
+        """Write int64 ``values`` from slot ``slot`` of ``rank``'s heap header, visible to
+        kernels that are running (see :meth:`header_words`)."""
+        self._host_words(rank)[slot:slot + len(values)] = values
+
+    def _host_words(self, rank: int) -> np.ndarray:
+        views = self.__dict__.setdefault("_header_views", {})
+        view = views.get(rank)
+        if view is None:
+            view = views[rank] = np.ctypeslib.as_array(
+                (ctypes.c_int64 * (self.heap.numel() // 8)).from_address(self.bases[rank]))
+        return view
     @staticmethod
     def _too_large(heap_size: int, ranks: int, where: str, free: int, usable: int, advice: str) -> HeapTooLarge:
         """The :class:`HeapTooLarge` of :meth:`check_resources`: ``ranks`` heaps of ``heap_size``

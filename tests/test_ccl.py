@@ -13,7 +13,7 @@ import torch
 
 import iris_fw
 
-from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
+from helpers import capture_graph, fresh_seed
 from iris_fw import WaitTimeout
 from iris_fw.engine.contract import CollectiveMismatch
 
@@ -553,44 +553,3 @@ def test_graph_replay(iris_pool, on_gpu, collective):
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
     iris_pool(2).run(_graph_rank, collective)
-
-
-# ---- the kernels compiled for NVIDIA and AMD targets (no GPU needed) -------------------------------
-
-_COMPILE_JOBS = [  # (module, kernel, element type, constexprs, overrides of the signature)
-    ("all_reduce", "_one_shot_kernel", "bf16", {"OP": "sum", "AVG": False}, {}),
-    ("all_reduce", "_one_shot_kernel", "i32", {"OP": "max", "AVG": False}, {}),
-    ("all_reduce", "_lamport_kernel", "bf16", {"OP": "sum", "AVG": True}, {}),
-    ("all_reduce", "_lamport_kernel", "fp32", {"OP": "prod", "AVG": False}, {}),
-    ("all_reduce", "_lamport_kernel", "fp8e4nv", {"OP": "sum", "AVG": False}, {}),
-    ("all_reduce", "_two_shot_kernel", "fp16", {"OP": "min", "AVG": False}, {}),
-    ("all_reduce", "_ring_kernel", "bf16", {"OP": "sum", "AVG": False}, {"recv": "*fp32"}),
-    ("gather_scatter", "_all_gather_push_kernel", "bf16", {}, {}),
-    ("gather_scatter", "_all_gather_pull_kernel", "bf16", {"STAGED": True}, {}),
-    ("gather_scatter", "_all_gather_pull_kernel", "i64", {"STAGED": False}, {}),
-    ("gather_scatter", "_reduce_scatter_push_kernel", "bf16", {"OP": "sum", "AVG": True}, {}),
-    ("gather_scatter", "_all_to_all_push_kernel", "fp32", {}, {}),
-    ("rooted", "_from_root_kernel", "bf16", {"SCATTER": False}, {}),
-    ("rooted", "_to_root_kernel", "fp32", {"GATHER": False, "OP": "sum", "AVG": False}, {}),
-]
-_TARGETS = COMPILE_TARGETS
-
-
-def _compile_all(target_name):
-    """Compile every job for one target; print a line per job. Runs in a child process that set
-    TRITON_INTERPRET=0 before importing Triton (see the test below)."""
-    import importlib
-
-    for module, name, elem, constexprs, overrides in _COMPILE_JOBS:
-        kernel = getattr(importlib.import_module(f"iris_fw.collectives.{module}"), name)
-        types = {**{arg: "*" + elem for arg in ("src", "dst", "recv", "gath", "stage")},
-                 **{arg: "*i64" for arg in ("slots", "counters", "meta", "heap_bases")}, **overrides}
-        compile_kernel(kernel, target_name, {"BLOCK": 1024, "CAP": 4096, **constexprs}, types)
-        print("compiled", name, elem, flush=True)
-
-
-@pytest.mark.parametrize("target", sorted(_TARGETS))
-def test_kernels_compile(tmp_path, target):
-    """Triton's interpreter accepts code the compilers reject: compile every collective kernel
-    for sm_90 and gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
-    compile_in_child(tmp_path, "test_ccl", "_compile_all", target, len(_COMPILE_JOBS))

@@ -11,7 +11,7 @@ the row is split over programs; 1000). On GPUs a CUDA graph is replayed with fre
 import pytest
 import torch
 
-from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
+from helpers import capture_graph, fresh_seed
 from iris_fw.engine.contract import CollectiveMismatch
 
 ALGORITHMS = ("lamport", "one_shot")
@@ -240,34 +240,3 @@ def test_graph_replay(iris_pool, on_gpu, algorithm, tokens, hidden):
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
     iris_pool(2).run(_graph_rank, algorithm, tokens, hidden)
-
-
-# ---- the kernels compiled for NVIDIA and AMD targets (no GPU needed) -------------------------------
-
-_COMPILE_JOBS = [  # (kernel, x dtype, residual dtype, constexprs)
-    ("_lamport_rmsnorm_kernel", "bf16", "bf16", {"BLOCK": 2048, "ONE_TILE": False}),
-    ("_lamport_rmsnorm_kernel", "fp32", "fp32", {"BLOCK": 128, "ONE_TILE": True}),
-    ("_one_shot_rmsnorm_kernel", "fp16", "fp32", {"BLOCK": 2048, "ONE_TILE": False}),
-    ("_one_shot_rmsnorm_kernel", "bf16", "bf16", {"BLOCK": 1024, "ONE_TILE": True}),
-]
-_TARGETS = COMPILE_TARGETS
-
-
-def _compile_all(target_name):
-    """Compile every job for one target; print a line per job (in a child process that set
-    TRITON_INTERPRET=0 before importing Triton)."""
-    from iris_fw.collectives import all_reduce_rmsnorm as mod
-
-    for name, elem, res, constexprs in _COMPILE_JOBS:
-        ptrs = {"x": elem, "out": elem, "recv": elem, "weight": elem, "residual": res, "partials": "fp32",
-                "row_counters": "i64", "slots": "i64", "counters": "i64", "heap_bases": "i64"}
-        types = {**{k: "*" + t for k, t in ptrs.items()}, "eps": "fp32"}
-        compile_kernel(getattr(mod, name), target_name, {"CAP": 1 << 16, **constexprs}, types)
-        print("compiled", name, elem, flush=True)
-
-
-@pytest.mark.parametrize("target", sorted(_TARGETS))
-def test_kernels_compile(tmp_path, target):
-    """Triton's interpreter accepts code the compilers reject: compile the fused kernels for
-    sm_90 and gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
-    compile_in_child(tmp_path, "test_ccl_fused", "_compile_all", target, len(_COMPILE_JOBS))

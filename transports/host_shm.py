@@ -191,6 +191,7 @@ class HostShmTransport(Transport):
     def close(self):
         self.heap = None
         self._arrays = []
+        self.__dict__.pop("_header_views", None)
         self._release()
 
     def _release(self):

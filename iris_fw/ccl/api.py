@@ -200,8 +200,18 @@ def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
         g.calls[key] = run
         if len(g.calls) > MAX_CACHED_CALLS:
             del g.calls[next(iter(g.calls))]
-    run(src, dst)
+    _launch(ctx, key[0], run, src, dst)
     return Work(ctx) if async_op else None
+
+
+def _launch(ctx, name: str, run: Callable, src, dst) -> None:
+    """``run(src, dst)``; a host failure there aborts the job's waits (the other members are in
+    the call's kernels, waiting for this rank) before it is raised."""
+    try:
+        run(src, dst)
+    except Exception as exc:
+        ctx.abort(f"iris_fw.ccl {name}: {type(exc).__name__}: {exc}")
+        raise
 
 
 def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Callable | None = None):
@@ -305,7 +315,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp
 def _dispatch(ctx, group, key, prepare, src, dst, async_op):
     if key is None:  # arguments the fast path does not take: the slow path reports them
         g = _group(ctx, group)
-        prepare(g)(src, dst)
+        _launch(ctx, "call", prepare(g), src, dst)
         return Work(ctx) if async_op else None
     return _call(ctx, group, key, prepare, src, dst, async_op)
 

@@ -6,8 +6,9 @@ A :class:`Group` is created collectively by *every* rank of the context (as
 symmetric heap block: ``ccl.new_group(ranks)``. The world group is created by the first
 collective call on it. A group holds:
 
-* ``heap_bases`` — the members' heap bases in group order (int64 ``[size]``), so every device
-  function of :mod:`iris_fw.tilecomm` runs unchanged with the group rank and group size;
+* ``heap_bases`` — the members' heap bases in group order (int64 ``[world_size]``, zeros after
+  the members), so every device function of :mod:`iris_fw.tilecomm` runs unchanged with the
+  group rank and group size;
 * a workspace (``workspace_bytes``, default :func:`default_workspace_bytes`) from which each
   *kernel configuration* (algorithm × dtype × capacity class) carves its own counters, arrival
   slots and receive buffers on first use — identically on every member, since members make the
@@ -61,7 +62,7 @@ class Group:
     """The ranks of a collective (global ranks in group order), seen from one rank.
 
     Attributes: ``ranks`` (tuple of global ranks), ``size``, ``rank`` (this rank's index in
-    ``ranks``, ``None`` for a non-member), ``heap_bases`` (members' bases in group order),
+    ``ranks``, ``None`` for a non-member), ``heap_bases`` (members' bases in group order, then zeros),
     ``workspace`` (uint8, symmetric), ``ctx``."""
 
     def __init__(self, ctx, ranks: tuple[int, ...], workspace_bytes: int):
@@ -69,7 +70,10 @@ class Group:
         self.ranks = ranks
         self.size = len(ranks)
         self.rank = ranks.index(ctx.rank) if ctx.rank in ranks else None
-        self.heap_bases = ctx.heap_bases[list(ranks)].contiguous()
+        # members' bases in group order, then zeros up to the world size: a device pointer check
+        # (iris_fw.device.translate) reports a peer index outside the group instead of reading past
+        self.heap_bases = torch.cat([ctx.heap_bases[list(ranks)],
+                                     torch.zeros(ctx.world_size - self.size, dtype=torch.int64, device=ctx.device)])
         need = self.min_workspace_bytes()
         if workspace_bytes < need:
             raise ArgumentError(f"workspace_bytes must be at least {need} for a group, got {workspace_bytes}")
@@ -80,6 +84,17 @@ class Group:
         self.calls: dict = {}
         #: kernel configurations: key -> whatever the algorithm keeps for it
         self.configs: dict = {}
+
+    def reset(self) -> None:
+        """Start afresh after an abort (every rank of the context, at the barrier that re-arms
+        the job; it meets the others once more before any uses a group): the workspace zeroed,
+        kernel configurations and validated calls forgotten, the mailbox at sequence 0."""
+        self.ctx.transport.synchronize()
+        self.workspace.zero_()
+        self._used = self._mailbox_bytes()
+        self._seq = 0
+        self.calls.clear()
+        self.configs.clear()
 
     # ---- workspace ------------------------------------------------------------------------------
     @staticmethod
@@ -136,6 +151,7 @@ class Group:
         while int(word.item()) < seq:
             if time.monotonic() > deadline:
                 return None
+            self.ctx.watchdog.check(f"the group {list(self.ranks)}'s exchange")  # a lost member: raise now
             time.sleep(pause)
             pause = min(pause * 2, 2e-3)
         box = self.ctx.peer_view(self._box(seq % 2), self.ranks[peer])

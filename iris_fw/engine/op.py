@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import context as _context
 from .. import env
-from ..errors import ArgumentError, ArgumentTypeError
+from ..errors import ArgumentError, ArgumentTypeError, IrisError
 from .contract import PatternError, input_fingerprint
 from .scheduler import Scheduler
 from .tuning import lookup
@@ -31,12 +31,15 @@ class Op:
     """A pattern bound to a scheduler, input shapes and a workspace on ``ctx``'s heap.
 
     Creating one is collective (it validates across ranks and allocates symmetric buffers); so
-    is every call. A call returns the op's output buffer, overwritten by the next call.
+    is every call. A call returns the op's output buffer, overwritten by the next call. A call
+    that fails on this rank's host aborts the job's waits (:meth:`iris_fw.Context.abort`), so
+    the other ranks raise at once instead of waiting for this one.
     ``buffers`` holds the pattern's buffers (e.g. ``"out"``)."""
 
     def __init__(self, pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=None,
                  comm_sms: int | None = None):
         self.ctx = ctx if ctx is not None else _context.current()
+        self._abort_epoch = self.ctx.abort_epoch
         label = f"iris_fw.ops {pattern}"
         fields, error = {}, None
         try:
@@ -75,25 +78,38 @@ class Op:
         # skips the pattern's check (see Pattern.signature)
         self._checked = input_fingerprint(inputs)
 
+    def _check_armed(self) -> None:
+        if self._abort_epoch != self.ctx.abort_epoch:  # every rank knows it alike: no abort for this one
+            raise IrisError(f"this {self.pattern.name} op was planned before the job was aborted and re-armed: "
+                            "its per-call device state may differ across ranks; plan it again (iris_fw.ops."
+                            f"{self.pattern.name}(...) calls re-plan by themselves)")
+
     def __call__(self, *inputs: Any):
         if self.ctx.closed:
             self.ctx._check_open()  # raises: the op's buffers belong to a closed context
-        fingerprint = input_fingerprint(inputs)
+        self._check_armed()
         try:
-            same = fingerprint == self._checked
-        except Exception:  # an input whose == is not a bool (an array): check it in full
-            same = False
-        if not same:
-            signature = self.pattern.signature(self.ctx, *inputs)
-            if signature != self.signature:
-                raise PatternError(f"this {self.pattern.name} op was planned for inputs {self.signature}, "
-                                   f"got {signature}")
-            self._checked = fingerprint
-        return self.launch(*inputs)
+            fingerprint = input_fingerprint(inputs)
+            try:
+                same = fingerprint == self._checked
+            except Exception:  # an input whose == is not a bool (an array): check it in full
+                same = False
+            if not same:
+                signature = self.pattern.signature(self.ctx, *inputs)
+                if signature != self.signature:
+                    raise PatternError(f"this {self.pattern.name} op was planned for inputs {self.signature}, "
+                                       f"got {signature}")
+                self._checked = fingerprint
+            return self.launch(*inputs)
+        except Exception as exc:
+            # the other ranks are (or will be) in this call's kernels, waiting for this one
+            self.ctx.abort(f"iris_fw.ops {self.pattern.name}: {type(exc).__name__}: {exc}")
+            raise
 
     def launch(self, *inputs: Any):
         """Enqueue a call on ``inputs`` already known to match the op's signature (what
         :meth:`__call__` checks first; :class:`OpCache` found the op by that signature)."""
+        self._check_armed()
         plan = self.pattern.bind(self.ctx, self.buffers, *inputs)
         return self.scheduler.run(self.ctx, plan, self.workspace)
 

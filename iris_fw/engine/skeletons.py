@@ -22,8 +22,8 @@ peer and every program waits (bounded) until every rank arrived — inputs are r
 free to overwrite. ``EXIT``: each program fences its stores; the last program of the rank to
 finish announces and waits for every rank — deliveries are complete when the kernel ends. The
 scheduler chooses which of its kernels carries them (the one that communicates). A failed wait
-(a timeout, reported by the host at the next synchronization) makes programs skip their work
-rather than send stale data.
+(a timeout, or the abort word: reported by the host at the next synchronization) makes programs
+skip their work rather than send stale data, and a consumer stops at its first failed acquire.
 
 Under Triton's interpreter the programs of one launch run one after another, so nothing here
 makes a program wait for a later program of the same launch: entry waits are for other ranks,
@@ -256,7 +256,8 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
                  TRAFFIC: tl.constexpr):
     """The consumer's work on one tile: compute from staged operands and deliver it
     (communicate-first), or reload a stashed tile and send it (compute-first). With ``SYNC`` it
-    first acquires the item it depends on, and skips the tile if that wait gave up."""
+    first acquires the item it depends on, and skips the tile if that wait gave up. Returns 1,
+    or 0 if the acquire gave up."""
     ok = 1
     if COMM_FIRST:
         if SYNC:
@@ -286,6 +287,7 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
             CONSUME(args, tile, RELOAD(args, tile, CFG), CFG, True)
             if TRACE:
                 deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+    return ok
 
 
 @triton.jit
@@ -294,17 +296,22 @@ def consume_role(args, first, num_tiles, step, st, flags, epoch, target, rank, h
                  CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, QUEUE: tl.constexpr,
                  NPROG: tl.constexpr, trace, TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
     """Tiles ``first, first+step, …`` (or, with ``QUEUE``, whatever the dynamic queue hands out
-    to the kernel's ``NPROG`` programs) through :func:`consume_tile`."""
+    to the kernel's ``NPROG`` programs) through :func:`consume_tile`. After an acquire gave up
+    the program stops: no later tile is waited for or sent (the queue's tickets are still drawn,
+    so the next call's tiles are numbered right)."""
+    ok = 1
     if QUEUE:
         tile = next_tile(st, epoch, num_tiles, NPROG)
         while tile < num_tiles:
-            consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG,
-                         COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+            if ok:
+                ok = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS,
+                                  CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
             tile = next_tile(st, epoch, num_tiles, NPROG)
     else:
         for tile in range(first, num_tiles, step):
-            consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG,
-                         COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+            if ok:
+                ok = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS,
+                                  CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
 
 
 @triton.jit

@@ -40,7 +40,8 @@ for step in "$@"; do
     case $name in
     tests)
         ( [ "${SHARE:-0}" = 1 ] && export IRIS_FW_SHARE_GPUS=1
-          timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -v -p no:cacheprovider -ra --tb=short \
+          export PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" IRIS_FW_FAILURE_LOG="$OUT/failures$n.log"
+          timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -v -p no:cacheprovider -p pytest_failure_log -ra --tb=short \
               --timeout "${TEST_LIMIT:-150}" -n "${XDIST:-4}" "${parts[@]}" ) > "$OUT/tests$n.log" 2>&1
         grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/tests$n.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' \
             | awk '{print $1}' | sort | uniq -c

@@ -28,8 +28,6 @@ def _put_kernel(src, dst, n, rank, peer, heap_bases, BLOCK: tl.constexpr):
 
 
 def _pointer_checks(ctx):
-    if not dv.CHECK_POINTERS:
-        pytest.skip("device pointer checks are compiled in on GPUs with IRIS_FW_DEBUG=1 only")
     w, me = ctx.world_size, ctx.rank
     canary = ctx.full((256,), 7.0)
     good = ctx.arange(64, dtype=torch.float32)
@@ -58,6 +56,8 @@ def _pointer_checks(ctx):
 
 
 def test_pointer_checks(world):
+    if not dv.CHECK_POINTERS:  # decided as the process starts, the same in every rank
+        pytest.skip("device pointer checks are compiled in on GPUs with IRIS_FW_DEBUG=1 only")
     world.run(_pointer_checks)
 
 
@@ -67,9 +67,12 @@ def _lost_producer(ctx):
     from iris_fw import ops
     from iris_fw.engine.scheduler import launch_consumer
 
-    a = torch.randn(64, 64, device=ctx.device, dtype=torch.bfloat16)
-    op = ops.plan("gemm_all_scatter", a, a, scheduler="producer_consumer")
-    plan = op.pattern.bind(ctx, op.buffers, a, a)
+    # at least 8 tiles: CPU tiles are small, GPU tiles up to 128 x 256
+    m, n = (64, 64) if ctx.device.type == "cpu" else (1024, 512)
+    a = torch.randn(m, 64, device=ctx.device, dtype=torch.bfloat16)
+    b = torch.randn(64, n, device=ctx.device, dtype=torch.bfloat16)
+    op = ops.plan("gemm_all_scatter", a, b, scheduler="producer_consumer")
+    plan = op.pattern.bind(ctx, op.buffers, a, b)
     flag = ctx.zeros(1, dtype=torch.int32)
     old, ctx.wait_timeout = ctx.wait_timeout, 0.5
     try:

@@ -176,7 +176,8 @@ def test_ranks_agree_on_settings_and_nothing_listens_beyond_loopback():
     transport = "gpu_ipc" if iris_fw.testing.gpu_count() else "host_shm"
     for r in range(n):
         for attempt in (0, 1):
-            line = f"[rank {r}] attempt {attempt}: bootstrap=torch transport={transport} env=auto,{transport} exposed=[]"
+            tag = f"[rank {r}] " if n > 1 else ""  # one rank's output is not tagged
+            line = f"{tag}attempt {attempt}: bootstrap=torch transport={transport} env=auto,{transport} exposed=[]"
             assert line in res.stdout, res.stdout + res.stderr
 
 

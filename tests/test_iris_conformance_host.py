@@ -37,8 +37,14 @@ def _counters():
            "shm_maps": open("/proc/self/maps").read().count("/dev/shm/" + prefix),
            "open": sum(1 for c in iris_host._open.values() if not c.closed)}
     if torch.cuda.is_available():
-        free, total = torch.cuda.mem_get_info()
-        out["gpu_used_mib"] = (total - free) >> 20
+        # this process's GPU memory (NVML's process list): device-wide figures move with every
+        # other process on the GPU (other test workers, ranks sharing it)
+        import re
+
+        listing = torch.cuda.list_gpu_processes()
+        mine = re.search(rf"process\s+{os.getpid()}\s+uses\s+([0-9.]+)\s*MB", listing)
+        if mine:
+            out["gpu_used_mib"] = round(float(mine.group(1)))
     return out
 
 

@@ -112,6 +112,61 @@ class _DeviceBlock:
         }
 
 
+class HeaderIO:
+    """Header words of device-memory heaps read and written while kernels run (the watchdog
+    thread: heartbeats, the abort word, cause records): copies through a pinned buffer on a
+    private non-blocking stream, beside a kernel that spins on the stream torch uses; the
+    calling thread's capture mode is relaxed for the copy, so a CUDA graph captured meanwhile by
+    another thread is not invalidated. Shared by the device-memory transports."""
+
+    def __init__(self, rt, local: int):
+        self._rt, self._local = rt, local
+        self._lock = threading.Lock()
+        self._stream = self._buffer = None
+
+    def read(self, address: int, count: int) -> list[int]:
+        """``count`` int64 words at device ``address``."""
+        return self._copy(address, count, None)
+
+    def write(self, address: int, values) -> None:
+        """int64 ``values`` to device ``address``."""
+        self._copy(address, len(values), list(values))
+
+    def _copy(self, address: int, count: int, values):
+        nbytes = 8 * count
+        if nbytes > _HEADER_IO_BYTES:
+            raise ValueError(f"{count} header words do not fit the {_HEADER_IO_BYTES}-byte buffer")
+        rt = self._rt
+        with self._lock:
+            rt("SetDevice", ctypes.c_int(self._local))
+            if self._stream is None:
+                stream, buf = ctypes.c_void_p(), ctypes.c_void_p()
+                rt("StreamCreateWithFlags", ctypes.byref(stream), ctypes.c_uint(_STREAM_NON_BLOCKING))
+                rt("HostAlloc", ctypes.byref(buf), ctypes.c_size_t(_HEADER_IO_BYTES), ctypes.c_uint(0))
+                self._stream, self._buffer = stream, buf
+            mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+            rt("ThreadExchangeStreamCaptureMode", ctypes.byref(mode))
+            try:
+                words = (ctypes.c_int64 * count).from_address(self._buffer.value)
+                device = ctypes.c_void_p(address)
+                if values is None:
+                    rt("MemcpyAsync", self._buffer, device, ctypes.c_size_t(nbytes), ctypes.c_int(_MEMCPY_D2H), self._stream)
+                else:
+                    words[:] = [int(v) for v in values]
+                    rt("MemcpyAsync", device, self._buffer, ctypes.c_size_t(nbytes), ctypes.c_int(_MEMCPY_H2D), self._stream)
+                rt("StreamSynchronize", self._stream)
+                return list(words) if values is None else None
+            finally:
+                rt("ThreadExchangeStreamCaptureMode", ctypes.byref(mode))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._stream is not None:
+                self._rt("StreamDestroy", self._stream)
+                self._rt("FreeHost", self._buffer)
+                self._stream = self._buffer = None
+
+
 class GpuIpcTransport(Transport):
     name = "gpu_ipc"
 
@@ -208,50 +263,14 @@ class GpuIpcTransport(Transport):
         self._check_bases()
         self.heap = self.wrap(self._own, heap_size)[0]
         self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=self.device)
-        self._io_lock = threading.Lock()
-        self._io_stream = self._io_buffer = None
-        self._local = local
+        self._header_io = HeaderIO(self._rt, local)
 
     # ---- header words while kernels run (the watchdog thread) --------------------------------------
-    def _io(self, rank: int, slot: int, count: int, values=None) -> list[int] | None:
-        """Copy ``count`` int64 header words of ``rank``'s heap from (``values`` None) or to the
-        device through a pinned buffer on a private non-blocking stream: it runs beside a
-        kernel that spins on the stream torch uses, and the calling thread's capture mode is
-        relaxed for the copy, so a CUDA graph captured meanwhile by another thread is not
-        invalidated."""
-        nbytes = 8 * count
-        if nbytes > _HEADER_IO_BYTES:
-            raise ValueError(f"gpu_ipc: {count} header words do not fit the {_HEADER_IO_BYTES}-byte buffer")
-        rt = self._rt
-        with self._io_lock:
-            rt("SetDevice", ctypes.c_int(self._local))
-            if self._io_stream is None:
-                stream, buf = ctypes.c_void_p(), ctypes.c_void_p()
-                rt("StreamCreateWithFlags", ctypes.byref(stream), ctypes.c_uint(_STREAM_NON_BLOCKING))
-                rt("HostAlloc", ctypes.byref(buf), ctypes.c_size_t(_HEADER_IO_BYTES), ctypes.c_uint(0))
-                self._io_stream, self._io_buffer = stream, buf
-            mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
-            rt("ThreadExchangeStreamCaptureMode", ctypes.byref(mode))
-            try:
-                words = (ctypes.c_int64 * count).from_address(self._io_buffer.value)
-                device = ctypes.c_void_p(self.bases[rank] + 8 * slot)
-                if values is None:
-                    rt("MemcpyAsync", self._io_buffer, device, ctypes.c_size_t(nbytes), ctypes.c_int(_MEMCPY_D2H),
-                       self._io_stream)
-                else:
-                    words[:] = [int(v) for v in values]
-                    rt("MemcpyAsync", device, self._io_buffer, ctypes.c_size_t(nbytes), ctypes.c_int(_MEMCPY_H2D),
-                       self._io_stream)
-                rt("StreamSynchronize", self._io_stream)
-                return list(words) if values is None else None
-            finally:
-                rt("ThreadExchangeStreamCaptureMode", ctypes.byref(mode))
-
     def header_words(self, rank, slot, count):
-        return self._io(rank, slot, count)
+        return self._header_io.read(self.bases[rank] + 8 * slot, count)
 
     def set_header_words(self, rank, slot, values):
-        self._io(rank, slot, len(values), list(values))
+        self._header_io.write(self.bases[rank] + 8 * slot, values)
 
     def wrap(self, address, nbytes):
         own = self._allocation is not None and self._own <= address < self._own + self._size
@@ -266,11 +285,7 @@ class GpuIpcTransport(Transport):
         self.synchronize()
         self._bootstrap.barrier()  # no peer still reads or writes our heap
         self.heap = None
-        with self._io_lock:
-            if self._io_stream is not None:
-                self._rt("StreamDestroy", self._io_stream)
-                self._rt("FreeHost", self._io_buffer)
-                self._io_stream = self._io_buffer = None
+        self._header_io.close()
         self._free()
 
     def _free(self):

@@ -32,7 +32,7 @@ from iris_fw import nvshmem as nv
 from iris_fw.errors import EnvironmentVariableError, IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.transport import Transport
-from iris_fw.transports.gpu_ipc import GpuIpcTransport, _DeviceBlock
+from iris_fw.transports.gpu_ipc import GpuIpcTransport, HeaderIO, _DeviceBlock, _Runtime
 
 #: Bytes of the symmetric heap NVSHMEM keeps for itself (teams, collectives' work arrays) on top
 #: of iris-fw's heap, when iris-fw sizes it (``NVSHMEM_SYMMETRIC_SIZE`` unset).
@@ -93,6 +93,7 @@ class NvshmemTransport(Transport):
         torch.zeros(1, device=self.device)  # the device's primary context is current: NVSHMEM uses it
         self._bootstrap = bootstrap
         self._heap_size = heap_size
+        self._header_io = HeaderIO(_Runtime(), local)  # the heap is device memory: not host-readable
         self._own = 0
         self._attached = False
         self.bases: list[int] = []
@@ -185,6 +186,18 @@ class NvshmemTransport(Transport):
         owner = _DeviceBlock(address, nbytes)
         return torch.as_tensor(owner, device=self.device), owner
 
+    def header_words(self, rank, slot, count):
+        """As gpu_ipc's; a peer on another node (no host-visible mapping) reads as zeros: its
+        liveness comes from the bootstrap, not from its heartbeat."""
+        if not self.bases[rank]:
+            return [0] * count
+        return self._header_io.read(self.bases[rank] + 8 * slot, count)
+
+    def set_header_words(self, rank, slot, values):
+        """As gpu_ipc's; nothing is written to a peer on another node (see header_words)."""
+        if self.bases[rank]:
+            self._header_io.write(self.bases[rank] + 8 * slot, values)
+
     def synchronize(self):
         torch.cuda.synchronize(self.device)
 
@@ -192,6 +205,7 @@ class NvshmemTransport(Transport):
         self.synchronize()
         self._bootstrap.barrier()  # no peer still reads or writes our heap
         self.heap = None
+        self._header_io.close()
         self._release()
 
     def _release(self):

@@ -430,6 +430,11 @@ class MpiBootstrap(Bootstrap):
     def _run(self, request, what: str) -> None:
         self._poll(request.Test, what)
 
+    @property
+    def comm(self):
+        """The mpi4py communicator this bootstrap runs on (a duplicate of ``COMM_WORLD``)."""
+        return self._comm
+
     def all_gather(self, obj):
         import numpy as np
 

@@ -683,7 +683,7 @@ class Context:
                 "broadcast: value must have the same shape and dtype on every rank, got "
                 + ", ".join(f"rank {r}: {m[1]}{list(m[0])}" for r, m in enumerate(meta))
             )
-        if all(m[2] for m in meta):
+        if all(m[2] for m in meta) and self.transport.bases[src]:  # (0: src's heap is not mapped here)
             self.barrier()
             if self.rank != src:
                 value.copy_(self.peer_view(value, src))

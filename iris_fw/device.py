@@ -40,6 +40,8 @@ that failed its check (docs/reliability.md, "Fail fast").
 import triton
 import triton.language as tl
 
+from . import nvshmem_device as _nvd
+
 # ---- heap header layout: int64 slot indices ------------------------------------------------
 HDR_ERR_FLAG = tl.constexpr(0)  # 0: no error; -1: being written; 1: a wait timed out
 HDR_ERR_COUNT = tl.constexpr(1)  # waits that timed out since the host last checked
@@ -66,7 +68,8 @@ HDR_PTR_PROGRAM = tl.constexpr(21)  # pointer check: program id of the failing p
 HDR_PTR_RANK = tl.constexpr(22)  # pointer check: the rank argument given
 HDR_PTR_SEEN = tl.constexpr(23)  # pointer check: set by any failing lane (cleared by the host)
 HDR_SCRATCH = tl.constexpr(24)  # 8 slots a failed pointer check redirects its lanes to
-HDR_BARRIER_SLOTS = tl.constexpr(32)  # device barrier: one arrival slot per rank from here
+HDR_SINK = tl.constexpr(32)  # NVSHMEM calls: masked-off lanes of a remote store land here
+HDR_BARRIER_SLOTS = tl.constexpr(40)  # device barrier: one arrival slot per rank from here
 HDR_SLOT_BYTES = tl.constexpr(8)
 
 #: Abort word values: set by this rank's device (a wait timed out, a pointer failed its check),
@@ -110,6 +113,24 @@ _SYS = tl.constexpr("sys")
 _SET = tl.constexpr("set")
 _NO_MODIFIER = tl.constexpr("")
 
+# The device-backend seam (iris_fw/nvshmem_device.py): 0 (the default) compiles every primitive
+# as load/store and atomics on translated pointers; 1 reaches peers whose heap base is 0 (not
+# mapped: another node) through NVSHMEM device calls; 2 reaches every peer through them. A
+# constexpr global, so it is part of every kernel's cache key; only :func:`set_nvshmem_calls`
+# changes it, before kernels compile (the nvshmem transport calls it).
+NVSHMEM_CALLS = tl.constexpr(0)
+
+
+def set_nvshmem_calls(mode: int) -> None:
+    """Compile the primitives with NVSHMEM calls: ``mode`` 0 (none), 1 (peers not mapped here)
+    or 2 (every peer). Kernels compiled under another mode raise Triton's "global variable
+    changed" error at their next launch, so this is set once per process, before kernels
+    compile. Host-side; called by :mod:`iris_fw.nvshmem`."""
+    global NVSHMEM_CALLS
+    if mode not in (0, 1, 2):
+        raise ValueError(f"NVSHMEM call mode must be 0, 1 or 2, got {mode!r}")
+    NVSHMEM_CALLS = tl.constexpr(mode)
+
 
 @triton.jit
 def translate(ptr, rank, peer, heap_bases, mask=None):
@@ -134,8 +155,13 @@ def translate(ptr, rank, peer, heap_bases, mask=None):
         # large one. A peer outside the world, or outside the group (whose heap_bases lists its
         # members, then zeros up to the world size), leaves no offset in bounds.
         hdr = here.to(tl.pointer_type(tl.uint64))
-        there = tl.load(heap_bases + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
-        bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * (there != 0)
+        if NVSHMEM_CALLS:  # a peer whose base is 0 is not mapped here: NVSHMEM calls reach it
+            peer_ok = tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE)
+            there = tl.load(heap_bases + peer, mask=peer_ok, other=0)
+            bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * peer_ok
+        else:
+            there = tl.load(heap_bases + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
+            bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * (there != 0)
         offset = ptr.to(tl.uint64) - here.to(tl.uint64)
         if mask is None:
             bad = offset >= bound
@@ -178,6 +204,12 @@ def heap_header(rank, heap_bases):
 
 
 @triton.jit
+def _sink(rank, heap_bases):
+    """The caller's header slot that masked-off lanes of NVSHMEM calls read and write."""
+    return heap_header(rank, heap_bases) + HDR_SINK
+
+
+@triton.jit
 def hinted(ptr, hint: tl.constexpr = None):
     """``ptr`` with the vectorization ``hint`` applied (``tl.multiple_of`` and
     ``tl.max_contiguous``, an int or a tuple per dimension); ``ptr`` itself for ``None`` — and
@@ -203,6 +235,9 @@ def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.
          volatile: tl.constexpr = False, hint: tl.constexpr = None):
     """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other``/``cache_modifier``/
     ``volatile`` as in ``tl.load``."""
+    if NVSHMEM_CALLS:
+        return _nvd.load(ptr, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
+                         _sink(rank, heap_bases), mask, other, cache_modifier, volatile, NVSHMEM_CALLS, _load)
     return _load(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), mask, other, cache_modifier, volatile)
 
 
@@ -210,6 +245,10 @@ def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.
 def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER,
           hint: tl.constexpr = None):
     """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
+    if NVSHMEM_CALLS:
+        _nvd.store(ptr, value, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
+                   _sink(rank, heap_bases), mask, cache_modifier, NVSHMEM_CALLS)
+        return
     tl.store(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), value, mask=mask, cache_modifier=cache_modifier)
 
 
@@ -221,8 +260,12 @@ def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
 
     ``dst_ptr`` may be any local pointer (it need not be on the heap).
     """
-    value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases, mask), hint), mask=mask, other=other,
-                    cache_modifier=load_cache_modifier)
+    if NVSHMEM_CALLS:
+        value = load(src_ptr, rank, peer, heap_bases, mask=mask, other=other, cache_modifier=load_cache_modifier,
+                     hint=hint)
+    else:
+        value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases, mask), hint), mask=mask, other=other,
+                        cache_modifier=load_cache_modifier)
     tl.store(dst_ptr, value, mask=mask, cache_modifier=store_cache_modifier)
 
 
@@ -235,8 +278,11 @@ def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
     ``src_ptr`` may be any local pointer (it need not be on the heap).
     """
     value = tl.load(src_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
-    tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases, mask), hint), value, mask=mask,
-             cache_modifier=store_cache_modifier)
+    if NVSHMEM_CALLS:
+        store(dst_ptr, value, rank, peer, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
+    else:
+        tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases, mask), hint), value, mask=mask,
+                 cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -245,6 +291,11 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
          hint: tl.constexpr = None):
     """Copy from ``src_rank``'s heap at ``src_ptr``'s offset to ``dst_rank``'s heap at
     ``dst_ptr``'s offset; the caller (``rank``) may be either of them or a third rank."""
+    if NVSHMEM_CALLS:
+        value = load(src_ptr, rank, src_rank, heap_bases, mask=mask, other=other, cache_modifier=load_cache_modifier,
+                     hint=hint)
+        store(dst_ptr, value, rank, dst_rank, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
+        return
     value = tl.load(hinted(translate(src_ptr, rank, src_rank, heap_bases, mask), hint), mask=mask, other=other,
                     cache_modifier=load_cache_modifier)
     tl.store(hinted(translate(dst_ptr, rank, dst_rank, heap_bases, mask), hint), value, mask=mask,
@@ -255,9 +306,19 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
 
 
 @triton.jit
+def _atomic_by_call(OP: tl.constexpr, ptr, val, cmp, rank, peer, heap_bases, mask, sem: tl.constexpr,
+                    scope: tl.constexpr, hint: tl.constexpr):
+    """The atomic ``OP`` when ``NVSHMEM_CALLS`` is on (:func:`iris_fw.nvshmem_device.atomic`)."""
+    return _nvd.atomic(OP, ptr, val, cmp, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
+                       mask, sem, scope, NVSHMEM_CALLS, _xchg)
+
+
+@triton.jit
 def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("add", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -265,6 +326,8 @@ def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically subtract ``val``; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("add", ptr, -val, -val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), -val, mask=mask, sem=sem, scope=scope)
 
 
@@ -272,6 +335,8 @@ def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("cas", ptr, val, cmp, rank, peer, heap_bases, None, sem, scope, hint)
     return tl.atomic_cas(hinted(translate(ptr, rank, peer, heap_bases), hint), cmp, val, sem=sem, scope=scope)
 
 
@@ -297,6 +362,8 @@ def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
 def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically exchange with ``val``; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("xchg", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return _xchg(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask, sem, scope)
 
 
@@ -304,6 +371,8 @@ def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr =
 def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic bitwise and; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("and", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_and(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -311,6 +380,8 @@ def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic bitwise or; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("or", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_or(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -318,6 +389,8 @@ def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _
 def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic bitwise xor; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("xor", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_xor(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -325,6 +398,8 @@ def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic minimum; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("min", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_min(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -332,6 +407,8 @@ def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic maximum; returns the old value."""
+    if NVSHMEM_CALLS:
+        return _atomic_by_call("max", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
     return tl.atomic_max(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -347,7 +424,10 @@ def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = _SET, sem
     # All threads of the program reach this point before one of them releases.
     tl.debug_barrier()
     target = translate(flag_ptr, rank, peer, heap_bases)
-    if op == "set":
+    if NVSHMEM_CALLS:
+        OP: tl.constexpr = "xchg" if op == "set" else "add"
+        old = _atomic_by_call(OP, flag_ptr, value, value, rank, peer, heap_bases, None, sem, scope, None)
+    elif op == "set":
         old = _xchg(target, value, None, sem, scope)
     else:
         old = tl.atomic_add(target, value, sem=sem, scope=scope)
@@ -427,6 +507,16 @@ def gave_up(rank, heap_bases):
 
 
 @triton.jit
+def _poll(flag_ptr, target, rank, peer, heap_bases, sem: tl.constexpr, scope: tl.constexpr):
+    """One read of the flag a wait polls (``target``: ``flag_ptr`` translated into ``peer``'s heap)."""
+    if NVSHMEM_CALLS:
+        seen = _atomic_by_call("fetch", flag_ptr, 0, 0, rank, peer, heap_bases, None, sem, scope, None)
+    else:
+        seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+    return seen
+
+
+@triton.jit
 def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: tl.constexpr = _ACQUIRE, scope: tl.constexpr = _SYS):
     """Poll the scalar flag at ``flag_ptr``'s offset in ``peer``'s heap until ``flag cmp value``
     holds (``cmp`` one of ``==, !=, >=, >, <=, <``), with acquire order.
@@ -445,14 +535,14 @@ def wait_until(flag_ptr, cmp: tl.constexpr, value, rank, peer, heap_bases, sem: 
     target = translate(flag_ptr, rank, peer, heap_bases)
     hdr = heap_header(rank, heap_bases)
     bound = tl.load(hdr + HDR_WAIT_BOUND)
-    seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+    seen = _poll(flag_ptr, target, rank, peer, heap_bases, sem, scope)
     done = _compare(seen, value, cmp)
     spins = bound * 0
     stop = done * 0
     while (done == 0) & (spins < bound) & (stop == 0):
         if spins % ABORT_POLL_EVERY == 0:
             stop = (tl.load(hdr + HDR_ABORT, volatile=True) != 0).to(tl.int32)
-        seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
+        seen = _poll(flag_ptr, target, rank, peer, heap_bases, sem, scope)
         done = _compare(seen, value, cmp)
         spins += 1
     if done == 0:

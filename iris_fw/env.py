@@ -87,6 +87,19 @@ def _text(text: str) -> str:
     return text
 
 
+def _one_of(*choices: str) -> tuple[Callable[[str], str], str]:
+    """A kind that accepts exactly ``choices`` (any letter case): its parser and its table text."""
+    accepted = "one of " + ", ".join(f"`{c}`" for c in choices)
+
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return value
+
+    return parse, accepted
+
+
 #: what each kind accepts, for the table
 _KINDS: dict[str, tuple[Callable[[str], Any], str]] = {
     "bool": (_bool, "boolean: " + "/".join(TRUE_SPELLINGS) + " or " + "/".join(FALSE_SPELLINGS)),
@@ -97,6 +110,8 @@ _KINDS: dict[str, tuple[Callable[[str], Any], str]] = {
     "prefix": (_prefix, "file-name prefix: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}`"),
     "path": (_text, "a path"),
     "text": (_text, "text"),
+    "nvshmem_calls": _one_of("auto", "all"),
+    "nvshmem_bootstrap": _one_of("uid", "mpi"),
 }
 
 
@@ -181,6 +196,18 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("IRIS_FW_BENCH_TUNE", "bool", False,
              "`iris-fw bench flash_decode` also sweeps the local kernel's launch configurations (the rows of "
              "`iris_fw/tuning/flash_decode.json`)."),
+    Variable("IRIS_FW_NVSHMEM_HOME", "path", None,
+             "The NVSHMEM installation (the folder holding `lib/`: host library and device bitcode) the "
+             "`nvshmem` transport loads (unset: the `nvidia/nvshmem` folder of an installed "
+             "`nvidia-nvshmem-cu13`/`-cu12` wheel). See docs/nvshmem.md."),
+    Variable("IRIS_FW_NVSHMEM_CALLS", "nvshmem_calls", "auto",
+             "`nvshmem` transport: `auto` reaches peers NVSHMEM does not map (other nodes) through NVSHMEM "
+             "device calls and every other peer by load/store; `all` reaches every peer through calls (the "
+             "call path on one node)."),
+    Variable("IRIS_FW_NVSHMEM_BOOTSTRAP", "nvshmem_bootstrap", "uid",
+             "`nvshmem` transport: `uid` initialises NVSHMEM with a unique id broadcast through iris-fw's "
+             "bootstrap; `mpi` uses NVSHMEM's MPI bootstrap on the `mpi` bootstrap's communicator (Open MPI "
+             "only)."),
     Variable("IRIS_FW_BENCH_COMMAND", "text", None,
              "The command line `iris-fw bench` records in its results; set by `iris-fw bench` for its ranks.",
              internal=True),

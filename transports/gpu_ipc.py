@@ -138,7 +138,7 @@ class GpuIpcTransport(Transport):
             ranks = len(range(local, bootstrap.local_world_size, count))
         if local >= count:
             raise IrisError(
-                f"gpu_ipc: local rank {local} has no GPU: {count} visible on this host "
+                f"local rank {local} has no GPU: {count} visible on this host "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
                 "launch at most one rank per GPU (or set IRIS_FW_SHARE_GPUS=1 to share GPUs, for testing)"
             )

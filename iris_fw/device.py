@@ -155,8 +155,13 @@ def translate(ptr, rank, peer, heap_bases, mask=None):
         # large one. A peer outside the world, or outside the group (whose heap_bases lists its
         # members, then zeros up to the world size), leaves no offset in bounds.
         hdr = here.to(tl.pointer_type(tl.uint64))
-        there = tl.load(heap_bases + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
-        bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * (there != 0)
+        if NVSHMEM_CALLS:  # a peer whose base is 0 is not mapped here: NVSHMEM calls reach it
+            peer_ok = tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE)
+            there = tl.load(heap_bases + peer, mask=peer_ok, other=0)
+            bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * peer_ok
+        else:
+            there = tl.load(heap_bases + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
+            bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * (there != 0)
         offset = ptr.to(tl.uint64) - here.to(tl.uint64)
         if mask is None:
             bad = offset >= bound

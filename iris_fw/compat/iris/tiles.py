@@ -30,7 +30,6 @@ try:  # the type Triton's interpreter gives @triton.jit functions
 except ImportError:  # pragma: no cover - every supported Triton has it
     _Interpreted = ()
 
-_NO_TRACING = "DeviceContext tracing is pending (a tracing subsystem is being built); use tracing=False"
 
 
 class _Method:
@@ -226,7 +225,10 @@ class DeviceContext:
     @triton.jit
     def initialize(context_tensor, rank, world_size, tracing: tl.constexpr = False):
         """The context from ``shmem.get_device_context()`` (``rank``/``world_size`` constexpr)."""
-        tl.static_assert(not tracing, _NO_TRACING)
+        # the message is a literal: a jit function reads no non-constexpr global (the compiler
+        # refused to evaluate a module-level string here, on GPUs only)
+        tl.static_assert(not tracing, "DeviceContext tracing is pending (a tracing subsystem is being built); "
+                                      "use tracing=False")
         return DeviceContext(rank, world_size, context_tensor + 2)
 
     # ---- remote memory access, the caller being ``self.rank`` -------------------------------

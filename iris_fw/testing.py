@@ -91,7 +91,7 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
             ctx.comm_groups.clear()  # so do the groups of iris_fw.ccl
             del fn, args, kwargs
             gc.collect()
-            if ctx.heap.bytes_used != used:
+            if ctx.heap.bytes_used > used:  # fewer is fine: a re-armed job drops what it cached before
                 raise AssertionError(
                     "heap blocks still live after the test: "
                     + ", ".join(f"{b.what} from {b.site}" for b in ctx.heap.blocks())

@@ -1,13 +1,14 @@
 import iris_fw  # noqa: F401  (first: decides interpreter vs. GPU before any kernel is defined)
 import pytest
 
+from helpers import world_params
+
 pytest_plugins = ["iris_fw.testing"]
 
 #: World sizes of the ``world`` fixture. On CPU ranks four processes share the CI machine's two
 #: cores: world size 4 runs under ``-m extended`` there (3 already catches power-of-two
 #: assumptions, 2 the smallest exchange); on GPUs every size runs.
-WORLD_SIZES = tuple(pytest.param(w, marks=pytest.mark.extended) if w == 4 and iris_fw.interpreting() else w
-                    for w in (1, 2, 3, 4))
+WORLD_SIZES = world_params(1, 2, 3)
 
 
 @pytest.fixture(params=WORLD_SIZES, ids=lambda w: f"w{w}")

@@ -35,13 +35,17 @@ def sizes(ctx):
     return 1024, 1 << 20, (1 << 20) - 37
 
 
+def world_params(*default: int) -> list:
+    """World sizes 1-4 as parameters: on CPU ranks only ``default`` run by default, the rest
+    under ``-m extended`` (the default run's time budget on CI's two cores); on GPUs every size
+    runs (sizes above the GPU count skip)."""
+    return [w if w in default or not iris_fw.interpreting() else pytest.param(w, marks=pytest.mark.extended)
+            for w in (1, 2, 3, 4)]
+
+
 def on_worlds(*default: int):
-    """Parametrizes the ``world`` fixture (tests/conftest.py) over world sizes 1-4; on CPU ranks
-    only ``default`` run by default, the rest under ``-m extended`` (the default run's time
-    budget on CI's two cores); on GPUs every size runs (sizes above the GPU count skip)."""
-    params = [w if w in default or not iris_fw.interpreting() else pytest.param(w, marks=pytest.mark.extended)
-              for w in (1, 2, 3, 4)]
-    return pytest.mark.parametrize("world", params, indirect=True, ids=lambda w: f"w{w}")
+    """Parametrizes the ``world`` fixture (tests/conftest.py) over :func:`world_params`."""
+    return pytest.mark.parametrize("world", world_params(*default), indirect=True, ids=lambda w: f"w{w}")
 
 
 def same(a, b):

@@ -69,3 +69,75 @@ def trace_clock(device: torch.device) -> str:
     if info(device).type == "cpu":
         return "host"
     return "memrealtime" if torch.version.hip else "globaltimer"
+
+
+# ---- ranks sharing a GPU: CUDA MPS ------------------------------------------------------------
+
+#: The MPS control daemon's pipe directory when ``CUDA_MPS_PIPE_DIRECTORY`` is unset (CUDA's default).
+MPS_DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+#: What ranks sharing a GPU without MPS cost, measured (one H100, 2026-11-25; docs/gpu-tests.md):
+#: the signal -> wait_until round trip between two ranks.
+SHARED_ROUND_TRIP_US = {"time-sliced": 4488.0, "mps": 2.65}
+#: How to start MPS (as the GPU's owner, usually root; every rank must see the same two variables).
+MPS_START = ("export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; "
+             "mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d")
+
+
+def _mps_daemons() -> list[int]:
+    """Pids of MPS control daemons and servers visible in /proc (their command name is cut to 15
+    characters: ``nvidia-cuda-mps``)."""
+    import os
+
+    pids = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return pids
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    if f.read().startswith("nvidia-cuda-mps"):
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def mps_status() -> tuple[bool, str]:
+    """``(active, why)``: whether CUDA processes started now would be MPS clients — a control
+    daemon runs (seen in /proc) and its control pipe is in the directory this process would ask
+    (``CUDA_MPS_PIPE_DIRECTORY``, else :data:`MPS_DEFAULT_PIPE_DIR`)."""
+    import os
+
+    pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE_DIR
+    control = os.path.join(pipe_dir, "control")
+    daemons = _mps_daemons()
+    if daemons and os.path.exists(control):
+        return True, f"MPS control daemon running, pipe {control}"
+    if daemons:
+        return False, (f"an MPS daemon runs (pids {', '.join(map(str, daemons[:4]))}) but {control} does not exist: "
+                       "set CUDA_MPS_PIPE_DIRECTORY to the daemon's pipe directory in every rank")
+    return False, "no MPS control daemon running"
+
+
+def warn_time_sliced(rank: int, ranks_on_gpu: int, device: torch.device) -> str | None:
+    """Rank 0 of a job whose ranks share a GPU without MPS warns once (their kernels time-slice:
+    a cross-rank wait advances once per slice); returns the message, or ``None`` when there is
+    nothing to say (one rank per GPU, MPS active, or another rank than 0)."""
+    import warnings
+
+    from .errors import IrisWarning
+
+    if rank != 0 or ranks_on_gpu <= 1:
+        return None
+    active, why = mps_status()
+    if active:
+        return None
+    rt = SHARED_ROUND_TRIP_US
+    text = (f"{ranks_on_gpu} ranks share {device} without CUDA MPS ({why}): their kernels time-slice, so every "
+            f"wait for another rank advances once per time slice (signal round trip {rt['time-sliced']:g} us "
+            f"measured time-sliced vs {rt['mps']:g} us under MPS on one H100); correctness holds, timings mean "
+            f"nothing. Start MPS before the job: {MPS_START}")
+    warnings.warn(text, IrisWarning, stacklevel=3)
+    return text

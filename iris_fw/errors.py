@@ -72,3 +72,8 @@ def bad_type(name: str, expected: str, got) -> ArgumentTypeError:
 def _short(value, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class IrisWarning(UserWarning):
+    """Something works but not as the user likely expects (e.g. ranks time-slicing on a shared
+    GPU without MPS); said once, on rank 0."""

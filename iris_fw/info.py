@@ -65,6 +65,19 @@ def gpus() -> tuple[list[str], str]:
     return [], f"torch (built for {build}) found no GPU: no device or no driver here (nvidia-smi / rocm-smi says more)"
 
 
+def mps(have_gpus: bool) -> str:
+    """Whether ranks sharing a GPU here would run at once (CUDA MPS) or time-slice."""
+    from . import devinfo
+
+    active, why = devinfo.mps_status()
+    if active:
+        return f"active: {why} (ranks sharing a GPU run at the same time)"
+    if not have_gpus:
+        return f"inactive: {why}"
+    return (f"inactive: {why}; ranks sharing a GPU (IRIS_FW_SHARE_GPUS=1) time-slice — start it with: "
+            f"{devinfo.MPS_START}")
+
+
 def interpreter() -> tuple[bool, str]:
     """Whether Triton kernels run under the CPU interpreter in this process, and why."""
     from . import interpreting
@@ -150,6 +163,7 @@ def report() -> dict[str, Any]:
     out: dict[str, Any] = {
         "versions": versions(),
         "gpus": names or f"none: {no_gpu}",
+        "cuda mps": mps(bool(names)),
         "interpreter": f"{'on' if on else 'off'}: {why}",
     }
     if isinstance(regs, Exception):

@@ -199,14 +199,17 @@ class RankPool:
 
 
 class _Pools:
-    def __init__(self, heap_size: int):
+    def __init__(self, heap_size: int, worlds: set[int] | None = None):
         self.heap_size = heap_size
+        self.worlds = worlds
         self._pools: dict[int, RankPool] = {}
 
     def __call__(self, world_size: int) -> RankPool:
         gpus = gpu_count()
         if gpus and world_size > gpus and not share_gpus():
             pytest.skip(f"world size {world_size} needs {world_size} GPUs, {gpus} visible")
+        if self.worlds is not None and world_size not in self.worlds:
+            pytest.skip(f"world size {world_size} runs in another partition (--iris-worlds)")
         pool = self._pools.get(world_size)
         if pool is None or pool.broken:
             pool = self._pools[world_size] = RankPool(world_size, self.heap_size)
@@ -217,6 +220,48 @@ class _Pools:
             pool.close()
 
 
+# ---- partitions by world size -------------------------------------------------------------------
+
+#: Fixture and parameter names that fix a test's world size.
+_WORLD_PARAMS = ("world", "world_size")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--iris-worlds", default=None, metavar="LIST",
+        help="run only this partition of the suite: world sizes (e.g. '2' or '1,other'); a test whose world "
+             "parameter is not listed is deselected, a pool of an unlisted size skips, and tests that start no "
+             "rank pool run only where 'other' is listed. Several partitions run side by side (scripts/gpu_mps.sh).")
+
+
+def _worlds(config) -> tuple[set[int], bool] | None:
+    text = config.getoption("--iris-worlds", default=None)
+    if not text:
+        return None
+    parts = {p.strip() for p in text.split(",") if p.strip()}
+    return {int(p) for p in parts if p != "other"}, "other" in parts
+
+
+def pytest_collection_modifyitems(config, items):
+    chosen = _worlds(config)
+    if chosen is None:
+        return
+    sizes, other = chosen
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        world = next((params[k] for k in _WORLD_PARAMS if isinstance(params.get(k), int)), None)
+        uses_pool = "iris_pool" in getattr(item, "fixturenames", ())
+        if world is not None and uses_pool:
+            ok = world in sizes
+        else:
+            ok = uses_pool or other
+        (keep if ok else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def on_gpu() -> bool:
     """True when the suite runs on GPUs (gpu_ipc), False on the CPU (host_shm)."""
@@ -224,8 +269,9 @@ def on_gpu() -> bool:
 
 
 @pytest.fixture(scope="session")
-def iris_pool(on_gpu):
+def iris_pool(on_gpu, request):
     """``iris_pool(world_size)`` → a :class:`RankPool` of that size, started once a session."""
-    pools = _Pools(heap_size=(1 << 30) if on_gpu else (64 << 20))
+    chosen = _worlds(request.config)
+    pools = _Pools(heap_size=(1 << 30) if on_gpu else (64 << 20), worlds=None if chosen is None else chosen[0])
     yield pools
     pools.close()

@@ -96,15 +96,23 @@ def header_slots(world_size: int) -> int:
 # ---- processes ----------------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[str, str] | None:
-    """``(state, start time)`` of process ``pid`` from /proc, or ``None`` if it is gone."""
+#: ``PF_EXITING`` in a process's kernel flags (/proc/PID/stat field 9): the process is exiting.
+#: Its heartbeat has stopped, but it may stay visible for long: a GPU process's exit waits for its
+#: queued kernels, which may wait for this rank (seen under CUDA MPS: a peer that called
+#: ``os._exit(0)`` inside a loop of collectives stayed alive for over 100 s).
+_PF_EXITING = 0x4
+
+
+def _proc_stat(pid: int) -> tuple[str, str, int] | None:
+    """``(state, start time, kernel flags)`` of process ``pid`` from /proc, or ``None`` if it is
+    gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
     rest = stat[stat.rindex(")") + 2:].split()
-    return rest[0], rest[19]
+    return rest[0], rest[19], int(rest[6])
 
 
 def process_info() -> dict:
@@ -123,7 +131,7 @@ def _process_state(info: dict, mine: dict) -> str | None:
     if info.get("start") is None or (info["host"], info["pidns"]) != (mine["host"], mine["pidns"]):
         return None
     stat = _proc_stat(info["pid"])
-    if stat is None or stat[1] != info["start"] or stat[0] in ("Z", "X", "x"):
+    if stat is None or stat[1] != info["start"] or stat[0] in ("Z", "X", "x") or stat[2] & _PF_EXITING:
         return "gone"
     return "stopped" if stat[0] in ("T", "t") else "alive"
 
@@ -270,7 +278,8 @@ class Watchdog:
                     continue
                 how = ("left the interpreter without closing its iris_fw context (sys.exit, an uncaught "
                        "exception, or the end of the program)" if beat == HEARTBEAT_EXITED else
-                       "died without closing its iris_fw context (killed by a signal, crashed, or os._exit)")
+                       "died or is exiting without closing its iris_fw context (killed by a signal, crashed, "
+                       "or os._exit)")
                 self._lose(r, f"rank {r} (pid {info['pid']}) {how}")
             elif state == "stopped":
                 since = self._stopped_since.setdefault(r, now)

@@ -94,3 +94,27 @@ def test_bench_ccl_smoke_run(tmp_path, on_gpu):
     assert (out / "ccl.md").read_text().startswith("| ")
     assert (out / "ccl_latency.png").exists() and (out / "ccl_busbw.png").exists()
     assert "all_reduce 4 KiB" in res.stdout
+
+
+@pytest.mark.slow
+def test_bench_protocols_checks_every_algorithm(tmp_path, on_gpu):
+    """``iris-fw bench protocols``: the round trip first, then every all-reduce algorithm (and
+    auto), the tile all-reduce and all_reduce_rmsnorm, each checked against a float64 reference
+    on fresh inputs and carrying the run's round trip (the GPU run is scripts/gpu_mps.sh)."""
+    if on_gpu:
+        pytest.skip("the GPU run is scripts/gpu_mps.sh (ranks sharing a GPU under MPS)")
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "iris_fw.bench", "-n", "2", "--iters", "1", "--warmup", "0", "--quick",
+           "--out", str(out), "protocols"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = list(csv.DictReader((out / "protocols.csv").open()))
+    from iris_fw.registry import load_registries
+
+    algorithms = {n.split(".", 1)[1] for n in load_registries().algorithm.names() if n.startswith("all_reduce.")}
+    assert rows[0]["what"] == "round_trip" and float(rows[0]["round_trip_us"]) > 0
+    rt = rows[0]["round_trip_us"]
+    ar = {r["method"] for r in rows if r["what"] == "all_reduce"}
+    assert ar == algorithms | {"auto"}, ar
+    assert {r["what"] for r in rows} == {"round_trip", "all_reduce", "tile_all_reduce", "all_reduce_rmsnorm"}
+    assert all(r["ok"] == "True" and r["round_trip_us"] == rt for r in rows[1:]), rows

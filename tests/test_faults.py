@@ -1,14 +1,16 @@
 """Fault injection: one rank of a two-rank job fails — SIGKILL, an exception, ``sys.exit(0)``,
-SIGSTOP — during set-up, in the middle of a call or after set-up, under ``iris-fw launch``,
-``mpirun`` and ``torchrun``, in a raw kernel, a collective (``iris_fw.ccl``) and an op
-(``iris_fw.ops``). Every survivor must fail within the bound with a message naming the failed
-rank, and nothing may be left behind: no process of the job, no /dev/shm segment (on GPUs the
-same scenarios run one rank per GPU; GPU memory is released with the processes).
+``os._exit(0)``, SIGSTOP — during set-up, in the middle of a call, after set-up or inside a
+loop of calls enqueued without waiting, under ``iris-fw launch``, ``mpirun`` and ``torchrun``,
+in a raw kernel, a collective (``iris_fw.ccl``) and an op (``iris_fw.ops``). Every survivor
+must fail within the bound with a message naming the failed rank, and nothing may be left
+behind: no process of the job, no /dev/shm segment (on GPUs the same scenarios run one rank per
+GPU, or both ranks on one GPU under ``IRIS_FW_SHARE_GPUS=1`` with CUDA MPS; GPU memory is
+released with the processes).
 
 ``tests/scripts/kill_rank.py`` is the job. The default run takes one scenario (a rank that
 leaves under torchrun, whose agent waits for the others: only the survivors' watchdogs end the
 job; a rank killed under ``iris-fw launch`` is also tests/test_launch_control.py's, a host error
-inside a call tests/test_failfast.py's); ``-m extended`` runs the whole matrix of 84 and the
+inside a call tests/test_failfast.py's); ``-m extended`` runs the whole matrix of 134 and the
 leak check after 50 crashed jobs.
 """
 
@@ -32,14 +34,18 @@ LIVENESS_S = 3.0
 #: 2-core CI machine needs to notice and unwind (the default bound is 10 s)
 BOUND_S = LIVENESS_S + 12.0
 LAUNCHERS = ("launch", "mpirun", "torchrun")
-FAULTS = ("kill", "raise", "exit", "stop")
-WHENS = ("setup", "op", "after")
+FAULTS = ("kill", "raise", "exit", "osexit", "stop")
+WHENS = ("setup", "op", "after", "loop")
 WORKS = ("kernel", "ccl", "op")
 
 
 def _ranks() -> int:
+    """Two ranks: on CPU ranks, on two GPUs, or on one GPU shared (IRIS_FW_SHARE_GPUS=1, run
+    under MPS so both ranks' kernels are resident at once)."""
     gpus = iris_fw.testing.gpu_count()
-    return min(gpus, 2) if gpus else 2
+    if gpus == 1 and not iris_fw.testing.share_gpus():
+        pytest.skip("two ranks need two GPUs, or one shared (IRIS_FW_SHARE_GPUS=1, under CUDA MPS)")
+    return 2
 
 
 def _command(launcher: str, n: int, args: list[str]) -> list[str]:
@@ -147,8 +153,9 @@ def _matrix():
     for launcher in LAUNCHERS:
         for fault in FAULTS:
             for when in WHENS:
-                # a set-up fault comes before any work: one workload covers it
-                for work in (WORKS[:1] if when == "setup" else WORKS):
+                # a set-up fault comes before any work: one workload covers it; a loop of calls
+                # enqueued without waiting is a loop of collectives or ops
+                for work in (WORKS[:1] if when == "setup" else WORKS[1:] if when == "loop" else WORKS):
                     if (launcher, fault, when, work) not in DEFAULT:
                         yield launcher, fault, when, work
 

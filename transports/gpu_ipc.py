@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-from iris_fw import interpreting
+from iris_fw import devinfo, interpreting
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.launch import share_gpus
@@ -216,8 +216,9 @@ class GpuIpcTransport(Transport):
                               free, usable, "free GPU memory (other processes on this GPU: nvidia-smi)")
 
     def __init__(self, bootstrap, heap_size: int):
-        local, _ = self._gpu_of(bootstrap)
+        local, ranks_on_gpu = self._gpu_of(bootstrap)
         self.device = torch.device("cuda", local)
+        devinfo.warn_time_sliced(bootstrap.rank, ranks_on_gpu, self.device)
         torch.cuda.set_device(self.device)
         self._rt = rt = _Runtime()
         rt("SetDevice", ctypes.c_int(local))

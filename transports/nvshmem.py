@@ -27,7 +27,7 @@ import os
 import torch
 
 from iris_fw import device as dv
-from iris_fw import env, interpreting
+from iris_fw import devinfo, env, interpreting
 from iris_fw import nvshmem as nv
 from iris_fw.errors import EnvironmentVariableError, IrisError
 from iris_fw.hookspecs import hookimpl
@@ -87,8 +87,9 @@ class NvshmemTransport(Transport):
             raise IrisError(f"transport 'nvshmem' is unavailable: {why}")
         # GPU local_rank (modulo the GPU count under IRIS_FW_SHARE_GPUS=1: several PEs on one GPU,
         # NVSHMEM's multiple-processes-per-GPU mode), chosen as gpu_ipc chooses it
-        local, _ = GpuIpcTransport._gpu_of(bootstrap)
+        local, ranks_on_gpu = GpuIpcTransport._gpu_of(bootstrap)
         self.device = torch.device("cuda", local)
+        devinfo.warn_time_sliced(bootstrap.rank, ranks_on_gpu, self.device)
         torch.cuda.set_device(self.device)
         torch.zeros(1, device=self.device)  # the device's primary context is current: NVSHMEM uses it
         self._bootstrap = bootstrap

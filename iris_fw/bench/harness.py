@@ -146,6 +146,16 @@ class Rotation:
         return self.pool[i % self.slots]
 
 
+def shared_gpus() -> bool:
+    """Whether this job's ranks share GPUs (``IRIS_FW_SHARE_GPUS=1`` and more ranks on this host
+    than GPUs): NCCL cannot run there, and rows are labelled by how the ranks share."""
+    from ..launch import gpu_count, share_gpus
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    gpus = gpu_count()
+    return bool(gpus) and share_gpus() and local > gpus
+
+
 # ---- output ---------------------------------------------------------------------------------
 
 
@@ -167,7 +177,18 @@ def environment(ctx) -> dict:
     }
     if ctx.device.type == "cuda":
         dev = devinfo.info(ctx.device)
-        info["device"] = f"{ctx.world_size}x {dev.name} ({dev.sms} SMs, {dev.memory_bytes >> 30} GiB)"
+        what = f"{dev.name} ({dev.sms} SMs, {dev.memory_bytes >> 30} GiB)"
+        if shared_gpus():
+            from ..launch import gpu_count
+
+            mps, _ = devinfo.mps_status()
+            gpus = gpu_count()
+            info["device"] = (f"{ctx.world_size} ranks sharing {gpus}x {what}, "
+                              + ("one GPU, MPS (ranks run at once; no NVLink: not interconnect numbers)" if mps
+                                 else "time-sliced without MPS (timings of cross-rank waits mean nothing)"))
+            info["sharing"] = "mps" if mps else "time-sliced"
+        else:
+            info["device"] = f"{ctx.world_size}x {what}"
         info["cuda"] = torch.version.cuda
     else:
         info["device"] = f"{ctx.world_size} CPU ranks (Triton interpreter)"
@@ -323,8 +344,12 @@ def _worker(args) -> int:
     gpu = gpu_count() > 0
     if gpu:  # NCCL for the baselines; iris-fw's bootstrap reuses this group
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local))
+        if shared_gpus():  # NCCL refuses two ranks on one GPU: gloo only, the NCCL baselines skip
+            torch.cuda.set_device(local % gpu_count())
+            dist.init_process_group(backend="gloo")
+        else:
+            torch.cuda.set_device(local)
+            dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local))
     regs = load_registries()
     names = args.benchmarks or regs.benchmark.names()
     heap = args.heap_size or (max(4 * GiB, 3 * max(args.sizes)) if gpu else 64 * MiB)

@@ -5,10 +5,12 @@ torchrun).
     kill_rank.py [after-setup|during-setup]          # rank 1 SIGKILLs itself (the original use)
     kill_rank.py --fault F --when W --work K [--rank R] [--stamp PATH]
 
-``--fault``: ``kill`` (SIGKILL), ``raise`` (an exception), ``exit`` (``sys.exit(0)``) or ``stop``
-(SIGSTOP). ``--when``: ``setup`` (inside ``iris_fw.init``, after the heaps are mapped),
-``op`` (while the others are inside the work, waiting for this rank) or ``after`` (between
-two calls, after set-up). ``--work``: ``kernel`` (a raw kernel of device primitives), ``ccl``
+``--fault``: ``kill`` (SIGKILL), ``raise`` (an exception), ``exit`` (``sys.exit(0)``),
+``osexit`` (``os._exit(0)``: no atexit, no clean-up) or ``stop`` (SIGSTOP). ``--when``:
+``setup`` (inside ``iris_fw.init``, after the heaps are mapped), ``op`` (while the others are
+inside the work, waiting for this rank), ``after`` (between two calls, after set-up) or
+``loop`` (inside a loop of :data:`LOOP_CALLS` calls enqueued without synchronizing, after
+:data:`LOOP_FAULT_AT` of them: on a GPU its queued kernels are still running when it fails). ``--work``: ``kernel`` (a raw kernel of device primitives), ``ccl``
 (``iris_fw.ccl.all_reduce``) or ``op`` (``iris_fw.ops.gemm_all_scatter``). The failing rank
 writes the time of its fault to ``--stamp`` and prints ``FAULT …``; every other rank prints
 ``SURVIVOR rank r failed after S s: <error>`` (``S`` since the fault) or, if nothing failed,
@@ -40,6 +42,8 @@ def _ring_kernel(src, dst, flag, n, epoch, rank, world_size, heap_bases, BLOCK: 
 
 #: the raw kernel's destination and flag for each call (allocated up front)
 _BUFFERS: list = []
+#: ``--when loop``: calls every rank enqueues, and the call before which the faulty rank fails
+LOOP_CALLS, LOOP_FAULT_AT = 200, 50
 
 
 def _env_rank() -> int:
@@ -74,6 +78,8 @@ def _fault(args, where: str) -> None:
         time.sleep(3600)  # only a SIGCONT gets here; the job must have killed it by then
     elif args.fault == "exit":
         sys.exit(0)
+    elif args.fault == "osexit":
+        os._exit(0)
     raise RuntimeError(f"injected fault on rank {args.rank}")
 
 
@@ -115,8 +121,8 @@ def main() -> int:
         _legacy(sys.argv[1] if len(sys.argv) > 1 else "after-setup")
         return 0
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=["kill", "raise", "exit", "stop"], required=True)
-    parser.add_argument("--when", choices=["setup", "op", "after"], required=True)
+    parser.add_argument("--fault", choices=["kill", "raise", "exit", "osexit", "stop"], required=True)
+    parser.add_argument("--when", choices=["setup", "op", "after", "loop"], required=True)
     parser.add_argument("--work", choices=["kernel", "ccl", "op"], required=True)
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--stamp", default=os.environ.get("FAULT_STAMP", "/tmp/iris_fw_fault_stamp"))
@@ -135,7 +141,8 @@ def main() -> int:
         iris_fw.context.Context._calibrate_wait = calibrate_then_fail
     try:
         with iris_fw.init(heap_size=1 << 24) as ctx:
-            _BUFFERS.extend((ctx.full((256,), -1.0), ctx.zeros(1, dtype=torch.int64)) for _ in range(2))
+            steps = LOOP_CALLS if args.when == "loop" else 2
+            _BUFFERS.extend((ctx.full((256,), -1.0), ctx.zeros(1, dtype=torch.int64)) for _ in range(steps))
             ctx.barrier()
             _work(ctx, args.work, 0)()  # every rank: one good call (kernels compiled, caches warm)
             ctx.synchronize()
@@ -146,7 +153,13 @@ def main() -> int:
                 _fault(args, "instead of its part of the call")
             if args.when == "after":
                 time.sleep(0.5)  # the others' next call starts after the fault
-            check = _work(ctx, args.work, 1)
+            if args.when == "loop":
+                for step in range(1, LOOP_CALLS):
+                    if faulty and step == LOOP_FAULT_AT:
+                        _fault(args, f"inside a loop of calls, before call {step}")
+                    check = _work(ctx, args.work, step)
+            else:
+                check = _work(ctx, args.work, 1)
             ctx.synchronize()
             check()
             ctx.barrier()

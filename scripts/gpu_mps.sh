@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The GPU proof on one GPU: ranks share it (IRIS_FW_SHARE_GPUS=1) under CUDA MPS, so their kernels
+# run at the same time (without MPS they time-slice: a cross-rank wait advances once per slice).
+# On a machine with as many GPUs as ranks the same steps run one rank per GPU, without MPS.
+# Steps (STEPS, default "info suite"); logs in $OUT (default ./gpu-out), packed to at most 8 files:
+#   info       machine, versions, `iris-fw info` (MPS state), and one shared job WITHOUT MPS to show
+#              rank 0's one-time warning (run before MPS starts).
+#   suite      the whole test suite in partitions side by side (--iris-worlds: "1,other", "2", "3",
+#              "4"; XDIST workers each, default 2), a wall time per partition, each failure's
+#              test name and cause written as it happens (failures-*.log).
+#   faults     the fault-injection matrix (tests/test_faults.py -m extended, FAULTS_K selects;
+#              default: every launcher x fault in a collective and in set-up), 2 ranks.
+#   debug      IRIS_FW_DEBUG=1 pointer checks (tests/test_failfast.py) at W = 2.
+#   diag       scripts/diag_ccl_order.py at W = 2 and 3 (the sequences that were wrong on 2x H200).
+#   nvshmem    the nvshmem transport at W = 2 (tests/test_nvshmem.py with IRIS_FW_TRANSPORT=nvshmem).
+#   protocols  iris-fw bench protocols at W = 2 (round trip, all-reduce per algorithm, tile
+#              all-reduce, all_reduce_rmsnorm; eager and graphs).
+#   bench:NAME,ARGS...  iris-fw bench NAME -n NPROCS (default 2) ARGS.
+#   tests:FILES,...     pytest FILES (comma separated) with the partitions' settings, -n XDIST.
+#   STEPS="info suite" bash scripts/gpu_mps.sh
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+STEPS=${STEPS:-info suite}
+mkdir -p "$OUT"
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/mps.sh
+. "$HERE/mps.sh"
+export PYTHONUNBUFFERED=1 IRIS_FW_WAIT_TIMEOUT=${IRIS_FW_WAIT_TIMEOUT:-20}
+# NVLink multicast stays off on the shared machines (NCCL NVLS, torch symmetric memory, NVSHMEM)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export IRIS_FW_MPIRUN=${IRIS_FW_MPIRUN:-$(command -v mpirun || true)}
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"   # scripts/pytest_failure_log.py
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+rm -f "$OUT/install.log"
+GPUS=$(nvidia-smi -L | wc -l)
+if [ "$GPUS" -lt 4 ]; then export IRIS_FW_SHARE_GPUS=1; fi
+PYTEST="python3 -m pytest -p no:cacheprovider -p pytest_failure_log -ra --tb=short --timeout ${TEST_LIMIT:-240}"
+
+started=0
+need_mps() {  # start MPS once, after the steps that must run without it
+    if [ $started = 0 ] && mps_needed; then mps_start | tee -a "$OUT/machine.txt"; fi
+    started=1
+}
+
+for step in $STEPS; do
+    name=${step%%:*}
+    args=""
+    [ "$name" != "$step" ] && args=${step#*:}
+    IFS=, read -r -a parts <<< "$args"
+    echo "== $name ${parts[*]:-} ($(date -u +%H:%M:%S))"
+    t0=$(date +%s)
+    case $name in
+    info)
+        {
+            date -u +%Y-%m-%dT%H:%MZ
+            nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+            python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+            git rev-parse --short HEAD 2>/dev/null
+            env | grep -E '^(NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS|IRIS_FW_SHARE_GPUS)='
+        } > "$OUT/machine.txt" 2>&1
+        cat "$OUT/machine.txt"
+        if [ $started = 0 ]; then
+            echo "-- a shared job without MPS (rank 0 must warn once):"
+            python3 -m iris_fw info 2>&1 | grep -i "mps"
+            timeout 120 python3 -m iris_fw launch -n 2 examples/ring_exchange.py > "$OUT/no_mps.log" 2>&1
+            echo "rc $?; warnings: $(grep -c "without CUDA MPS" "$OUT/no_mps.log")"; grep -m1 "without CUDA MPS" "$OUT/no_mps.log" | cut -c1-400
+        fi
+        need_mps
+        python3 -m iris_fw info 2>&1 | grep -i "mps" | tee -a "$OUT/machine.txt"
+        timeout 120 python3 -m iris_fw launch -n 2 examples/ring_exchange.py > "$OUT/with_mps.log" 2>&1
+        echo "with MPS: rc $?; warnings: $(grep -c "without CUDA MPS" "$OUT/with_mps.log")"; tail -3 "$OUT/with_mps.log" ;;
+    suite)
+        need_mps
+        pids=()
+        for part in ${PARTS:-1,other 2 3 4}; do
+            tag=w${part//,/_}
+            (
+                s=$(date +%s)
+                IRIS_FW_FAILURE_LOG="$OUT/failures-$tag.log" timeout ${SUITE_TIMEOUT:-540} $PYTEST -v -n ${XDIST:-2} \
+                    --iris-worlds="$part" "${parts[@]}" > "$OUT/suite-$tag.log" 2>&1
+                echo "partition $part: rc $? in $(( $(date +%s) - s )) s: $(tail -1 "$OUT/suite-$tag.log")" > "$OUT/time-$tag.txt"
+            ) &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        cat "$OUT"/time-*.txt | tee "$OUT/suite-times.txt"; rm -f "$OUT"/time-*.txt
+        cat "$OUT"/failures-*.log 2>/dev/null | grep "^=====" | cut -c1-200 | head -60 ;;
+    faults)
+        need_mps
+        IRIS_FW_FAULT_REPORT="$OUT/faults.tsv" timeout ${FAULTS_TIMEOUT:-540} $PYTEST -q -n ${XDIST_FAULTS:-4} -m extended \
+            tests/test_faults.py -k "${FAULTS_K:-matrix and (ccl or setup)}" > "$OUT/faults.log" 2>&1
+        tail -1 "$OUT/faults.log"; grep -E "^FAILED" "$OUT/faults.log" | cut -c1-250 | head -20
+        [ -f "$OUT/faults.tsv" ] && sort -t$'\t' -k5 -n -r "$OUT/faults.tsv" | head -5 | cut -c1-200 ;;
+    debug)
+        need_mps
+        IRIS_FW_DEBUG=1 IRIS_FW_FAILURE_LOG="$OUT/failures-debug.log" timeout 400 $PYTEST -q tests/test_failfast.py \
+            > "$OUT/debug.log" 2>&1
+        tail -1 "$OUT/debug.log"; grep -E "^FAILED" "$OUT/debug.log" | cut -c1-250 ;;
+    diag)
+        need_mps
+        for n in 2 3; do
+            timeout 240 python3 -m iris_fw launch --no-tag-output -n $n scripts/diag_ccl_order.py 2>&1 | grep -v "^\[rank" \
+                | sed 's/(uint8.*//' > "$OUT/diag$n.log"
+            echo "W=$n: $(grep -c " 0 wrong" "$OUT/diag$n.log") calls right; wrong:"; grep -v " 0 wrong" "$OUT/diag$n.log" | head -10
+        done ;;
+    nvshmem)
+        need_mps
+        IRIS_FW_TRANSPORT=nvshmem IRIS_FW_FAILURE_LOG="$OUT/failures-nvshmem.log" timeout 400 $PYTEST -q \
+            tests/test_nvshmem.py tests/test_signal.py -k "w1 or w2 or nvshmem" > "$OUT/nvshmem.log" 2>&1
+        tail -1 "$OUT/nvshmem.log"; grep -E "^FAILED" "$OUT/nvshmem.log" | cut -c1-250 | head ;;
+    protocols)
+        need_mps
+        timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n ${NPROCS:-2} --out "$OUT/bench-protocols" protocols \
+            "${parts[@]}" > "$OUT/protocols.log" 2>&1
+        grep -v "^\[rank" "$OUT/protocols.log" | grep -v "^|" | tail -40 ;;
+    bench)
+        need_mps
+        bench=${parts[0]}
+        timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n ${NPROCS:-2} --out "$OUT/bench-$bench" "$bench" \
+            "${parts[@]:1}" > "$OUT/bench-$bench.log" 2>&1
+        grep -v "^\[rank" "$OUT/bench-$bench.log" | grep -v "^|" | tail -30 ;;
+    tests)
+        need_mps
+        IRIS_FW_FAILURE_LOG="$OUT/failures-tests.log" timeout ${TESTS_TIMEOUT:-540} $PYTEST -v -n ${XDIST:-2} "${parts[@]}" \
+            > "$OUT/tests.log" 2>&1
+        grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | grep -oE "(PASSED|FAILED|ERROR|SKIPPED)" | sort | uniq -c
+        grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-250 | head -30; tail -1 "$OUT/tests.log" ;;
+    *) echo "unknown step $name" ;;
+    esac
+    echo "   ($(( $(date +%s) - t0 )) s)"
+done
+mps_stop
+
+# at most 8 files come back: pack the logs (the summary files stay outside)
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+    (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=machine.txt --exclude=suite-times.txt ./* \
+        && find . -mindepth 1 ! -name logs.tgz ! -name machine.txt ! -name suite-times.txt -delete)
+fi
+ls "$OUT"

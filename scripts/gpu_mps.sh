@@ -39,7 +39,8 @@ PYTEST="python3 -m pytest -p no:cacheprovider -p pytest_failure_log -ra --tb=sho
 
 started=0
 need_mps() {  # start MPS once, after the steps that must run without it
-    if [ $started = 0 ] && mps_needed; then mps_start | tee -a "$OUT/machine.txt"; fi
+    # not in a pipeline: mps_start exports the pipe directory and sets the exit trap in this shell
+    if [ $started = 0 ] && mps_needed; then mps_start > "$OUT/mps-start.txt" 2>&1; cat "$OUT/mps-start.txt"; fi
     started=1
 }
 

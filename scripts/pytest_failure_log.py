@@ -7,6 +7,8 @@ import os
 
 
 def pytest_runtest_logreport(report):
-    if report.failed:
+    # under pytest-xdist the worker writes its own failures; the controller, which sees the same
+    # reports again (they carry the worker's node), does not
+    if report.failed and (os.environ.get("PYTEST_XDIST_WORKER") or getattr(report, "node", None) is None):
         with open(os.environ.get("IRIS_FW_FAILURE_LOG", "failures.log"), "a") as f:
             f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

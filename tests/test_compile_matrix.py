@@ -37,6 +37,11 @@ def _child(args: list[str], interpret: str, debug: bool = False) -> subprocess.P
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """Every discovered kernel and its recorded variants (one CPU rank, interpreter on)."""
+    from iris_fw.registry import load_registries
+
+    ok, why = load_registries().transport.entry("host_shm").availability()
+    if not ok:  # the GPU image's Triton 3.6 + numpy 2.5: CI's CPU machines run the matrix
+        pytest.skip(f"the recording runs on CPU ranks under the interpreter: {why}")
     path = str(tmp_path_factory.mktemp("compile") / "recorded.json")
     proc = _child(["record", path], "1")
     out, _ = proc.communicate(timeout=900)

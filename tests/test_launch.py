@@ -15,9 +15,17 @@ TIMEOUT = 300
 
 
 def _ranks(n):
-    """``n`` CPU ranks, or one rank per visible GPU (at most 4)."""
+    """``n`` CPU ranks, ``n`` ranks sharing the GPUs (``IRIS_FW_SHARE_GPUS=1``), or one rank per
+    visible GPU (at most 4)."""
     gpus = iris_fw.testing.gpu_count()
-    return min(gpus, 4) if gpus else n
+    return min(gpus, 4) if gpus and not iris_fw.testing.share_gpus() else n
+
+
+def _two_ranks():
+    n = _ranks(2)
+    if n < 2:
+        pytest.skip("needs two ranks: two GPUs, or one shared (IRIS_FW_SHARE_GPUS=1, under CUDA MPS)")
+    return n
 
 
 def _shm():
@@ -61,7 +69,7 @@ def test_demo_under_mpirun():
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["after-setup", "during-setup"])
 def test_killed_rank_leaves_no_segments(how):
-    n = _ranks(2)
+    n = _two_ranks()
     before = _shm()
     res = _run([sys.executable, "-m", "iris_fw", "launch", "-n", str(n), KILL, how])
     assert res.returncode != 0 and "rank 1: killing myself" in res.stdout, res.stdout + res.stderr
@@ -70,7 +78,7 @@ def test_killed_rank_leaves_no_segments(how):
 
 @pytest.mark.slow
 def test_killed_rank_under_torchrun_leaves_no_segments():
-    n = _ranks(2)
+    n = _two_ranks()
     before = _shm()
     res = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), KILL])
     assert res.returncode != 0 and "rank 1: killing myself" in res.stdout, res.stdout + res.stderr

@@ -21,7 +21,9 @@ LAUNCH = [sys.executable, "-m", "iris_fw", "launch"]
 
 
 def _env(**changes):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    """The environment without iris-fw's variables, except GPU sharing (a one-GPU machine runs
+    these 2- and 3-rank jobs with its ranks sharing the GPU)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_") or k == "IRIS_FW_SHARE_GPUS"}
     env.update(changes)
     return env
 
@@ -170,7 +172,8 @@ def test_ranks_agree_on_settings_and_nothing_listens_beyond_loopback():
     """Two contexts one after the other in a 2-rank job: one bootstrap and transport everywhere
     (the launcher leaves IRIS_FW_BOOTSTRAP on auto; every rank detects torch), the rendezvous
     store (hosted by the launcher) and gloo on 127.0.0.1 only."""
-    n = min(iris_fw.testing.gpu_count(), 2) or 2
+    gpus = iris_fw.testing.gpu_count()
+    n = 2 if not gpus or iris_fw.testing.share_gpus() else min(gpus, 2)
     res = _run(["-n", str(n), PROBE, "job"], timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     transport = "gpu_ipc" if iris_fw.testing.gpu_count() else "host_shm"

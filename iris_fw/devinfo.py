@@ -121,6 +121,24 @@ def mps_status() -> tuple[bool, str]:
     return False, "no MPS control daemon running"
 
 
+#: CUDA MPS's cap on the share of a GPU's SMs one client process may use, in percent.
+MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def share_gpu(ranks_on_gpu: int) -> None:
+    """Called before this process creates its CUDA context, when ``ranks_on_gpu`` ranks share its
+    GPU: cap this MPS client at its share of the SMs (``100 // ranks_on_gpu`` percent) unless
+    :data:`MPS_PERCENT_VAR` is set already (a script running several jobs at once sets a smaller
+    share for all). Uncapped, one rank's kernel whose programs wait for another rank's can take
+    every SM and starve the rank it waits for: seen on one H100 under MPS, the ring demo's 4096
+    programs timed out on rank 0 while rank 1's kernel never started. Without MPS the variable
+    is ignored."""
+    import os
+
+    if ranks_on_gpu > 1 and MPS_PERCENT_VAR not in os.environ and not torch.cuda.is_initialized():
+        os.environ[MPS_PERCENT_VAR] = str(max(1, 100 // ranks_on_gpu))
+
+
 def warn_time_sliced(rank: int, ranks_on_gpu: int, device: torch.device) -> str | None:
     """Rank 0 of a job whose ranks share a GPU without MPS warns once (their kernels time-slice:
     a cross-rank wait advances once per slice); returns the message, or ``None`` when there is

@@ -69,10 +69,17 @@ for step in $STEPS; do
         fi
         need_mps
         python3 -m iris_fw info 2>&1 | grep -i "mps" | tee -a "$OUT/machine.txt"
+        for pct in 100 50 5; do  # what a capped MPS client is told about the SMs
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct python3 -c "import torch; print('MPS share $pct %: torch sees', torch.cuda.get_device_properties(0).multi_processor_count, 'SMs')"
+        done | tee -a "$OUT/machine.txt"
         timeout 120 python3 -m iris_fw launch -n 2 examples/ring_exchange.py > "$OUT/with_mps.log" 2>&1
         echo "with MPS: rc $?; warnings: $(grep -c "without CUDA MPS" "$OUT/with_mps.log")"; tail -3 "$OUT/with_mps.log" ;;
     suite)
         need_mps
+        # every rank of the partitions running at once gets an equal share of the SMs (MPS caps
+        # each client): uncapped, a rank's spinning kernel can fill the GPU and starve the rank it
+        # waits for. ~18 ranks at once (xdist workers x world sizes): 5 % (6 SMs of an H100) each.
+        export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${SUITE_MPS_PERCENT:-5}
         pids=()
         for part in ${PARTS:-1,other 2 3 4}; do
             tag=w${part//,/_}
@@ -130,6 +137,7 @@ for step in $STEPS; do
     *) echo "unknown step $name" ;;
     esac
     echo "   ($(( $(date +%s) - t0 )) s)"
+    unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE  # a step's share stays with that step
 done
 mps_stop
 

@@ -121,22 +121,17 @@ def mps_status() -> tuple[bool, str]:
     return False, "no MPS control daemon running"
 
 
-#: CUDA MPS's cap on the share of a GPU's SMs one client process may use, in percent.
+#: CUDA MPS's cap on the share of a GPU's SMs one client process may use, in percent. CUDA reads
+#: it when the process initializes CUDA, so it must be in a rank's environment when it starts.
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
-def share_gpu(ranks_on_gpu: int) -> None:
-    """Called before this process creates its CUDA context, when ``ranks_on_gpu`` ranks share its
-    GPU: cap this MPS client at its share of the SMs (``100 // ranks_on_gpu`` percent) unless
-    :data:`MPS_PERCENT_VAR` is set already (a script running several jobs at once sets a smaller
-    share for all). Uncapped, one rank's kernel whose programs wait for another rank's can take
-    every SM and starve the rank it waits for: seen on one H100 under MPS, the ring demo's 4096
-    programs timed out on rank 0 while rank 1's kernel never started. Without MPS the variable
-    is ignored."""
-    import os
-
-    if ranks_on_gpu > 1 and MPS_PERCENT_VAR not in os.environ and not torch.cuda.is_initialized():
-        os.environ[MPS_PERCENT_VAR] = str(max(1, 100 // ranks_on_gpu))
+def mps_share(ranks_on_gpu: int) -> str:
+    """The :data:`MPS_PERCENT_VAR` value that gives each of ``ranks_on_gpu`` ranks sharing a GPU
+    an equal share of its SMs. Uncapped, one rank's kernel whose programs wait for another rank's
+    can take every SM and starve the rank it waits for: seen on one H100 under MPS, the ring
+    demo's 4096 programs timed out on rank 0 while rank 1's kernel never started."""
+    return str(max(1, 100 // max(1, ranks_on_gpu)))
 
 
 def warn_time_sliced(rank: int, ranks_on_gpu: int, device: torch.device) -> str | None:
@@ -147,11 +142,20 @@ def warn_time_sliced(rank: int, ranks_on_gpu: int, device: torch.device) -> str 
 
     from .errors import IrisWarning
 
+    import os
+
     if rank != 0 or ranks_on_gpu <= 1:
         return None
     active, why = mps_status()
     if active:
-        return None
+        if MPS_PERCENT_VAR in os.environ:
+            return None
+        text = (f"{ranks_on_gpu} ranks share {device} under CUDA MPS with no cap on each rank's SMs: a kernel "
+                "whose programs wait for another rank's can take every SM and starve the rank it waits for "
+                f"(WaitTimeout). Start the ranks with {MPS_PERCENT_VAR}={mps_share(ranks_on_gpu)} "
+                "(iris-fw launch sets it)")
+        warnings.warn(text, IrisWarning, stacklevel=3)
+        return text
     rt = SHARED_ROUND_TRIP_US
     text = (f"{ranks_on_gpu} ranks share {device} without CUDA MPS ({why}): their kernels time-slice, so every "
             f"wait for another rank advances once per time slice (signal round trip {rt['time-sliced']:g} us "

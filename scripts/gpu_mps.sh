@@ -5,6 +5,7 @@
 # Steps (STEPS, default "info suite"); logs in $OUT (default ./gpu-out), packed to at most 8 files:
 #   info       machine, versions, `iris-fw info` (MPS state), and one shared job WITHOUT MPS to show
 #              rank 0's one-time warning (run before MPS starts).
+#   demo       the ring demo under MPS (NPROCS ranks, default 2).
 #   suite      the whole test suite in partitions side by side (--iris-worlds: "1,other", "2", "3",
 #              "4"; XDIST workers each, default 2), a wall time per partition, each failure's
 #              test name and cause written as it happens (failures-*.log).
@@ -74,6 +75,10 @@ for step in $STEPS; do
         done | tee -a "$OUT/machine.txt"
         timeout 120 python3 -m iris_fw launch -n 2 examples/ring_exchange.py > "$OUT/with_mps.log" 2>&1
         echo "with MPS: rc $?; warnings: $(grep -c "without CUDA MPS" "$OUT/with_mps.log")"; tail -3 "$OUT/with_mps.log" ;;
+    demo)
+        need_mps
+        timeout 120 python3 -m iris_fw launch -n ${NPROCS:-2} examples/ring_exchange.py > "$OUT/demo.log" 2>&1
+        echo "ring demo under MPS: rc $?"; grep -v "^\[rank [0-9]\] \[rank" "$OUT/demo.log" | tail -3 | cut -c1-300 ;;
     suite)
         need_mps
         # every rank of the partitions running at once gets an equal share of the SMs (MPS caps

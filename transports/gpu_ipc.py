@@ -191,7 +191,6 @@ class GpuIpcTransport(Transport):
         if count and share_gpus():
             local %= count
             ranks = len(range(local, bootstrap.local_world_size, count))
-        devinfo.share_gpu(ranks)
         if local >= count:
             raise IrisError(
                 f"local rank {local} has no GPU: {count} visible on this host "

@@ -46,6 +46,10 @@ class Transport(ABC):
     heap: torch.Tensor
     bases: list[int]
     heap_bases: torch.Tensor
+    #: Ranks whose heaps live on this rank's device, this rank included (more than 1 when ranks
+    #: share a GPU): a copy between two of their heaps runs on the device's SMs, not a copy
+    #: engine, so it needs SMs that a spinning kernel may hold.
+    ranks_on_device: int = 1
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -108,10 +108,18 @@ class CopyEngine(Scheduler):
             for item in range(first, end):
                 self._writer.write(side.stream, base + item * slot_bytes, _PUBLISHED)
 
-        # The kernel first: it must not wait for the host to queue every copy and flag write.
-        launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
+        # The kernel first: it must not wait for the host to queue every copy and flag write —
+        # unless the peers' heaps are on this GPU (ranks sharing it): a copy between two heaps
+        # of one device runs on its SMs, which the kernel, spinning on the chunk flags on every
+        # SM it may use, would hold (seen on one H100 under MPS: chunk flags stayed 0 until the
+        # wait bound). Queued first, the copies' blocks are dispatched before the kernel's.
+        copies_first = ctx.transport.ranks_on_device > 1
+        if not copies_first:
+            launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
         with torch.cuda.stream(side.stream):
             self._copy(plan, publish)
+        if copies_first:
+            launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
         side.join(main)
         ctx.device_barrier()  # exit: every rank is done reading our shard
 

@@ -265,8 +265,8 @@ def _ops(ctx, dtype, shapes, full=True):
     # namespace: bias that Iris does not apply is refused; bad shapes raise ValueError
     with pytest.raises(ValueError, match="bias"):
         shmem.ops.matmul_all_reduce(C[:M], a, b, bias=torch.zeros(M, device=dev, dtype=dtype))
-    with pytest.raises(ValueError, match="Incompatible"):
-        shmem.ops.matmul_all_reduce(shmem.zeros(M, N, dtype=dtype), a, a)
+    with pytest.raises(ValueError, match="Incompatible"):  # B has K + 1 rows for A's K columns, at any size
+        shmem.ops.matmul_all_reduce(shmem.zeros(M, N, dtype=dtype), a, shmem.zeros(K + 1, N, dtype=dtype))
     with pytest.raises(ValueError):
         FusedConfig(block_size_k=0).validate()
     shmem.barrier()

@@ -218,6 +218,7 @@ class GpuIpcTransport(Transport):
     def __init__(self, bootstrap, heap_size: int):
         local, ranks_on_gpu = self._gpu_of(bootstrap)
         self.device = torch.device("cuda", local)
+        self.ranks_on_device = ranks_on_gpu
         devinfo.warn_time_sliced(bootstrap.rank, ranks_on_gpu, self.device)
         torch.cuda.set_device(self.device)
         self._rt = rt = _Runtime()

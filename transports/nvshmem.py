@@ -89,6 +89,7 @@ class NvshmemTransport(Transport):
         # NVSHMEM's multiple-processes-per-GPU mode), chosen as gpu_ipc chooses it
         local, ranks_on_gpu = GpuIpcTransport._gpu_of(bootstrap)
         self.device = torch.device("cuda", local)
+        self.ranks_on_device = ranks_on_gpu
         devinfo.warn_time_sliced(bootstrap.rank, ranks_on_gpu, self.device)
         torch.cuda.set_device(self.device)
         torch.zeros(1, device=self.device)  # the device's primary context is current: NVSHMEM uses it

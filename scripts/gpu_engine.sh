@@ -9,6 +9,9 @@ set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 STEPS=${STEPS:-probe profile tests engine taxonomy}
 mkdir -p "$OUT"
+# ranks sharing a GPU run at once only under CUDA MPS (scripts/mps.sh; stopped at exit)
+. "$(dirname "$0")/mps.sh"
+if mps_needed; then mps_start; fi
 export PYTHONUNBUFFERED=1 IRIS_FW_WAIT_TIMEOUT=${IRIS_FW_WAIT_TIMEOUT:-10}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 python3 -m iris_fw plugins > "$OUT/plugins.txt" 2>&1

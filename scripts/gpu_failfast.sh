@@ -13,6 +13,9 @@ set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 STEPS=${STEPS:-abort debug faults bench}
 mkdir -p "$OUT"
+# ranks sharing a GPU run at once only under CUDA MPS (scripts/mps.sh; stopped at exit)
+. "$(dirname "$0")/mps.sh"
+if mps_needed; then mps_start; fi
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"

@@ -18,6 +18,9 @@ STEPS=${STEPS:-tests bench1 bench}
 NPROCS=${NPROCS:-2}
 BENCH_ARGS=${BENCH_ARGS:---quick --iters 20 --warmup 3}
 mkdir -p "$OUT"
+# ranks sharing a GPU run at once only under CUDA MPS (scripts/mps.sh; stopped at exit)
+. "$(dirname "$0")/mps.sh"
+if mps_needed; then mps_start; fi
 # NVLink multicast stays off on the shared machines (NCCL NVLS, torch symmetric memory, NVSHMEM)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 IRIS_FW_WAIT_TIMEOUT=${IRIS_FW_WAIT_TIMEOUT:-10}

@@ -8,6 +8,9 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+# ranks sharing a GPU run at once only under CUDA MPS (scripts/mps.sh; stopped at exit)
+. "$(dirname "$0")/mps.sh"
+if mps_needed; then mps_start; fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 rm -f "$OUT/install.log"

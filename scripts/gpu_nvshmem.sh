@@ -17,6 +17,9 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT/logs"
+# ranks sharing a GPU run at once only under CUDA MPS (scripts/mps.sh; stopped at exit)
+. "$(dirname "$0")/mps.sh"
+if mps_needed; then mps_start; fi
 T0=$(date +%s)
 BUDGET=${BUDGET:-220}  # seconds for the whole script; later steps are skipped when it runs out
 export PYTHONUNBUFFERED=1 IRIS_FW_WAIT_TIMEOUT=${IRIS_FW_WAIT_TIMEOUT:-20}
@@ -43,7 +46,7 @@ export CALL_HOME
 {
     date -u +%Y-%m-%dT%H:%MZ
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    nvidia-cuda-mps-control -h > /dev/null 2>&1 && echo "MPS control present (not started by this script)"
+    [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo "MPS started by this script (ranks share the GPU)"
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     python3 - <<'EOF'
 import os

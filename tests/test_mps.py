@@ -69,3 +69,19 @@ def test_launchers_give_each_sharing_rank_an_equal_sm_share(monkeypatch, world, 
         monkeypatch.setenv(devinfo.MPS_PERCENT_VAR, preset)
     env = launch.rank_environ(0, world, 1234, "iris_fw_test_", base={})
     assert env.get(devinfo.MPS_PERCENT_VAR) == want
+
+
+def test_every_gpu_script_starts_mps_where_ranks_share_a_gpu():
+    """scripts/gpu_*.sh source scripts/mps.sh and start the daemon when ranks share a GPU (it
+    stops at exit): a run that forgets it time-slices and proves little."""
+    import glob
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    scripts = sorted(glob.glob(os.path.join(root, "scripts", "gpu_*.sh")))
+    assert scripts
+    for path in scripts:
+        text = open(path).read()
+        assert "mps.sh" in text and "mps_needed" in text and "mps_start" in text, path
+    helper = open(os.path.join(root, "scripts", "mps.sh")).read()
+    assert "trap mps_stop EXIT" in helper and "nvidia-cuda-mps-control -d" in helper

@@ -49,7 +49,8 @@ is capturable in a CUDA graph and replays with new routing (the same tensors ref
 
 **Calls.** Collective over every rank of the context. The first call of a shape class (``H``,
 ``K``, ``x``/``topk_idx``/``topk_weights`` dtypes, ``E``, ``max_tokens_per_rank``, ``C``, dtype,
-mode) is validated across ranks (:meth:`iris_fw.context.Context.agree`): a mismatch, or a rank's
+mode) is validated across ranks (the world group's exchange, :meth:`iris_fw.ccl.Group.exchange`,
+bounded by the context's ``wait_timeout``): a mismatch, or a rank's
 bad argument — a routing index outside ``[-1, E)`` included (checked on the host on the first
 call of each token count; under ``IRIS_FW_DEBUG=1`` counted by the kernel and checked after every
 call) — raises on every rank. It then allocates the plan's symmetric buffers (one barrier);
@@ -520,8 +521,9 @@ class MoePlan:
     the validation): its symmetric buffers, local scratch and launchers. ``plan.dispatch(x,
     topk_idx, topk_weights) -> Dispatched``; ``plan.combine(expert_out, handle) -> out``."""
 
-    def __init__(self, ctx, call: MoeCall):
-        self.ctx, self.call = ctx, call
+    def __init__(self, group, call: MoeCall):
+        ctx = group.ctx
+        self.ctx, self.group, self.call = ctx, group, call
         dev = ctx.device
         c = call
         L, C, H, K, W, T = c.local_experts, c.capacity, c.hidden, c.topk, c.world, c.max_tokens
@@ -602,7 +604,7 @@ class MoePlan:
             error = None if not bad else ArgumentError(
                 f"moe_dispatch: topk_idx held {bad} expert ids outside [-1, {c.num_experts}) (found by the dispatch "
                 f"kernel under IRIS_FW_DEBUG=1; those rows were skipped)")
-            ctx.agree("iris_fw.moe_dispatch routing check", {}, error)
+            self.group.exchange("iris_fw.moe_dispatch routing check", {}, error)
         return Dispatched(self.recv_x, self.recv_counts, handle, self.recv_scales)
 
     # ---- combine --------------------------------------------------------------------------------
@@ -631,7 +633,7 @@ class MoePlan:
                                     f"{list(expert_out.stride())}")
         except Exception as exc:
             error = exc
-        ctx.agree("iris_fw.moe_combine", {"expert_out": None if error else "ok"}, error)
+        self.group.exchange("iris_fw.moe_combine", {}, error)
         self.combine_keys.add(key)
 
     def combine(self, expert_out: torch.Tensor, handle: MoeHandle, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -680,10 +682,10 @@ def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, nu
         fields = call.fields(ctx.device.type, True)
     except Exception as exc:  # every rank must hear of it, or they would wait for this one
         error = exc
-    ctx.agree("iris_fw.moe_dispatch", fields, error)
+    g.exchange("iris_fw.moe_dispatch", fields, error)
     made = g.configs.get(("moe", call))
     if made is None:
-        made = g.configs[("moe", call)] = MoePlan(ctx, call)
+        made = g.configs[("moe", call)] = MoePlan(g, call)
         ctx.barrier()  # every rank's buffers and slots are zeroed before any peer writes into them
     if key is not None:
         g.calls[key] = made

@@ -395,3 +395,28 @@ def test_graph_replay_fresh_routing(world, on_gpu, mode, fp8):
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
     world.run(_graph_rank, mode, fp8)
+
+
+# ---- the benchmark --------------------------------------------------------------------------------
+
+
+def _bench_rank(ctx):
+    from iris_fw.bench import BenchOptions
+    from iris_fw.bench.moe import MoeBench
+
+    opts = BenchOptions(sizes=[], iters=1, warmup=0, quick=True, rotate_bytes=1 << 16, log=lambda msg: None)
+    return MoeBench().run(ctx, opts)
+
+
+def test_bench_rows(iris_pool, on_gpu):
+    """``iris-fw bench moe``'s plugin on two CPU ranks: a checked, timed row per method and
+    dtype, the NCCL baseline skipped with a reason."""
+    if on_gpu:
+        pytest.skip("the GPU run is `iris-fw bench moe` (docs/moe.md)")
+    rows = iris_pool(2).run(_bench_rank)[0]
+    timed = [r for r in rows if "eager_us" in r]
+    assert {(r["method"], r["dtype"]) for r in timed} == {(m, d) for m in ("low_latency", "throughput", "torch_local")
+                                                          for d in ("bf16", "fp8")}, rows
+    assert all(r["ok"] is True and r["dropped"] == 0 for r in timed if r["method"] != "torch_local"), rows
+    skipped = {r["method"]: r["skipped"] for r in rows if "skipped" in r}
+    assert "NCCL" in skipped["torch_a2a"], skipped

@@ -53,7 +53,7 @@ mode) is validated across ranks (the world group's exchange, :meth:`iris_fw.ccl.
 bounded by the context's ``wait_timeout``): a mismatch, or a rank's
 bad argument — a routing index outside ``[-1, E)`` included (checked on the host on the first
 call of each token count; under ``IRIS_FW_DEBUG=1`` counted by the kernel and checked after every
-call) — raises on every rank. It then allocates the plan's symmetric buffers (one barrier);
+call, except while a CUDA graph is captured) — raises on every rank. It then allocates the plan's symmetric buffers (one barrier);
 later calls are a dictionary look-up and one or two launches. The returned tensors are the
 plan's buffers: overwritten by its next call (a handle is valid until the next dispatch with
 the same plan; :func:`moe_combine` refuses an older one).
@@ -598,7 +598,9 @@ class MoePlan:
         self.generation += 1
         handle = MoeHandle(self, self.generation, tokens, self.recv_counts, self.recv_src, self.src_slot[:tokens],
                            self.weights[:tokens], self.stats)
-        if self.debug:  # the kernel's count of invalid indices, checked on every rank after every call
+        if self.debug and not (ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            # the kernel's count of invalid indices, checked on every rank after every call (not
+            # while a CUDA graph is captured: the check synchronizes)
             ctx.synchronize()
             bad = int(self.stats[STAT_BAD])
             error = None if not bad else ArgumentError(

@@ -80,6 +80,8 @@ def check_dispatch(ctx, d, xs, idxs, case, capacity):
     local = experts // w
     received, _ = moe_reference(xs, idxs, [torch.zeros(i.shape) for i in idxs], experts)
     counts = d.counts.cpu().tolist()
+    recv_x = d.x.cpu()
+    recv_scales = None if d.scales is None else d.scales.cpu()
     src_r, src_t, src_k = (s.cpu() for s in d.handle.sources())
     stats = d.handle.stats()
     dropped = 0
@@ -96,13 +98,13 @@ def check_dispatch(ctx, d, xs, idxs, case, capacity):
         if capacity >= len(want):
             assert sorted(got) == want, f"expert {e}: got {sorted(got)}, want {want}"
         for s, (p, t, k) in enumerate(got):
-            row = d.x[l, s].cpu()
+            row = recv_x[l, s]
             if fp8:
                 q, sc = refq[p]
-                assert torch.equal(d.scales[l, s].cpu(), sc[t]), f"expert {e} row {(p, t, k)}: scales differ"
+                assert torch.equal(recv_scales[l, s], sc[t]), f"expert {e} row {(p, t, k)}: scales differ"
                 ok = _fp8_close(row, q[t], iris_fw.interpreting())
                 assert bool(ok.all()), f"expert {e} row {(p, t, k)}: fp8 {row[~ok][:4]} vs {q[t][~ok][:4]}"
-                deq = (row.float().view(1, -1) * d.scales[l, s].cpu().repeat_interleave(128)[None, :row.numel()]).view(-1)
+                deq = row.float() * recv_scales[l, s].repeat_interleave(128)[:row.numel()]
             else:
                 assert torch.equal(row, xs[p][t]), f"expert {e} row {(p, t, k)} differs"
                 deq = row.double()

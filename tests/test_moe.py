@@ -411,11 +411,11 @@ def _bench_rank(ctx):
 
 
 def test_bench_rows(iris_pool, on_gpu):
-    """``iris-fw bench moe``'s plugin on two CPU ranks: a checked, timed row per method and
+    """``iris-fw bench moe``'s plugin on one CPU rank: a checked, timed row per method and
     dtype, the NCCL baseline skipped with a reason."""
     if on_gpu:
         pytest.skip("the GPU run is `iris-fw bench moe` (docs/moe.md)")
-    rows = iris_pool(2).run(_bench_rank)[0]
+    rows = iris_pool(1).run(_bench_rank)[0]
     timed = [r for r in rows if "eager_us" in r]
     assert {(r["method"], r["dtype"]) for r in timed} == {(m, d) for m in ("low_latency", "throughput", "torch_local")
                                                           for d in ("bf16", "fp8")}, rows

@@ -538,6 +538,7 @@ class MoePlan:
         self.comb = ctx.zeros(T, K, H, dtype=c.x_dtype)
         self.src_slot = ctx.zeros(T, K, dtype=i32)
         self.slots = ctx.zeros(4, W, dtype=i64)  # dispatch entry, done; combine entry, done
+        self.dispatch_slots, self.combine_slots = self.slots[0], self.slots[2]
         if c.mode == "throughput":
             self.pack_x = ctx.zeros(W, T, H, dtype=c.dtype)
             self.pack_scales = ctx.zeros(W, T, c.groups, dtype=f32) if c.quant else None
@@ -583,13 +584,13 @@ class MoePlan:
         scales = self.recv_scales if c.quant else self.recv_x
         if c.mode == "low_latency":
             self._dispatch(x, topk_idx, topk_weights, self.recv_x, scales, self.recv_src, self.counters, self.src_slot,
-                           self.weights, self.recv_counts, self.stats, self.bad_acc, self.slots[0],
+                           self.weights, self.recv_counts, self.stats, self.bad_acc, self.dispatch_slots,
                            self.epochs["dispatch"], self.states["dispatch"], tokens, x.stride(0), topk_idx.stride(0),
                            topk_weights.stride(0), ctx.rank, ctx.world_size, ctx.heap_bases)
         else:
             pack_scales = self.pack_scales if c.quant else self.pack_x
             self._pack(x, topk_idx, topk_weights, self.pack_x, pack_scales, self.pack_idx, self.pack_tokens,
-                       self.src_slot, self.weights, self.bad_acc, self.slots[0], self.epochs["dispatch"],
+                       self.src_slot, self.weights, self.bad_acc, self.dispatch_slots, self.epochs["dispatch"],
                        self.states["dispatch"], tokens, x.stride(0), topk_idx.stride(0), topk_weights.stride(0),
                        ctx.rank, ctx.world_size, ctx.heap_bases)
             self._scatter(self.pack_x, pack_scales, self.pack_idx, self.pack_tokens, self.recv_x, scales,
@@ -610,11 +611,17 @@ class MoePlan:
         return Dispatched(self.recv_x, self.recv_counts, handle, self.recv_scales)
 
     # ---- combine --------------------------------------------------------------------------------
-    def check_combine(self, expert_out, handle) -> None:
-        """Validate ``expert_out`` and ``handle`` (across ranks on the first call of a signature)."""
+    def check_combine(self, expert_out, handle, out=None) -> None:
+        """Validate ``expert_out``, ``handle`` and ``out`` (across ranks on the first call of a
+        signature: a rank's bad argument raises on every rank)."""
         c, ctx = self.call, self.ctx
-        key = ((tuple(expert_out.shape), expert_out.dtype, expert_out.device, tuple(expert_out.stride()))
-               if isinstance(expert_out, torch.Tensor) else None)
+
+        def sig(t):
+            return (tuple(t.shape), t.dtype, t.device, tuple(t.stride())) if isinstance(t, torch.Tensor) else None
+
+        key = (sig(expert_out), None if out is None else sig(out), handle.tokens)
+        if key[0] is None or (out is not None and key[1] is None):
+            key = None
         if key is not None and key in self.combine_keys and handle.generation == self.generation:
             return
         error = None
@@ -633,6 +640,14 @@ class MoePlan:
                                     f"hidden) of x's dtype {c.x_dtype} on {ctx.device} with contiguous rows, got "
                                     f"{list(expert_out.shape)} {expert_out.dtype} on {expert_out.device} strides "
                                     f"{list(expert_out.stride())}")
+            if out is not None:
+                want = (handle.tokens, c.hidden)
+                if (not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != c.x_dtype
+                        or out.device != ctx.device or (out.numel() and out.stride(-1) != 1)):
+                    got = (f"{list(out.shape)} {out.dtype} on {out.device} strides {list(out.stride())}"
+                           if isinstance(out, torch.Tensor) else type(out).__name__)
+                    raise ArgumentError(f"moe_combine: out must be a {list(want)} tensor (tokens, hidden) of x's "
+                                        f"dtype {c.x_dtype} on {ctx.device} with contiguous rows, got {got}")
         except Exception as exc:
             error = exc
         self.group.exchange("iris_fw.moe_combine", {}, error)
@@ -640,10 +655,10 @@ class MoePlan:
 
     def combine(self, expert_out: torch.Tensor, handle: MoeHandle, out: torch.Tensor | None = None) -> torch.Tensor:
         c, ctx = self.call, self.ctx
-        self.check_combine(expert_out, handle)
+        self.check_combine(expert_out, handle, out)
         if out is None:
             out = torch.empty(handle.tokens, c.hidden, dtype=c.x_dtype, device=ctx.device)
-        self._push(expert_out, self.recv_src, self.recv_counts, self.comb, self.slots[2], self.epochs["combine"],
+        self._push(expert_out, self.recv_src, self.recv_counts, self.comb, self.combine_slots, self.epochs["combine"],
                    self.states["combine"], expert_out.stride(0), expert_out.stride(1), ctx.rank, ctx.world_size,
                    ctx.heap_bases)
         self._reduce(self.comb, self.src_slot, self.weights, out, handle.tokens, out.stride(0))

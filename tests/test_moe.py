@@ -269,15 +269,18 @@ def _bad_call(ctx, what):
         kwargs["mode"] = "throughput"
     if what == "topk" and r == 1:
         idx, wt = idx[:, :1].contiguous(), wt[:, :1].contiguous()
-    if what in ("stale", "expert_out"):
-        if what == "expert_out":  # a shape class of its own: its first combine is validated on every rank
-            kwargs["max_tokens_per_rank"] = 5
+    if what in ("stale", "expert_out", "out"):
+        if what != "stale":  # a shape class of its own: its first combine is validated on every rank
+            kwargs["max_tokens_per_rank"] = 5 if what == "expert_out" else 6
         d1 = moe_dispatch(x, idx, wt, experts, **kwargs)
         d2 = moe_dispatch(x, idx, wt, experts, **kwargs)
         eo = torch.zeros(d2.x.shape, dtype=torch.bfloat16, device=dev)
         with pytest.raises((ArgumentError, CollectiveMismatch)) as info:
             if what == "stale":
                 moe_combine(eo, d1.handle)
+            elif what == "out":
+                moe_combine(eo, d2.handle, out=torch.empty(tokens, hidden + (r == 0), dtype=torch.bfloat16,
+                                                           device=dev))
             else:
                 moe_combine(eo[:, :, :8] if r == 0 else eo, d2.handle)
         moe_combine(eo, d2.handle)
@@ -289,7 +292,7 @@ def _bad_call(ctx, what):
 
 
 BAD = ["hidden", "experts", "index", "negative", "dtype", "capacity", "too_many_tokens", "mode", "topk", "stale",
-       "expert_out"]
+       "expert_out", "out"]
 
 
 def _bad_rank(ctx):
@@ -325,6 +328,8 @@ def test_bad_input_raises_everywhere(iris_pool):
             assert "more than max_tokens_per_rank = 2" in msgs[0] and "rank 0 rejected" in msgs[1], msgs
         if what == "expert_out":
             assert "expert_out must be a [2, 10, 16]" in msgs[0] and "rank 0 rejected" in msgs[1], msgs
+        if what == "out":
+            assert "out must be a [3, 16] tensor" in msgs[0] and "rank 0 rejected" in msgs[1], msgs
 
 
 def _debug_rank(ctx):

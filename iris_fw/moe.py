@@ -234,15 +234,15 @@ def _dispatch_ll_kernel(x, topk_idx, topk_weights, recv_x, recv_scales, recv_src
 
 
 @triton.jit
-def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_idx, pack_tokens, src_slot, weights,
-                          bad_acc, slots, epochs, state,
+def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_idx, pack_w, pack_tokens, src_slot,
+                          weights, bad_acc, slots, epochs, state,
                           tokens, stride_xt, stride_it, stride_wt, rank, world_size, heap_bases,
                           H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, L: tl.constexpr,
                           TMAX: tl.constexpr, BH: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr):
     """Throughput dispatch, step 1: every token crosses once per destination rank that holds
     one of its experts, into ``pack_x [world_size, TMAX, H]`` (slot ``[rank, t]``; scales into
     ``pack_scales [world_size, TMAX, NG]``), its routing row into ``pack_idx [world_size, TMAX,
-    K]`` of *every* rank and this rank's token count into ``pack_tokens [world_size]`` of every
+    K]`` (and its weights into ``pack_w``, fp32, the same shape) of *every* rank and this rank's token count into ``pack_tokens [world_size]`` of every
     rank (all symmetric). Rows this rank does not route (-1, or a bad index: counted) get
     ``src_slot = -1`` here; the others are set by their receiver (step 2)."""
     pid = tl.program_id(0)
@@ -260,14 +260,15 @@ def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_i
         ok = (e >= 0) & (e < E)
         bad += tl.sum(((~ok) & (e != -1) & km).to(tl.int32), axis=0)
         e = tl.where(ok, e, -1)
-        tl.store(weights + t64 * K + ks, tl.load(topk_weights + t64 * stride_wt + ks, mask=km).to(tl.float32),
-                 mask=km)
+        wrow = tl.load(topk_weights + t64 * stride_wt + ks, mask=km, other=0.0).to(tl.float32)
+        tl.store(weights + t64 * K + ks, wrow, mask=km)
         tl.store(src_slot + t64 * K + ks, tl.full([KP], -1, tl.int32), mask=km & (e < 0))
         dst_of = tl.where(ok, e // L, -1)
         for i in range(0, world_size):
             p = (rank + i) % world_size
             at = (rank * TMAX + t64)
             dv.store(pack_idx + at * K + ks, e, rank, p, heap_bases, mask=km)
+            dv.store(pack_w + at * K + ks, wrow, rank, p, heap_bases, mask=km)
             if tl.sum((dst_of == p).to(tl.int32), axis=0) > 0:
                 _push_row(x + t64 * stride_xt, pack_x + at * H, pack_scales + at * NG, rank, p, heap_bases,
                           H, BH, QUANT, GROUP)
@@ -282,13 +283,14 @@ def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_i
 
 @triton.jit
 def _dispatch_scatter_kernel(pack_x, pack_scales, pack_idx, pack_tokens, recv_x, recv_scales, recv_src, counters,
-                             src_slot, recv_counts, stats, bad_acc, epochs, state, rank, world_size, heap_bases,
+                             src_slot, tok_slot, recv_counts, stats, bad_acc, epochs, state, rank, world_size, heap_bases,
                              H: tl.constexpr, K: tl.constexpr, L: tl.constexpr, C: tl.constexpr, TMAX: tl.constexpr,
                              BH: tl.constexpr, QUANT: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                              NL: tl.constexpr):
     """Throughput dispatch, step 2 (local, after step 1 on this rank): every packed row of
     every source rank into its local experts' slots (a local atomic per row), its slot (or -1:
-    dropped) written into the source's ``src_slot [TMAX, K]`` (symmetric). The last program
+    dropped) written into the source's ``src_slot [TMAX, K]`` (symmetric) and into the local
+    ``tok_slot [world_size, TMAX, K]`` (the combine's map). The last program
     publishes the counts. No waits."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -310,6 +312,7 @@ def _dispatch_scatter_kernel(pack_x, pack_scales, pack_idx, pack_tokens, recv_x,
                         _copy_row(pack_x + at * H, recv_x + row * H, pack_scales + at * NG, recv_scales + row * NG,
                                   H, BH, QUANT, NG, NGP)
                         tl.store(recv_src + row, (p * TMAX + t) * K + k)
+                    tl.store(tok_slot + at * K + k, slot)
                     dv.store(src_slot + t * K + k, slot, rank, p, heap_bases)
     if tc.last_program(state, nprog, epoch):
         _publish_counts(counters, recv_counts, stats, bad_acc, L, C, NL)
@@ -535,7 +538,8 @@ class MoePlan:
         self.recv_scales = ctx.zeros(L, C, c.groups, dtype=f32) if c.quant else None
         self.recv_src = ctx.zeros(L, C, dtype=i32)
         self.counters = ctx.zeros(L, dtype=i32)
-        self.comb = ctx.zeros(T, K, H, dtype=c.x_dtype)
+        # combine rows back at the source: one per (token, k), or (throughput) one per (token, rank)
+        self.comb = ctx.zeros(T, K if c.mode == "low_latency" else W, H, dtype=c.x_dtype)
         self.src_slot = ctx.zeros(T, K, dtype=i32)
         self.slots = ctx.zeros(4, W, dtype=i64)  # dispatch entry, done; combine entry, done
         self.dispatch_slots, self.combine_slots = self.slots[0], self.slots[2]
@@ -543,6 +547,8 @@ class MoePlan:
             self.pack_x = ctx.zeros(W, T, H, dtype=c.dtype)
             self.pack_scales = ctx.zeros(W, T, c.groups, dtype=f32) if c.quant else None
             self.pack_idx = ctx.zeros(W, T, K, dtype=i32)
+            self.pack_w = ctx.zeros(W, T, K, dtype=f32)
+            self.tok_slot = torch.zeros(W, T, K, dtype=i32, device=dev)
             self.pack_tokens = ctx.zeros(W, dtype=i32)
         # local
         self.weights = torch.zeros(T, K, dtype=f32, device=dev)
@@ -551,7 +557,7 @@ class MoePlan:
         self.bad_acc = torch.zeros(1, dtype=i32, device=dev)
         self.nprog = devinfo.persistent_programs(dev, T)
         self.nprog_scatter = devinfo.persistent_programs(dev, W * T)
-        self.nprog_combine = devinfo.persistent_programs(dev, L * C)
+        self.nprog_combine = devinfo.persistent_programs(dev, L * C if c.mode == "low_latency" else W * T)
         self.epochs = {name: torch.zeros(n, dtype=i64, device=dev) for name, n in
                        (("dispatch", self.nprog), ("scatter", self.nprog_scatter), ("combine", self.nprog_combine))}
         self.states = {name: torch.zeros(1, dtype=i64, device=dev) for name in ("dispatch", "scatter", "combine")}
@@ -572,10 +578,16 @@ class MoePlan:
             self._scatter = KernelLauncher(_dispatch_scatter_kernel, (self.nprog_scatter,), constexprs=dict(
                 **common, L=L, C=C, QUANT=c.quant, NG=c.groups, NGP=max(2, triton.next_power_of_2(c.groups)), NL=nl),
                 **opts)
-        self._push = KernelLauncher(_combine_push_kernel, (self.nprog_combine,), constexprs=dict(**common, L=L, C=C),
-                                    **opts)
-        self._reduce = KernelLauncher(_combine_reduce_kernel, (self.nprog,), constexprs=dict(H=H, K=K, KP=kp, BH=block),
-                                      **opts)
+        if c.mode == "low_latency":
+            self._push = KernelLauncher(_combine_push_kernel, (self.nprog_combine,),
+                                        constexprs=dict(**common, L=L, C=C), **opts)
+            self._reduce = KernelLauncher(_combine_reduce_kernel, (self.nprog,),
+                                          constexprs=dict(H=H, K=K, KP=kp, BH=block), **opts)
+        else:
+            self._push = KernelLauncher(_combine_tp_push_kernel, (self.nprog_combine,),
+                                        constexprs=dict(**common, KP=kp, L=L), **opts)
+            self._reduce = KernelLauncher(_combine_tp_reduce_kernel, (self.nprog,), constexprs=dict(
+                H=H, K=K, KP=kp, L=L, TMAX=T, WP=max(2, triton.next_power_of_2(W)), BH=block), **opts)
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
@@ -589,12 +601,12 @@ class MoePlan:
                            topk_weights.stride(0), ctx.rank, ctx.world_size, ctx.heap_bases)
         else:
             pack_scales = self.pack_scales if c.quant else self.pack_x
-            self._pack(x, topk_idx, topk_weights, self.pack_x, pack_scales, self.pack_idx, self.pack_tokens,
-                       self.src_slot, self.weights, self.bad_acc, self.dispatch_slots, self.epochs["dispatch"],
+            self._pack(x, topk_idx, topk_weights, self.pack_x, pack_scales, self.pack_idx, self.pack_w,
+                       self.pack_tokens, self.src_slot, self.weights, self.bad_acc, self.dispatch_slots, self.epochs["dispatch"],
                        self.states["dispatch"], tokens, x.stride(0), topk_idx.stride(0), topk_weights.stride(0),
                        ctx.rank, ctx.world_size, ctx.heap_bases)
             self._scatter(self.pack_x, pack_scales, self.pack_idx, self.pack_tokens, self.recv_x, scales,
-                          self.recv_src, self.counters, self.src_slot, self.recv_counts, self.stats, self.bad_acc,
+                          self.recv_src, self.counters, self.src_slot, self.tok_slot, self.recv_counts, self.stats, self.bad_acc,
                           self.epochs["scatter"], self.states["scatter"], ctx.rank, ctx.world_size, ctx.heap_bases)
         self.generation += 1
         handle = MoeHandle(self, self.generation, tokens, self.recv_counts, self.recv_src, self.src_slot[:tokens],
@@ -658,10 +670,16 @@ class MoePlan:
         self.check_combine(expert_out, handle, out)
         if out is None:
             out = torch.empty(handle.tokens, c.hidden, dtype=c.x_dtype, device=ctx.device)
-        self._push(expert_out, self.recv_src, self.recv_counts, self.comb, self.combine_slots, self.epochs["combine"],
-                   self.states["combine"], expert_out.stride(0), expert_out.stride(1), ctx.rank, ctx.world_size,
-                   ctx.heap_bases)
-        self._reduce(self.comb, self.src_slot, self.weights, out, handle.tokens, out.stride(0))
+        if c.mode == "low_latency":
+            self._push(expert_out, self.recv_src, self.recv_counts, self.comb, self.combine_slots,
+                       self.epochs["combine"], self.states["combine"], expert_out.stride(0), expert_out.stride(1),
+                       ctx.rank, ctx.world_size, ctx.heap_bases)
+            self._reduce(self.comb, self.src_slot, self.weights, out, handle.tokens, out.stride(0))
+        else:
+            self._push(expert_out, self.pack_idx, self.pack_w, self.pack_tokens, self.tok_slot, self.comb,
+                       self.combine_slots, self.epochs["combine"], self.states["combine"], expert_out.stride(0),
+                       expert_out.stride(1), ctx.rank, ctx.world_size, ctx.heap_bases)
+            self._reduce(self.comb, self.pack_idx, out, handle.tokens, out.stride(0), ctx.rank, ctx.world_size)
         return out
 
     def __repr__(self) -> str:
@@ -776,3 +794,72 @@ def moe_reference(xs: list, idxs: list, weights: list, num_experts: int,
                 out[t] += float(w[t, k]) * fn(e, x[t].to("cpu", dtype))
         outs.append(out)
     return received, outs
+
+
+@triton.jit
+def _combine_tp_push_kernel(expert_out, pack_idx, pack_w, pack_tokens, tok_slot, comb, slots, epochs, state,
+                            stride_el, stride_ec, rank, world_size, heap_bases,
+                            H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, L: tl.constexpr, TMAX: tl.constexpr,
+                            BH: tl.constexpr):
+    """Throughput combine, step 1: for every token ``t`` of every source rank ``p`` with an
+    expert here, the weighted sum (fp32, in k order) of its rows' outputs here goes back as one
+    row into ``p``'s ``comb [TMAX, world_size, H]`` (symmetric) at ``(t, rank)``: each token
+    crosses once per rank, as in the dispatch. Routing, weights and slots from the dispatch
+    (``pack_idx``, ``pack_w``, ``pack_tokens``, local ``tok_slot``); entry and done barriers on
+    ``slots`` int64 ``[2, world_size]``."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = tc.program_epoch(epochs)
+    tc.arrive(slots, epoch, rank, world_size, heap_bases)
+    live = tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
+    ks = tl.arange(0, KP)
+    km = ks < K
+    offs = tl.arange(0, BH)
+    for item in range(pid, world_size * TMAX * live, nprog):
+        p = item // TMAX
+        t = item % TMAX
+        if t < tl.load(pack_tokens + p, volatile=True):
+            at = tl.cast(item, tl.int64)
+            e = tl.load(pack_idx + at * K + ks, mask=km, other=-1)
+            mine = km & (e >= 0) & (e // L == rank)
+            if tl.sum(mine.to(tl.int32), axis=0) > 0:
+                sl = tl.load(tok_slot + at * K + ks, mask=mine, other=-1)
+                use = mine & (sl >= 0)
+                w = tl.where(use, tl.load(pack_w + at * K + ks, mask=use, other=0.0), 0.0)
+                rows = (expert_out + tl.where(use, e % L, 0).to(tl.int64) * stride_el
+                        + tl.where(use, sl, 0).to(tl.int64) * stride_ec)
+                dst = comb + (tl.cast(t, tl.int64) * world_size + rank) * H
+                for h in range(0, H, BH):
+                    m = h + offs < H
+                    tile = tl.load(rows[:, None] + (h + offs)[None, :], mask=use[:, None] & m[None, :], other=0.0)
+                    acc = tl.sum(tile.to(tl.float32) * w[:, None], axis=0)
+                    dv.store(dst + h + offs, acc.to(comb.dtype.element_ty), rank, p, heap_bases, mask=m)
+    if tc.last_program(state, nprog, epoch):
+        tc.arrive(slots + world_size, epoch, rank, world_size, heap_bases)
+        tc.wait_arrivals(slots + world_size, epoch, rank, world_size, heap_bases)
+
+
+@triton.jit
+def _combine_tp_reduce_kernel(comb, pack_idx, out, tokens, stride_ot, rank, world_size,
+                              H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, L: tl.constexpr,
+                              TMAX: tl.constexpr, WP: tl.constexpr, BH: tl.constexpr):
+    """Throughput combine, step 2 (local): ``out[t]`` = the sum, in rank order, of the rows
+    ``comb[t, r]`` of the ranks ``r`` holding one of token ``t``'s experts (its routing row is
+    this rank's own row of ``pack_idx``)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ks = tl.arange(0, KP)
+    km = ks < K
+    rs = tl.arange(0, WP)
+    offs = tl.arange(0, BH)
+    for t in range(pid, tokens, nprog):
+        t64 = tl.cast(t, tl.int64)
+        e = tl.load(pack_idx + (rank * TMAX + t64) * K + ks, mask=km, other=-1)
+        hit = (e[None, :] >= 0) & (e[None, :] // L == rs[:, None]) & km[None, :]
+        sent = (tl.sum(hit.to(tl.int32), axis=1) > 0) & (rs < world_size)
+        for h in range(0, H, BH):
+            m = h + offs < H
+            tile = tl.load(comb + (t64 * world_size + rs)[:, None] * H + (h + offs)[None, :],
+                           mask=sent[:, None] & m[None, :], other=0.0)
+            tl.store(out + t64 * stride_ot + h + offs, tl.sum(tile.to(tl.float32), axis=0).to(out.dtype.element_ty),
+                     mask=m)

@@ -28,7 +28,9 @@ call to call; ``handle.src_info`` says, per received row, its source rank, token
 **Modes.** ``"low_latency"``: every (token, k) row is pushed straight into its expert's slot on
 the destination rank (one remote atomic and one row per (token, k)). ``"throughput"``: each token
 crosses once per destination *rank* (into a receive area packed by source rank and token, with
-its routing row), then the receiver scatters it into its experts' slots locally (two launches).
+its routing row and weights), then the receiver scatters it into its experts' slots locally (two
+launches); its combine sums a token's rows on each expert rank and sends one row per (token,
+rank) back.
 ``"auto"``: by ``max_tokens_per_rank`` from ``iris_fw/tuning/moe.json``.
 
 **fp8.** ``dtype=torch.float8_e4m3fn`` (``x`` bf16/fp16/fp32): the dispatch kernel quantizes each
@@ -42,9 +44,9 @@ bounded, for every rank's arrival: a rank's buffers are free once it entered the
 *done* barrier made by the last program of each rank to finish (:func:`iris_fw.tilecomm.last_program`:
 no program waits for another program of its own launch, so the kernels are correct under Triton's
 CPU interpreter). The done barrier's last program publishes the counts and resets the counters.
-The combine pushes each received row back to its source's slot ``(t, k)`` (entry and done
-barriers likewise), then a local kernel sums the ``K`` rows of each token with its weights (in k
-order: deterministic). Nothing goes through the host, shapes are static: a dispatch/combine pair
+The combine pushes each received row (``low_latency``) or each token's weighted partial sum of a
+rank (``throughput``) back to its source (entry and done barriers likewise), then a local kernel
+sums them per token (in k order, resp. rank order: deterministic). Nothing goes through the host, shapes are static: a dispatch/combine pair
 is capturable in a CUDA graph and replays with new routing (the same tensors refilled).
 
 **Calls.** Collective over every rank of the context. The first call of a shape class (``H``,

@@ -46,8 +46,9 @@ no program waits for another program of its own launch, so the kernels are corre
 CPU interpreter). The done barrier's last program publishes the counts and resets the counters.
 The combine pushes each received row (``low_latency``) or each token's weighted partial sum of a
 rank (``throughput``) back to its source (entry and done barriers likewise), then a local kernel
-sums them per token (in k order, resp. rank order: deterministic). Nothing goes through the host, shapes are static: a dispatch/combine pair
-is capturable in a CUDA graph and replays with new routing (the same tensors refilled).
+sums them per token (in k order, resp. rank order: deterministic). Nothing goes through the
+host, shapes are static: a dispatch/combine pair is capturable in a CUDA graph and replays with
+new routing (the same tensors refilled).
 
 **Calls.** Collective over every rank of the context. The first call of a shape class (``H``,
 ``K``, ``x``/``topk_idx``/``topk_weights`` dtypes, ``E``, ``max_tokens_per_rank``, ``C``, dtype,
@@ -55,7 +56,8 @@ mode) is validated across ranks (the world group's exchange, :meth:`iris_fw.ccl.
 bounded by the context's ``wait_timeout``): a mismatch, or a rank's
 bad argument — a routing index outside ``[-1, E)`` included (checked on the host on the first
 call of each token count; under ``IRIS_FW_DEBUG=1`` counted by the kernel and checked after every
-call, except while a CUDA graph is captured) — raises on every rank. It then allocates the plan's symmetric buffers (one barrier);
+call, except while a CUDA graph is captured) — raises on every rank. It then allocates the
+plan's symmetric buffers (one barrier);
 later calls are a dictionary look-up and one or two launches. The returned tensors are the
 plan's buffers: overwritten by its next call (a handle is valid until the next dispatch with
 the same plan; :func:`moe_combine` refuses an older one).
@@ -244,7 +246,8 @@ def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_i
     """Throughput dispatch, step 1: every token crosses once per destination rank that holds
     one of its experts, into ``pack_x [world_size, TMAX, H]`` (slot ``[rank, t]``; scales into
     ``pack_scales [world_size, TMAX, NG]``), its routing row into ``pack_idx [world_size, TMAX,
-    K]`` (and its weights into ``pack_w``, fp32, the same shape) of *every* rank and this rank's token count into ``pack_tokens [world_size]`` of every
+    K]`` (and its weights into ``pack_w``, fp32, the same shape) of *every* rank and this rank's
+    token count into ``pack_tokens [world_size]`` of every
     rank (all symmetric). Rows this rank does not route (-1, or a bad index: counted) get
     ``src_slot = -1`` here; the others are set by their receiver (step 2)."""
     pid = tl.program_id(0)
@@ -285,7 +288,8 @@ def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_i
 
 @triton.jit
 def _dispatch_scatter_kernel(pack_x, pack_scales, pack_idx, pack_tokens, recv_x, recv_scales, recv_src, counters,
-                             src_slot, tok_slot, recv_counts, stats, bad_acc, epochs, state, rank, world_size, heap_bases,
+                             src_slot, tok_slot, recv_counts, stats, bad_acc, epochs, state, rank, world_size,
+                             heap_bases,
                              H: tl.constexpr, K: tl.constexpr, L: tl.constexpr, C: tl.constexpr, TMAX: tl.constexpr,
                              BH: tl.constexpr, QUANT: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                              NL: tl.constexpr):
@@ -604,11 +608,13 @@ class MoePlan:
         else:
             pack_scales = self.pack_scales if c.quant else self.pack_x
             self._pack(x, topk_idx, topk_weights, self.pack_x, pack_scales, self.pack_idx, self.pack_w,
-                       self.pack_tokens, self.src_slot, self.weights, self.bad_acc, self.dispatch_slots, self.epochs["dispatch"],
+                       self.pack_tokens, self.src_slot, self.weights, self.bad_acc, self.dispatch_slots,
+                       self.epochs["dispatch"],
                        self.states["dispatch"], tokens, x.stride(0), topk_idx.stride(0), topk_weights.stride(0),
                        ctx.rank, ctx.world_size, ctx.heap_bases)
             self._scatter(self.pack_x, pack_scales, self.pack_idx, self.pack_tokens, self.recv_x, scales,
-                          self.recv_src, self.counters, self.src_slot, self.tok_slot, self.recv_counts, self.stats, self.bad_acc,
+                          self.recv_src, self.counters, self.src_slot, self.tok_slot, self.recv_counts, self.stats,
+                          self.bad_acc,
                           self.epochs["scatter"], self.states["scatter"], ctx.rank, ctx.world_size, ctx.heap_bases)
         self.generation += 1
         handle = MoeHandle(self, self.generation, tokens, self.recv_counts, self.recv_src, self.src_slot[:tokens],

@@ -56,7 +56,8 @@ DTYPES = {"bf16": None, "fp8": torch.float8_e4m3fn}
 
 class _Point:
     def __init__(self, ctx, name, hidden, experts, topk, tokens, dtype):
-        self.ctx, self.name, self.hidden, self.experts, self.topk, self.tokens = ctx, name, hidden, experts, topk, tokens
+        self.ctx, self.name, self.hidden, self.experts = ctx, name, hidden, experts
+        self.topk, self.tokens = topk, tokens
         self.dtype = dtype
         dev, w = ctx.device, ctx.world_size
         gen = torch.Generator(device="cpu").manual_seed(4321 + 17 * ctx.rank + tokens)

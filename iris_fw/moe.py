@@ -83,9 +83,9 @@ from . import device as dv
 from . import devinfo, env
 from . import tilecomm as tc
 from .engine.launcher import KernelLauncher
-from .errors import ArgumentError, ArgumentTypeError, IrisError
+from .errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["MODES", "Dispatched", "MoeHandle", "MoePlan", "moe_combine", "moe_dispatch", "moe_reference",
+__all__ = ["MODES", "Dispatched", "MoeHandle", "MoePlan", "auto_mode", "moe_combine", "moe_dispatch", "moe_reference", "plan",
            "quantize_reference"]
 
 #: ``mode=`` values (``"auto"`` chooses one of them by ``max_tokens_per_rank``).

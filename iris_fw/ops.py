@@ -8,8 +8,11 @@ rank's result as a new tensor::
     c = iris_fw.ops.gemm_reduce_scatter(a_local, b_local)     # [M, K/W] @ [K/W, N] summed -> [M/W, N]
     c = iris_fw.ops.gemm_all_reduce(a_local, b_local, bias=b) # [M, K/W] @ [K/W, N] summed (+ bias) -> [M, N]
     o = iris_fw.ops.flash_decode(q, k_local, v_local)         # decode attention over a sequence split by rank
+    d = iris_fw.ops.moe_dispatch(x, topk_idx, topk_w, E, max_tokens_per_rank=T)  # tokens -> experts' rows [E/W, C, H]
+    y = iris_fw.ops.moe_combine(expert_out, d.handle)         # experts' rows -> [T, H], top-k weighted, token order
 
-``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers, ``"fused"`` (one kernel
+``moe_dispatch``/``moe_combine`` (:mod:`iris_fw.moe`) are expert-parallel exchanges with their
+own modes. ``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers, ``"fused"`` (one kernel
 that combines across ranks) and ``"bulk_sync"``; the GEMM schedulers below are the engine's.
 
 ``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
@@ -37,12 +40,13 @@ from . import context as _context
 from .engine.op import Op
 from .flash_decode import flash_decode
 from .gemm import GemmConfig, matmul
+from .moe import moe_combine, moe_dispatch
 
 if TYPE_CHECKING:
     from .context import Context
 
 __all__ = ["Op", "all_gather_gemm", "flash_decode", "gemm_all_reduce", "gemm_all_scatter", "gemm_reduce_scatter",
-           "matmul", "plan"]
+           "matmul", "moe_combine", "moe_dispatch", "plan"]
 
 
 def plan(pattern: str, *inputs: Any, ctx: Context | None = None, scheduler: str = "auto", config: Any = None,

@@ -7,7 +7,7 @@ and AMD targets (tests/test_compile_matrix.py drives it; two child processes, si
    kernel is found without being listed anywhere.
 2. **Record** (child, interpreter on): one rank runs the public calls that launch kernels — the
    context's own kernels, every collective algorithm, every pattern under every scheduler that
-   runs it, the GEMM, flash-decode, a few of them traced, the benchmarks' kernels — with a pre-run hook on every discovered kernel
+   runs it, the GEMM, flash-decode, MoE dispatch/combine, a few of them traced, the benchmarks' kernels — with a pre-run hook on every discovered kernel
    that writes down the arguments of each distinct variant (argument types, constexprs). The
    ``_matmul_kernel`` also gets a TMA-descriptor variant (CPU tensors never take that path).
 3. **Compile** (child, interpreter off): each recorded variant, its arguments rebuilt, goes
@@ -257,6 +257,16 @@ def _launch_everything(ctx, torch) -> None:
         flash_decode(q, k, k, scheduler=scheduler)
     flash_decode(q, k.reshape(4, 4, 2, 16), k.reshape(4, 4, 2, 16), block_table=pages,
                  kv_lens=torch.tensor([7, 8], dtype=torch.int32, device=dev))
+    # MoE dispatch + combine in both modes, bf16 and fp8
+    from iris_fw.ops import moe_combine, moe_dispatch
+
+    xm = torch.randn(3, 40, device=dev, dtype=torch.bfloat16)
+    idx = torch.tensor([[0, 1], [1, -1], [0, 1]], device=dev)
+    for mode in ("low_latency", "throughput"):
+        for fp8 in (None, torch.float8_e4m3fn):
+            d = moe_dispatch(xm, idx, torch.rand(3, 2, device=dev), 2 * ctx.world_size, max_tokens_per_rank=4,
+                             dtype=fp8, mode=mode)
+            moe_combine(torch.zeros(d.x.shape, dtype=torch.bfloat16, device=dev), d.handle)
     with ctx.trace(None):  # traced variants (TRACE=1), and the session's clock synchronization
         ccl.all_reduce(x.clone())
         ops.plan("gemm_all_scatter", a, a, scheduler="fused_sequential")(a, a)

@@ -1,0 +1,209 @@
+"""MoE dispatch + combine (:mod:`iris_fw.moe`) against torch baselines, as a benchmark plugin
+(``iris-fw bench moe``; issue 30).
+
+Shapes (:data:`SHAPES`): DeepSeek-V3-like (hidden 7168, 256 experts, top-8) at 128 tokens per
+rank (decode) and 4096 (prefill), Mixtral-like (hidden 4096, 8 experts, top-2) at 128 and 4096;
+``--quick``: the decode points only. Routing: uniform random distinct experts per token, weights
+random. The experts are the identity (``expert_out`` a fixed buffer), so the times are the
+exchange's. For each point and dtype (bf16, fp8 — ``--dtype`` picks one) one interleaved
+measurement (:func:`~iris_fw.bench.harness.measure_interleaved`), eager and, on GPUs, in a CUDA
+graph of :data:`~iris_fw.bench.ccl.GRAPH_CALLS` pairs:
+
+* ``low_latency`` / ``throughput`` — ``moe_dispatch`` + ``moe_combine`` in that mode;
+* ``torch_a2a`` — the torch.distributed baseline: the rows sorted by destination rank, the
+  per-rank counts exchanged with ``all_to_all_single`` and brought to the host (the split
+  exchange), the rows with ``all_to_all_single`` (splits), the reverse for the combine, then a
+  weighted ``index_add_`` (needs NCCL: skipped with a reason where it is not, e.g. ranks sharing
+  one GPU);
+* ``torch_local`` — that baseline's local torch work alone (sort by expert, gather the rows,
+  weighted ``index_add_`` back): the part one GPU can run without NCCL.
+
+Before timing, each iris-fw method is checked: the combine of the identity experts must be
+``sum_k w[t, k] * x[t]`` over the rows not dropped (float64; fp8: of the dequantized rows), and
+the drops are reported (``dropped``: rows past capacity at this rank; prefill points use a capacity
+of :data:`PREFILL_CAPACITY_FACTOR` times the mean load). ``bytes_per_rank``: the bytes of rows a
+rank sends in one dispatch. On CPU ranks (a smoke run) the shapes shrink to :data:`CPU_SHAPE`.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+
+import torch
+
+import iris_fw
+
+from .. import moe
+from ..hookspecs import hookimpl
+from .ccl import GRAPH_CALLS, _attempt, _capture, _nccl_reason
+from .harness import measure_interleaved
+
+#: name -> (hidden, experts, topk, tokens per rank)
+SHAPES = {"dsv3_decode": (7168, 256, 8, 128), "dsv3_prefill": (7168, 256, 8, 4096),
+          "mixtral_decode": (4096, 8, 2, 128), "mixtral_prefill": (4096, 8, 2, 4096)}
+QUICK = ("dsv3_decode", "mixtral_decode")
+#: The CPU smoke run's shape (experts per rank, not total).
+CPU_SHAPE = ("cpu", 48, 2, 2, 4)
+#: Capacity of prefill points: this many times the mean rows per expert (decode: no drops).
+PREFILL_CAPACITY_FACTOR = 2
+PREFILL_TOKENS = 1024
+#: Bounds of the check's fp8 rounding, in units of a row's largest |x| (see _Point.check).
+FP8_STEP, FP8_INTERP_STEP = 2 ** -4 + 2 ** -7, 0.5
+DTYPES = {"bf16": None, "fp8": torch.float8_e4m3fn}
+
+
+class _Point:
+    def __init__(self, ctx, name, hidden, experts, topk, tokens, dtype):
+        self.ctx, self.name, self.hidden, self.experts = ctx, name, hidden, experts
+        self.topk, self.tokens = topk, tokens
+        self.dtype = dtype
+        dev, w = ctx.device, ctx.world_size
+        gen = torch.Generator(device="cpu").manual_seed(4321 + 17 * ctx.rank + tokens)
+        self.x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(dev)
+        self.idx = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)]).to(dev)
+        self.w = torch.rand(tokens, topk, generator=gen).to(dev)
+        mean = tokens * w * topk / experts
+        self.capacity = None if tokens < PREFILL_TOKENS else max(1, math.ceil(PREFILL_CAPACITY_FACTOR * mean))
+        self.out = torch.empty_like(self.x)
+        self.plans = {mode: moe.plan(self.x, self.idx, self.w, experts, max_tokens_per_rank=tokens,
+                                     capacity=self.capacity, dtype=dtype, mode=mode, ctx=ctx) for mode in moe.MODES}
+        plan = self.plans["low_latency"]
+        self.expert_out = torch.zeros(plan.recv_x.shape, dtype=torch.bfloat16, device=dev)
+        self.bytes = tokens * topk * (hidden * (1 if dtype is not None else 2) + (4 * plan.call.groups if dtype else 0))
+
+    def method(self, name):
+        if name in moe.MODES:
+            plan, x, idx, w, eo, out = self.plans[name], self.x, self.idx, self.w, self.expert_out, self.out
+
+            def call(i):
+                d = plan.dispatch(x, idx, w)
+                plan.combine(eo, d.handle, out)
+            return call
+        if name == "torch_local":
+            return self._torch_local
+        if name == "torch_a2a":
+            return self._torch_a2a
+        raise KeyError(name)
+
+    def check(self, mode) -> tuple[float, bool, int]:
+        """Identity experts: the combine must be the weighted sum of the rows not dropped."""
+        plan = self.plans[mode]
+        d = plan.dispatch(self.x, self.idx, self.w)
+        rows = d.x.float()
+        if d.scales is not None:
+            rows = rows * d.scales.repeat_interleave(moe.FP8_GROUP, dim=2)[:, :, :self.hidden]
+        got = plan.combine(rows.to(torch.bfloat16), d.handle)
+        self.ctx.synchronize()
+        kept = (d.handle.src_slot >= 0).double().cpu()
+        x = self.x.double().cpu()
+        if d.scales is not None:
+            q, s = moe.quantize_reference(self.x.cpu())
+            x = (q.float() * s.repeat_interleave(moe.FP8_GROUP, dim=1)[:, :self.hidden]).double()
+        want = (self.w.double().cpu() * kept).sum(1, keepdim=True) * x
+        err = (got.double().cpu() - want).abs()
+        # fp8: one e4m3 step (2^-4 of a value) per row; Triton's CPU interpreter mis-rounds a carry into
+        # the exponent (1.96 -> 1.0: half a value), so CPU ranks get that bound instead
+        step = (FP8_INTERP_STEP if iris_fw.interpreting() else FP8_STEP) if d.scales is not None else 2 ** -7
+        wsum = (self.w.double().cpu() * kept).sum(1, keepdim=True)
+        tol = 2 ** -7 * want.abs() + step * wsum * x.abs().amax(1, keepdim=True) + 1e-6
+        return float(err.max()) if err.numel() else 0.0, bool((err <= tol).all()), int(d.handle.stats()["dropped"])
+
+    def _torch_local(self, i):
+        """Sort rows by expert, gather, weighted index_add back (the local torch work)."""
+        flat = self.idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tok = order // self.topk
+        rows = self.x.index_select(0, tok)
+        torch.bincount(flat, minlength=self.experts)
+        out = torch.zeros(self.tokens, self.hidden, dtype=torch.float32, device=self.x.device)
+        out.index_add_(0, tok, rows.float() * self.w.reshape(-1)[order, None])
+        self.out.copy_(out)
+
+    def _torch_a2a(self, i):
+        import torch.distributed as dist
+
+        w = self.ctx.world_size
+        local = self.experts // w
+        flat = self.idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tok = order // self.topk
+        send = self.x.index_select(0, tok)
+        counts = torch.bincount(flat // local, minlength=w)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts)
+        sc, rc = counts.tolist(), recv_counts.tolist()  # the host split exchange
+        recv = torch.empty(sum(rc), self.hidden, dtype=send.dtype, device=send.device)
+        dist.all_to_all_single(recv, send, rc, sc)
+        back = torch.empty_like(send)
+        dist.all_to_all_single(back, recv, sc, rc)
+        out = torch.zeros(self.tokens, self.hidden, dtype=torch.float32, device=self.x.device)
+        out.index_add_(0, tok, back.float() * self.w.reshape(-1)[order, None])
+        self.out.copy_(out)
+
+
+class MoeBench:
+    name = "moe"
+    description = ("MoE dispatch + combine (DeepSeek-V3-like and Mixtral-like shapes, decode and prefill, bf16 and "
+                   "fp8): iris-fw low_latency and throughput beside torch.distributed all_to_all_single with the host "
+                   "split exchange and the local torch work alone, eager and in CUDA graphs")
+    plot = [{"x": "tokens_per_rank", "y": "graph_us", "series": "method", "facet": "shape", "logy": True,
+             "xlabel": "tokens per rank", "ylabel": f"us per dispatch+combine (graph of {GRAPH_CALLS})"}]
+
+    def run(self, ctx, opts):
+        gpu = ctx.device.type == "cuda"
+        w = ctx.world_size
+        if gpu:
+            names = QUICK if opts.quick else tuple(SHAPES)
+            shapes = [(n, *SHAPES[n]) for n in names]
+        else:
+            name, hidden, per_rank, topk, tokens = CPU_SHAPE
+            shapes = [(name, hidden, per_rank * w, topk, tokens)]
+        shapes = [s for s in shapes if s[2] % w == 0]
+        wanted = opts.extra.get("dtype")
+        dtypes = {k: v for k, v in DTYPES.items() if not wanted or wanted.lower().removeprefix("torch.") in (k, str(v))}
+        skipped = {}
+        why = _nccl_reason(ctx)
+        if why:
+            skipped["torch_a2a"] = f"needs NCCL's process group ({why})"
+        if not gpu:
+            skipped["graphs"] = "CPU ranks: no CUDA graphs (eager only)"
+        rows = []
+        for (name, hidden, experts, topk, tokens), (dname, dtype) in itertools.product(shapes, dtypes.items()):
+            point = _Point(ctx, name, hidden, experts, topk, tokens, dtype)
+            methods = [*moe.MODES, "torch_local"] + ([] if "torch_a2a" in skipped or dtype is not None
+                                                     else ["torch_a2a"])
+            checks = {m: point.check(m) for m in moe.MODES}
+            fns = {}
+            for m in methods:
+                f = point.method(m)
+                fns[(m, "eager")] = f
+                if gpu:
+                    holder, counter = {}, itertools.count()
+                    if _attempt(ctx, lambda: holder.setdefault("g", _capture(ctx, lambda: f(next(counter))))) is None:
+                        fns[(m, "graph")] = holder["g"]
+            times = measure_interleaved(ctx, fns, opts.iters, opts.warmup)
+            parts = []
+            for m in methods:
+                eager, graph = times.get((m, "eager")), times.get((m, "graph"))
+                graph = None if graph is None else graph / GRAPH_CALLS
+                row = {"shape": name, "hidden": hidden, "experts": experts, "topk": topk, "tokens_per_rank": tokens,
+                       "dtype": dname, "method": m, "eager_us": eager, "graph_us": graph,
+                       "bytes_per_rank": point.bytes, "capacity": point.plans["low_latency"].call.capacity}
+                if m in checks:
+                    row["max_err"], row["ok"], row["dropped"] = checks[m]
+                rows.append({k: v for k, v in row.items() if v is not None})
+                parts.append(f"{m} {eager:.1f}" + (f"/{graph:.1f}" if graph is not None else "")
+                             + (" WRONG" if row.get("ok") is False else ""))
+            opts.log(f"  {name} {dname} T {tokens} (us eager{'/graph' if gpu else ''}): " + ", ".join(parts))
+            del point, fns
+            gc.collect()
+            ctx.barrier()
+        rows += [{"method": m, "skipped": why} for m, why in skipped.items()]
+        return rows
+
+
+@hookimpl
+def iris_fw_register_benchmarks(registry):
+    registry.register(MoeBench())

@@ -256,3 +256,27 @@ def test_bad_arguments(iris_pool):
     """Bad constructor and generate arguments raise naming the argument (before any collective)."""
     msgs = iris_pool(1).run(_bad_rank)[0]
     assert "batch" in msgs[0] and "reduce" in msgs[1]
+
+
+# ---- the benchmark ---------------------------------------------------------------------------------
+
+
+def _bench_rank(ctx):
+    from iris_fw.bench import BenchOptions
+    from iris_fw.bench.model import ModelBench
+
+    opts = BenchOptions(sizes=[16], iters=1, warmup=0, quick=True, rotate_bytes=1 << 16, log=lambda msg: None)
+    return ModelBench().run(ctx, opts)
+
+
+@pytest.mark.skipif(not INTERP, reason="the GPU run is `iris-fw bench model` (docs/run-a-model.md)")
+def test_bench_rows(iris_pool):
+    """``iris-fw bench model`` on one CPU rank (the smoke run): timed rows for iris-fw eager and
+    compiled and for transformers, the logits checked against transformers', graphs skipped."""
+    rows = iris_pool(1).run(_bench_rank)[0]
+    timed = {r["method"]: r for r in rows if "us_per_token" in r}
+    assert set(timed) == {"iris_fw eager", "iris_fw compiled", "transformers eager"}, rows
+    assert all(r["tokens_per_s"] > 0 and r["vs_transformers"] > 0 for r in timed.values()), rows
+    assert timed["iris_fw eager"]["max_err"] < 0.05, rows      # bf16 logits against transformers' on one cache
+    skipped = {r["method"]: r["skipped"] for r in rows if "skipped" in r}
+    assert "CUDA graphs" in skipped["iris_fw graph"], skipped

@@ -158,6 +158,41 @@ def _check_config(config: Any) -> None:
                             f"length); supported: {', '.join(STATIC_ROPE)}")
 
 
+def _agree(ctx: Context, what: str, check) -> None:
+    """Run ``check() -> dict`` (this rank's fields; it may raise) on every rank and compare the
+    fields across ranks: a rank's error or a mismatch raises on every rank, naming the rank or
+    the field (the model's collective calls are validated like the ops')."""
+    error, fields = None, None
+    try:
+        fields = check()
+    except (ArgumentError, ArgumentTypeError) as exc:
+        error = exc
+    reports = ctx.bootstrap.all_gather((None if error is None else f"{type(error).__name__}: {error}", fields))
+    if error is not None:
+        raise error
+    bad = [(r, msg) for r, (msg, _) in enumerate(reports) if msg]
+    if bad:
+        raise ArgumentError(f"{what}: rank {bad[0][0]} rejected its arguments ({bad[0][1]})")
+    for name in fields:
+        values = [f[name] for _, f in reports]
+        if any(v != values[0] for v in values):
+            groups: dict = {}
+            for r, v in enumerate(values):
+                groups.setdefault(repr(v), []).append(r)
+            raise ArgumentError(f"{what}: ranks disagree on {name!r}: " + "; ".join(
+                f"ranks {rs} have {v}" for v, rs in groups.items()))
+
+
+def _fingerprint(model: Any) -> float:
+    """A cheap checksum of the weights (float64 sums of a few rows of every matrix), to catch
+    ranks holding different models."""
+    total = 0.0
+    with torch.no_grad():
+        for p in model.parameters():
+            total += float(p.reshape(-1)[:4096].double().sum())
+    return round(total, 6)
+
+
 class LlamaTP:
     """A tensor-parallel Llama decoder over the context's ranks (collective: every rank
     constructs it from the same ``model`` and calls its methods in the same order).
@@ -172,13 +207,22 @@ class LlamaTP:
     def __init__(self, model: Any, *, batch: int, max_len: int, reduce: str = "all_reduce_rmsnorm",
                  ctx: Context | None = None) -> None:
         ctx = ctx if ctx is not None else _context.current()
-        if reduce not in REDUCES:
-            raise ArgumentError(f"reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
-        for name, value in (("batch", batch), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ArgumentError(f"{name} must be an int >= 1, got {value!r}")
+
+        def check() -> dict:
+            if reduce not in REDUCES:
+                raise ArgumentError(f"reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
+            for name, value in (("batch", batch), ("max_len", max_len)):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ArgumentError(f"{name} must be an int >= 1, got {value!r}")
+            _check_config(model.config)
+            c = model.config
+            return {"batch": batch, "max_len": max_len, "reduce": reduce, "dtype": str(model.lm_head.weight.dtype),
+                    "config": (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                               c.num_key_value_heads, c.vocab_size, float(c.rms_norm_eps)),
+                    "weights (checksum)": _fingerprint(model)}
+
+        _agree(ctx, "LlamaTP", check)
         config = model.config
-        _check_config(config)
         self.ctx, self.config, self.reduce = ctx, config, reduce
         self.batch, self.max_len = batch, max_len
         w, r, dev = ctx.world_size, ctx.rank, ctx.device
@@ -297,11 +341,10 @@ class LlamaTP:
         owner = (pos % w == r)[:, None, None]                          # this rank stores position pos
         slot = torch.clamp(pos // w, max=self.cache_len - 1)
         kv_lens = torch.div(pos + w - r, w, rounding_mode="floor").to(torch.int32)   # valid tokens here, pos included
-        pos_b = pos
 
         def attend(layer: _Layer, q, k, v):
-            k = self._rope(k, pos_b)
-            q = self._rope(q, pos_b)
+            k = self._rope(k, pos)
+            q = self._rope(q, pos)
             idx = (self._arange, slot)
             layer.k_cache[idx] = torch.where(owner, k, layer.k_cache[idx])
             layer.v_cache[idx] = torch.where(owner, v, layer.v_cache[idx])
@@ -315,7 +358,16 @@ class LlamaTP:
         """Run the prompts ``input_ids [B, P]`` (torch attention, causal), fill the cache, set the
         decode state (``pos = P``, next tokens = the greedy choice); returns the last position's
         logits ``[B, V]`` (fp32)."""
-        ids = self._check_ids(input_ids)
+        holder = {}
+
+        def check() -> dict:
+            holder["ids"] = self._check_ids(input_ids)
+            return {"input_ids": holder["ids"].cpu().tolist()}
+
+        _agree(self.ctx, "LlamaTP.prefill", check)
+        return self._prefill(holder["ids"])
+
+    def _prefill(self, ids: torch.Tensor) -> torch.Tensor:
         b, p = ids.shape
         w, r, dev = self.world, self.rank, self.ctx.device
         positions = torch.arange(p, device=dev)
@@ -444,14 +496,24 @@ class LlamaTP:
         ``[max_new_tokens, B, V]`` fp32. ``mode``: ``"eager"``, ``"compile"`` (the decode step
         compiled on the first call; kept for later calls) or ``"graph"`` (a CUDA graph captured
         on the first call at this state, replayed per token)."""
-        if mode not in MODES:
-            raise ArgumentError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ArgumentError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        p = self._check_ids(input_ids).shape[1]
-        if p + max_new_tokens > self.max_len:
-            raise ArgumentError(f"prompt ({p}) + max_new_tokens ({max_new_tokens}) exceeds max_len={self.max_len}")
-        first = self.prefill(input_ids)
+        holder = {}
+
+        def check() -> dict:
+            if mode not in MODES:
+                raise ArgumentError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+            if mode == "graph" and self.ctx.device.type != "cuda":
+                raise ArgumentError(f"mode='graph' needs a CUDA device (this context runs on {self.ctx.device.type})")
+            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+                raise ArgumentError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+            ids = holder["ids"] = self._check_ids(input_ids)
+            if ids.shape[1] + max_new_tokens > self.max_len:
+                raise ArgumentError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds "
+                                    f"max_len={self.max_len}")
+            return {"mode": mode, "max_new_tokens": max_new_tokens, "input_ids": ids.cpu().tolist()}
+
+        _agree(self.ctx, "LlamaTP.generate", check)
+        p = holder["ids"].shape[1]
+        first = self._prefill(holder["ids"])
         logits = [first.clone()] if return_logits else None
         if mode == "compile" and self._compiled is None:
             self.compile()

@@ -18,7 +18,8 @@ prefill; ``H`` hidden, ``Hq`` / ``Hkv`` heads of dim ``D``, ``I`` the MLP width)
     act   = silu(normed @ Wgate[:, cols_r]) * (normed @ Wup[:, cols_r])                     column-parallel
     normed, residual = all_reduce_rmsnorm(act @ Wdown[cols_r], residual, next_norm)          row-parallel
 
-``reduce="gemm_all_reduce"`` runs the two row-parallel products through
+At W = 1 the gather is skipped (there is nobody to gather from); every other op runs as at
+any W. ``reduce="gemm_all_reduce"`` runs the two row-parallel products through
 :func:`iris_fw.ops.gemm_all_reduce` instead, with the residual add and RMSNorm in torch
 afterwards. Columns / rows that do not divide by ``W`` are padded with zeros (exact: a zero
 column of ``Wgate`` and ``Wup`` gives ``silu(0) * 0 = 0``). The embedding, the norms and the
@@ -45,6 +46,7 @@ from .. import ccl
 from .. import context as _context
 from .. import ops
 from ..errors import ArgumentError, ArgumentTypeError
+from ..flash_decode import MAX_HEAD_DIM
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -151,6 +153,13 @@ def _check_config(config: Any) -> None:
     for name in ("attention_bias", "mlp_bias"):
         if getattr(config, name, False):
             raise ArgumentError(f"model.config.{name}=True is not supported (Llama checkpoints have no biases)")
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    if heads % kv:
+        raise ArgumentError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        raise ArgumentError(f"the head dim must be even (rotary halves) and at most {MAX_HEAD_DIM} (flash_decode), "
+                            f"got {head_dim}")
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
     if rope_type not in STATIC_ROPE:
@@ -215,6 +224,9 @@ class LlamaTP:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ArgumentError(f"{name} must be an int >= 1, got {value!r}")
             _check_config(model.config)
+            dtype = model.lm_head.weight.dtype
+            if dtype not in DTYPES:
+                raise ArgumentTypeError(f"the model's dtype is {dtype}; supported: {', '.join(map(str, DTYPES))}")
             c = model.config
             return {"batch": batch, "max_len": max_len, "reduce": reduce, "dtype": str(model.lm_head.weight.dtype),
                     "config": (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
@@ -230,14 +242,9 @@ class LlamaTP:
         self.hidden = config.hidden_size
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.n_heads
-        if self.n_heads % self.n_kv:
-            raise ArgumentError(f"num_attention_heads ({self.n_heads}) must be a multiple of num_key_value_heads "
-                                f"({self.n_kv})")
         self.eps = float(config.rms_norm_eps)
         self.sm_scale = self.head_dim ** -0.5
         self.dtype = model.lm_head.weight.dtype
-        if self.dtype not in DTYPES:
-            raise ArgumentTypeError(f"the model's dtype is {self.dtype}; supported: {', '.join(map(str, DTYPES))}")
 
         def put(t: torch.Tensor) -> torch.Tensor:
             return t.detach().to(dev).contiguous()
@@ -296,8 +303,11 @@ class LlamaTP:
         """Column-parallel q, k, v of ``normed [T, H]``: ``([T, Hq, D], [T, Hkv, D], [T, Hkv, D])``."""
         t, d = normed.shape[0], self.head_dim
         part = F.linear(normed, layer.w_qkv)                                  # [T, NL]
-        full = fns.all_gather(part, self.world)                               # [W * T, NL]
-        full = full.view(self.world, t, self.qkv_per_rank).transpose(0, 1).reshape(t, -1)[:, :self.qkv_cols]
+        if self.world == 1:                                                   # nobody to gather from
+            full = part
+        else:
+            full = fns.all_gather(part, self.world)                           # [W * T, NL]
+            full = full.view(self.world, t, self.qkv_per_rank).transpose(0, 1).reshape(t, -1)[:, :self.qkv_cols]
         q, k, v = full.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
         return q.reshape(t, self.n_heads, d), k.reshape(t, self.n_kv, d), v.reshape(t, self.n_kv, d)
 

@@ -108,8 +108,62 @@ def test_tokens_match_transformers(iris_pool, w, reduce, batch, n_new):
     rank the same; both row-parallel reductions; batch 2 (two prompts)."""
     if not INTERP and n_new == SHORT:
         n_new = FULL
-    outs = iris_pool(w).run(_tokens_rank, n_new, reduce, batch)
+    outs = iris_pool(w).run(_tokens_rank, n_new, reduce, batch, timeout=3600 if INTERP and n_new > SHORT else 600)
     assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+# ---- against transformers' own tensor parallelism ---------------------------------------------------
+
+
+def _hf_tp_rank(ctx, path, n_new):
+    """transformers' ``tp_plan="auto"`` (DTensor over torch.distributed: gloo on CPU ranks) on
+    the same checkpoint, beside the iris-fw decoder."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+    from transformers import LlamaForCausalLM
+
+    model = _model(ctx)
+    if ctx.rank == 0:
+        model.save_pretrained(path)                   # a local copy of the random model (nothing downloaded)
+    port = None
+    if not dist.is_initialized():
+        if ctx.rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = ctx.broadcast(port, src=0)
+    ctx.barrier()
+    os.environ.update(RANK=str(ctx.rank), LOCAL_RANK=str(ctx.device.index or 0), WORLD_SIZE=str(ctx.world_size))
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=ctx.rank,
+                                world_size=ctx.world_size)
+    try:
+        hf_tp = LlamaForCausalLM.from_pretrained(path, tp_plan="auto", dtype=torch.float32).eval()
+        ids = _prompt(ctx, model, 1)
+        ref, ref_logits = reference_generate(hf_tp, ids, n_new)
+        del hf_tp
+    finally:
+        if own:
+            dist.destroy_process_group()
+    tp = LlamaTP(model, batch=1, max_len=ids.shape[1] + n_new)
+    got, logits = tp.generate(ids, n_new, return_logits=True)
+    tol = FP32_TOL if ctx.device.type == "cpu" else 1e-3
+    assert _compare(ref.cpu(), ref_logits.cpu(), got.cpu(), logits.cpu(), ids.shape[1], tol) == n_new
+
+
+def test_tokens_match_transformers_tensor_parallel(iris_pool, tmp_path):
+    """The same tokens and logits as transformers' own tensor parallelism (``tp_plan="auto"``)
+    at W = 2 (its plan needs head counts that divide W). Needs ``accelerate`` (transformers
+    asks for it with ``tp_plan``); on GPUs two of them (NCCL refuses two ranks on one GPU)."""
+    from iris_fw.launch import gpu_count
+
+    pytest.importorskip("accelerate")
+    if not INTERP and gpu_count() < 2:
+        pytest.skip("transformers' tensor parallelism runs over NCCL: two GPUs (NCCL refuses a shared GPU)")
+    iris_pool(2).run(_hf_tp_rank, str(tmp_path / "llama"), 2 if INTERP else FULL)
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------

@@ -76,12 +76,12 @@ def _compare(ref, ref_logits, got, got_logits, prompt_len: int, tol: float) -> i
 # ---- tokens against transformers -------------------------------------------------------------------
 
 
-def _tokens_rank(ctx, n_new, reduce, batch, mode="eager"):
+def _tokens_rank(ctx, n_new, reduce, batch):
     model = _model(ctx)
     ids = _prompt(ctx, model, batch)
     ref, ref_logits = reference_generate(model, ids, n_new)
     tp = LlamaTP(model, batch=batch, max_len=ids.shape[1] + n_new, reduce=reduce)
-    got, logits = tp.generate(ids, n_new, mode=mode, return_logits=True)
+    got, logits = tp.generate(ids, n_new, return_logits=True)
     ctx.synchronize()
     assert got.shape == ref.shape and torch.equal(got[:, :ids.shape[1]], ids)
     tol = FP32_TOL if ctx.device.type == "cpu" else 1e-3
@@ -96,9 +96,11 @@ def _token_cases():
     default = [(1, arn, 1, SHORT), (3, arn, 1, SHORT), (2, gar, 2, SHORT)]
     more = [(2, arn, 1, SHORT), (1, gar, 1, SHORT), (3, gar, 2, SHORT)] + [(w, arn, 1, FULL) for w in (1, 2, 3)]
     more += [(3, gar, 2, FULL)]
-    ext = pytest.mark.extended if INTERP else ()
+    if not INTERP:  # GPUs: every combination, 32 tokens
+        combos = sorted({c[:3] for c in default + more})
+        return [pytest.param(*c, FULL, id=f"w{c[0]}-{c[1]}-b{c[2]}-n{FULL}") for c in combos]
     cases = [pytest.param(*c, id=f"w{c[0]}-{c[1]}-b{c[2]}-n{c[3]}") for c in default]
-    cases += [pytest.param(*c, id=f"w{c[0]}-{c[1]}-b{c[2]}-n{c[3]}", marks=ext) for c in more]
+    cases += [pytest.param(*c, id=f"w{c[0]}-{c[1]}-b{c[2]}-n{c[3]}", marks=pytest.mark.extended) for c in more]
     return cases
 
 
@@ -106,8 +108,6 @@ def _token_cases():
 def test_tokens_match_transformers(iris_pool, w, reduce, batch, n_new):
     """Greedy tokens and fp32 logits of the TP decoder equal transformers' (one process), every
     rank the same; both row-parallel reductions; batch 2 (two prompts)."""
-    if not INTERP and n_new == SHORT:
-        n_new = FULL
     outs = iris_pool(w).run(_tokens_rank, n_new, reduce, batch, timeout=3600 if INTERP and n_new > SHORT else 600)
     assert all(torch.equal(o, outs[0]) for o in outs)
 

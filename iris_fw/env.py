@@ -196,6 +196,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("IRIS_FW_BENCH_TUNE", "bool", False,
              "`iris-fw bench flash_decode` also sweeps the local kernel's launch configurations (the rows of "
              "`iris_fw/tuning/flash_decode.json`)."),
+    Variable("IRIS_FW_BENCH_LAYERS", "count", 4,
+             "`iris-fw bench model`: decoder layers of the Llama-3-8B-shaped stack (GPUs)."),
     Variable("IRIS_FW_NVSHMEM_HOME", "path", None,
              "The NVSHMEM installation (the folder holding `lib/`: host library and device bitcode) the "
              "`nvshmem` transport loads (unset: the `nvidia/nvshmem` folder of an installed "

@@ -15,6 +15,7 @@ from typing import Any, Sequence, Union
 import torch
 
 from . import bootstrap as _bootstrap
+from . import calls as _calls
 from . import env
 from . import interpreting
 from . import device as dev
@@ -44,8 +45,9 @@ _N_ERR_SLOTS = dev.HDR_WAIT_BOUND.value  # slots [0, HDR_WAIT_BOUND) form the er
 
 def header_bytes(world_size: int) -> int:
     """Bytes reserved at the start of every heap for the header (see :mod:`iris_fw.device`;
-    the cause records after the barrier slots: :mod:`iris_fw.watchdog`)."""
-    slots = _watchdog.header_slots(world_size)
+    the cause records after the barrier slots: :mod:`iris_fw.watchdog`; then the call board:
+    :mod:`iris_fw.calls`)."""
+    slots = _watchdog.header_slots(world_size) + _calls.BOARD_SLOTS
     align = dev.HEAP_BASE_ALIGN.value
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
 
@@ -332,6 +334,8 @@ class Context:
             on_alloc=self._check_alloc_symmetric if debug else None,
         )
         self._polls_per_s = self._calibrate_wait()
+        #: call identity: the host-call number, the call board, the epoch counters (iris_fw.calls)
+        self.calls = _calls.Calls(self, _watchdog.header_slots(self.world_size))
         from .engine.op import OpCache
 
         #: ops of ``iris_fw.ops.<name>(...)`` calls, by their arguments (bounded; see OpCache)
@@ -371,7 +375,7 @@ class Context:
         try:
             self.transport.synchronize()
             self.watchdog.closing()
-            self.bootstrap.barrier()
+            self.calls.host_call("Context.close")
         finally:
             self.watchdog.stop()
             self.heap.closed = True
@@ -518,7 +522,8 @@ class Context:
         failure = self.watchdog.failure()
         mine = None if failure is None else (type(failure).__name__, str(failure))
         aborted = self.watchdog.aborted
-        reports = self.bootstrap.all_gather(
+        reports = self.calls.host_call(
+            "Context.barrier",
             (mine, self.heap.pending_offsets(), (self.heap.free_list_digest(), self.heap.sequence_digest(restart=True)),
              [(b.seq, b.offset, b.size, b.what, b.site) for b in self.heap.recent()], aborted,
              self.watchdog.generation)
@@ -553,9 +558,10 @@ class Context:
         before any of them uses a group again."""
         self.abort_epoch += 1
         self.op_cache.clear()
+        self.calls.rearm()
         for group in {id(g): g for g in self.comm_groups.values()}.values():
             group.reset()
-        self.bootstrap.barrier()
+        self.calls.host_call("Context.barrier (re-arming the job after an abort)")
 
     def device_barrier(self) -> None:
         """Queue a cross-rank barrier on the current stream: device work after it starts once
@@ -630,7 +636,8 @@ class Context:
 
     # ---- symmetry ------------------------------------------------------------------------------
     def _check_alloc_symmetric(self, block: Block) -> None:
-        records = self.bootstrap.all_gather((block.seq, block.offset, block.size, block.what, block.site))
+        records = self.calls.host_call(f"the allocation check of IRIS_FW_DEBUG=1 (allocation #{block.seq})",
+                                       (block.seq, block.offset, block.size, block.what, block.site))
         if len({r[:3] for r in records}) > 1:
             lines = [
                 f"rank {r}: allocation #{seq} at offset {off:#x}, {size} bytes, {what} from {site}"
@@ -642,7 +649,8 @@ class Context:
         """Collective: raise :class:`SymmetryError` describing the first live allocation whose
         offset or size differs between ranks."""
         self._check_open()
-        tables = self.bootstrap.all_gather([(b.offset, b.size, b.what, b.site) for b in self.heap.blocks()])
+        tables = self.calls.host_call("Context.check_symmetry",
+                                      [(b.offset, b.size, b.what, b.site) for b in self.heap.blocks()])
         longest = max(len(t) for t in tables)
         for i in range(longest):
             rows = [t[i] if i < len(t) else None for t in tables]
@@ -654,17 +662,20 @@ class Context:
                 raise SymmetryError(f"live allocation #{i} differs across ranks:\n  " + "\n  ".join(lines))
 
     # ---- collective validation -------------------------------------------------------------------
-    def agree(self, label: str, fields: dict, error: BaseException | None = None) -> None:
+    def agree(self, label: str, fields: dict, error: BaseException | None = None, detail: str | None = None) -> None:
         """Collective, one small exchange: every rank's ``fields`` (name → a comparable value, e.g.
         shapes and dtypes of a collective call) must be equal, and no rank may have rejected
         its arguments (``error``). Otherwise every rank raises: the rank that rejected its
         arguments re-raises ``error``, the others :class:`~iris_fw.engine.contract.CollectiveMismatch`
         naming the ranks and the argument that differ. The same exchange reclaims heap blocks
         freed on every rank (as :meth:`barrier` does), so loops of collective calls do not
-        accumulate freed memory."""
+        accumulate freed memory. The exchange carries the call's identity (``label``; ``detail``
+        says more in messages): ranks in different calls raise :class:`~iris_fw.CallMismatch`
+        naming each rank's (see :mod:`iris_fw.calls`)."""
         self._check_open()
         rejected = None if error is None else f"{type(error).__name__}: {error}"
-        reports = self.bootstrap.all_gather((rejected, fields, self.heap.pending_offsets()))
+        reports = self.calls.host_call(label, (rejected, fields, self.heap.pending_offsets()),
+                                       detail=detail or _calls.describe_call(label, fields))
         self.heap.reclaim_freed_everywhere(pending for _, _, pending in reports)
         check_reports(label, [(why, f) for why, f, _ in reports], error)
 
@@ -676,8 +687,9 @@ class Context:
         self._check_open()
         self.check_rank(src, "src")
         if not isinstance(value, torch.Tensor):
-            return self.bootstrap.broadcast(value, src)
-        meta = self.bootstrap.all_gather((tuple(value.shape), str(value.dtype), self.is_symmetric(value)))
+            return self.calls.host_call(f"Context.broadcast (src {src})", value if self.rank == src else None)[src]
+        meta = self.calls.host_call(f"Context.broadcast (src {src})",
+                                    (tuple(value.shape), str(value.dtype), self.is_symmetric(value)))
         if len({m[:2] for m in meta}) > 1:
             raise ArgumentError(
                 "broadcast: value must have the same shape and dtype on every rank, got "
@@ -689,7 +701,8 @@ class Context:
                 value.copy_(self.peer_view(value, src))
             self.barrier()
             return value
-        data = self.bootstrap.broadcast(value.detach().cpu() if self.rank == src else None, src)
+        data = self.calls.host_call(f"Context.broadcast (src {src}, data)",
+                                    value.detach().cpu() if self.rank == src else None)[src]
         if self.rank != src:
             value.copy_(data)
         return value

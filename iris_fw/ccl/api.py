@@ -21,6 +21,7 @@ from .. import tilecomm as tc
 from .. import trace as tr
 from ..errors import ArgumentError, ArgumentTypeError, bad_type
 from . import algorithm as al
+from ..calls import describe_call
 from .group import Group, default_workspace_bytes
 
 try:
@@ -73,7 +74,8 @@ def _ranks_of(ctx, group) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
-def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ctx: Context | None = None) -> Group:
+def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ctx: Context | None = None,
+              _by: str | None = None) -> Group:
     """Create (or return) the group of ``ranks`` (sorted; group rank = position), like
     ``torch.distributed.new_group``: collective over *every* rank of the context, members or
     not, because the group's workspace is a symmetric heap block (``workspace_bytes``, default
@@ -92,7 +94,8 @@ def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ct
             raise ArgumentError(f"workspace_bytes must be at least {Group.min_workspace_bytes()} for a group, got {size}")
     except Exception as exc:
         error = exc
-    ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error)
+    detail = None if _by is None else f"{_by} (its first call creates the world group: iris_fw.ccl.new_group)"
+    ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error, detail)
     group = ctx.comm_groups.get(ranks_t)
     if group is None:
         group = ctx.comm_groups[ranks_t] = Group(ctx, ranks_t, size)
@@ -119,7 +122,7 @@ def destroy_group(group: GroupLike = None, *, ctx: Context | None = None) -> Non
             ctx.comm_groups.pop(None, None)
 
 
-def _group(ctx, group) -> Group:
+def _group(ctx, group, collective: str | None = None) -> Group:
     if group is None:
         found = ctx.comm_groups.get(None)  # the world group's alias: the common case first
         if found is not None:
@@ -133,7 +136,8 @@ def _group(ctx, group) -> Group:
             if len(ranks) != ctx.world_size:
                 raise ArgumentError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
                                     f"on every rank first (as torch.distributed.new_group)")
-            found = new_group(ranks, ctx=ctx)  # the world: every rank is in this call
+            by = None if collective is None else f"iris_fw.ccl.{collective}"
+            found = new_group(ranks, ctx=ctx, _by=by)  # the world: every rank is in this call
     if found.rank is None:
         raise ArgumentError(f"rank {ctx.rank} is not in the group {list(found.ranks)} it called a collective on")
     return found
@@ -186,7 +190,7 @@ def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
     """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
     if ctx._closed:
         ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
-    g = _group(ctx, group)
+    g = _group(ctx, group, key[0])
     if ctx.tracer is not None:  # traced kernel variants, prepared (and validated) once per session
         key = key + (("traced", ctx.tracer.session),)
         ctx.tracer.launched()
@@ -232,7 +236,11 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
     algo = al.choose(g, call, algorithm)
     if g.size == 1 and call.collective in _INPUT_IS_RESULT_AT_ONE_RANK:
         return _identity
-    return algo.plan(g, call)
+    g.planning = describe_call(label, fields)
+    try:
+        return algo.plan(g, call)
+    finally:
+        g.planning = ""
 
 
 #: Collectives whose result on a one-rank group is their input (a reduction of one value with
@@ -515,7 +523,7 @@ def _rooted_list_call(collective: str, role: str, tensor, items, root_rank, grou
     """gather / scatter: the root's list of ``size`` tensors like ``tensor`` goes through one
     contiguous buffer; an invalid root or list raises on every member (through the exchange)."""
     ctx = _ctx(ctx)
-    g = _group(ctx, group)
+    g = _group(ctx, group, collective)
     root, rejected = None, None
     try:
         root = _group_rank(g, g.ranks[0] if root_rank is None and group_root is None else root_rank, role, group_root)
@@ -572,6 +580,7 @@ def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = N
 
     def prepare(g):
         g.exchange("iris_fw.ccl.barrier", {})
+        g.planning = "iris_fw.ccl.barrier()"
         launch, bufs = al.kernel_config(g, ("barrier",), _barrier_kernel, nprog=1, constexprs={}, slots=g.size)
         return lambda src, dst: launch(*bufs, g.rank, g.size, g.heap_bases)
 

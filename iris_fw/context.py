@@ -266,9 +266,51 @@ class _AtExit:
         if ctx is None or ctx._closed:
             return
         lost = ctx.watchdog.lost
+        ended = [r for r in lost if self._ended(ctx, r)]
+        if _uncaught:  # peers that end after this rank learn that it failed (its call board)
+            try:
+                ctx.calls.fail(PeerFailure(f"rank {ctx.rank} ended with an uncaught exception", ctx.rank))
+            except Exception:
+                pass
         ctx.watchdog.stop(heartbeat=_watchdog.HEARTBEAT_EXITED)
-        if lost:
+        if lost and (set(ended) != set(lost) or _uncaught):
+            # a peer died, or this rank ends with an uncaught exception: the job failed
             ctx.bootstrap.abort(f"rank {ctx.rank} exits after losing rank(s) {sorted(lost)}")
+        # else every lost peer ended its program normally, as this rank does: a correct program whose
+        # ranks finish at different times, without closing their contexts (no `with` block) — quiet
+
+    @staticmethod
+    def _ended(ctx, rank: int) -> bool:
+        """Whether ``rank`` left the interpreter normally (its heartbeat says so, its call board
+        shows no failure) rather than died or ended with an uncaught exception."""
+        try:
+            beat = ctx.transport.header_words(rank, dev.HDR_HEARTBEAT.value, 1)[0]
+            return beat == _watchdog.HEARTBEAT_EXITED and not ctx.calls.board(rank)[1]
+        except Exception:
+            return False
+
+
+#: Whether an exception reached the top of this process (sys.excepthook ran): set by the hook
+#: :func:`_watch_uncaught` installs with the first context.
+_uncaught = False
+
+
+def _watch_uncaught() -> None:
+    """Chain a :data:`sys.excepthook` that notes an uncaught exception (an ending rank then tells
+    its peers the job failed), once per process."""
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_iris_fw", False):
+        return
+
+    def hook(*args):
+        global _uncaught
+        _uncaught = True
+        previous(*args)
+
+    hook._iris_fw = True
+    sys.excepthook = hook
 
 
 #: Contexts of this process in creation order (weak references), for APIs whose ``ctx``
@@ -348,6 +390,7 @@ class Context:
         self.watchdog.attach(self)
         self._at_exit = _AtExit(self)
         atexit.register(self._at_exit)
+        _watch_uncaught()
         #: the open trace session's :class:`~iris_fw.tracing.Tracer` (None when not tracing; see :meth:`trace`)
         self.tracer = None
         self.barrier()

@@ -1,0 +1,34 @@
+"""How a job ends: a correct program without a `with` block (or close()) exits quietly with rc 0
+whatever order its ranks finish in; the "exits after losing rank(s)" report only when a rank
+failed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "no_with.py")
+
+
+def _launch(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    env["IRIS_FW_TRANSPORT"] = "host_shm"
+    return subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", "2", SCRIPT, *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+
+
+@pytest.mark.parametrize("first", [0, pytest.param(1, marks=pytest.mark.extended)])
+def test_a_correct_program_without_with_exits_quietly(first):
+    res = _launch(str(first))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "ends after its peer" in res.stdout, out
+    assert "exits after losing" not in out and "aborting" not in out and "PeerFailure" not in out, out
+
+
+def test_a_rank_that_fails_is_still_reported():
+    res = _launch("0", "raise")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "this rank's own bug" in out, out

@@ -322,6 +322,16 @@ _created: "list[weakref.ref[Context]]" = []
 _poll_rates: "dict[tuple[str, str], float]" = {}
 
 
+def resolve(ctx: Any) -> "Context":
+    """``ctx`` when it is a :class:`Context`, the :func:`current` one for ``None``; anything else
+    is an :class:`~iris_fw.errors.ArgumentTypeError` naming ``ctx`` (what every ``ctx=`` takes)."""
+    if ctx is None:
+        return current()
+    if not isinstance(ctx, Context):
+        raise bad_type("ctx", "an iris_fw.Context (from iris_fw.init) or None", ctx)
+    return ctx
+
+
 def current() -> "Context":
     """The most recently created context of this process that is still open."""
     if _created:

@@ -677,7 +677,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Te
     """The :class:`FlashDecode` that :func:`flash_decode` runs for such arguments (collective
     on first use: validated across the group), e.g. for its local kernel alone
     (:meth:`FlashDecode.partial`) or to call it with an ``out`` of its own."""
-    ctx = ctx if ctx is not None else _context.current()
+    ctx = _context.resolve(ctx)
     return _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
 
 
@@ -695,7 +695,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: 
     ``[B, pages]`` lists each sequence's pages of this rank's slice in order, ``k [num_pages,
     page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is
     ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
-    ctx = ctx if ctx is not None else _context.current()
+    ctx = _context.resolve(ctx)
     fd = _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
     return fd(q, k, v, kv_lens, out, block_table)
 

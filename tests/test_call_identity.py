@@ -77,3 +77,23 @@ def test_busy_rank_is_named_after_the_bound(results):
     (t0, k0, m0), (t1, k1, m1) = results["host_stuck"][0], results["host_stuck"][1]
     assert k0 == "WaitTimeout" and "Context.barrier" in m0 and "rank 1" in m0 and 2.5 < t0 < LIMIT_S, m0
     assert k1 == "WaitTimeout" and "rank 0 failed" in m1 and 6 <= t1 < 6 + 2, m1
+
+
+@pytest.mark.parametrize("call", ["gemm_all_scatter", "gemm_all_reduce", "flash_decode", "plan", "ccl.all_reduce",
+                                  "ccl.new_group"])
+def test_ctx_of_the_wrong_type_is_named(call):
+    """``ctx='x'`` raises an ArgumentTypeError naming ``ctx`` (no context needed to see it)."""
+    import torch
+
+    from iris_fw import ccl, ops
+    from iris_fw.errors import ArgumentTypeError
+
+    a = torch.ones(4, 4)
+    calls = {"gemm_all_scatter": lambda: ops.gemm_all_scatter(a, a, ctx="x"),
+             "gemm_all_reduce": lambda: ops.gemm_all_reduce(a, a, ctx="x"),
+             "flash_decode": lambda: ops.flash_decode(a, a, a, ctx="x"),
+             "plan": lambda: ops.plan("gemm_all_scatter", a, a, ctx="x"),
+             "ccl.all_reduce": lambda: ccl.all_reduce(a, ctx="x"),
+             "ccl.new_group": lambda: ccl.new_group([0], ctx="x")}
+    with pytest.raises(ArgumentTypeError, match=r"ctx must be an iris_fw.Context .* got str 'x'"):
+        calls[call]()

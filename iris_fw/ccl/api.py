@@ -52,7 +52,7 @@ if ReduceOp is not None:
 
 
 def _ctx(ctx):
-    return ctx if ctx is not None else _context.current()
+    return _context.resolve(ctx)
 
 
 def _ranks_of(ctx, group) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ class Op:
 
     def __init__(self, pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=None,
                  comm_sms: int | None = None):
-        self.ctx = ctx if ctx is not None else _context.current()
+        self.ctx = _context.resolve(ctx)
         self._abort_epoch = self.ctx.abort_epoch
         label = f"iris_fw.ops {pattern}"
         fields, error = {}, None

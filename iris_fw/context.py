@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import os
 import logging
 import math
 import operator
@@ -295,6 +296,27 @@ class _AtExit:
 _uncaught = False
 
 
+def _wrapped_iris_error(exc: BaseException | None) -> BaseException | None:
+    """The iris-fw error inside Triton interpreter wrappers (``InterpreterError(repr(e)) from e``,
+    once per nested jit call: how an error raised while an interpreted kernel runs — a
+    :class:`PeerFailure` from the watchdog's SIGTERM handler — reaches the top), or None."""
+    seen = 0
+    while exc is not None and type(exc).__name__ == "InterpreterError" and seen < 64:
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return exc if seen and isinstance(exc, IrisError) else None
+
+
+def _trim_at_interpreter(tb):
+    """``tb`` cut before its first frame inside Triton (the user's frames down to the launch)."""
+    first, last = tb, None
+    while tb is not None and f"{os.sep}triton{os.sep}" not in tb.tb_frame.f_code.co_filename:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return first
+    last.tb_next = None
+    return first
+
+
 def _watch_uncaught() -> None:
     """Chain a :data:`sys.excepthook` that notes an uncaught exception (an ending rank then tells
     its peers the job failed), once per process."""
@@ -304,10 +326,15 @@ def _watch_uncaught() -> None:
     if getattr(previous, "_iris_fw", False):
         return
 
-    def hook(*args):
+    def hook(cls, exc, tb):
         global _uncaught
         _uncaught = True
-        previous(*args)
+        inner = _wrapped_iris_error(exc)
+        if inner is not None:  # one report naming the cause, not the interpreter's nested reprs
+            cls, exc, tb = type(inner), inner, _trim_at_interpreter(tb)
+            exc.__cause__ = exc.__context__ = None
+            exc.__suppress_context__ = True
+        previous(cls, exc, tb)
 
     hook._iris_fw = True
     sys.excepthook = hook

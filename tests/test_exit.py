@@ -32,3 +32,30 @@ def test_a_rank_that_fails_is_still_reported():
     res = _launch("0", "raise")
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "this rank's own bug" in out, out
+
+
+def test_an_error_inside_an_interpreted_kernel_is_reported_once(monkeypatch, capsys):
+    """A survivor's PeerFailure raised while an interpreted kernel runs (the watchdog's SIGTERM
+    handler) reaches the top wrapped in one InterpreterError(repr(e)) per nested jit call: the
+    uncaught-exception report shows the PeerFailure alone, naming the failed rank."""
+    from triton.runtime.errors import InterpreterError
+
+    from iris_fw import PeerFailure, context
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(context, "_uncaught", False)
+    context._watch_uncaught()
+    try:
+        try:
+            try:
+                raise PeerFailure("rank 1 was sent SIGTERM: rank 0 (pid 7) died", 0)
+            except PeerFailure as exc:
+                raise InterpreterError(repr(exc)) from exc
+        except InterpreterError as exc:
+            raise InterpreterError(repr(exc)) from exc
+    except InterpreterError as outer:
+        sys.excepthook(type(outer), outer, outer.__traceback__)
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "iris_fw.errors.PeerFailure: rank 1 was sent SIGTERM: rank 0 (pid 7) died", err
+    assert "InterpreterError" not in err, err
+    assert context._uncaught

@@ -59,3 +59,23 @@ def test_an_error_inside_an_interpreted_kernel_is_reported_once(monkeypatch, cap
     assert err.strip().splitlines()[-1] == "iris_fw.errors.PeerFailure: rank 1 was sent SIGTERM: rank 0 (pid 7) died", err
     assert "InterpreterError" not in err, err
     assert context._uncaught
+
+
+def test_a_rank_gone_with_exit_code_0_under_mpirun_fails_the_job():
+    """Under MPICH's mpirun (Hydra), a rank that leaves with os._exit(0) — no MPI_Finalize — makes
+    Hydra SIGKILL the others and end the job with rc 0 and no word (it does so without iris-fw
+    too). With ``-disable-auto-cleanup`` (docs/reliability.md) the survivor's watchdog reports the
+    lost rank and the job fails."""
+    import iris_fw.testing
+
+    mpirun = iris_fw.testing.find_mpirun()
+    if mpirun is None:
+        pytest.skip("no mpirun (pip install 'iris-fw[mpi]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    env.update(IRIS_FW_TRANSPORT="host_shm", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    script = os.path.join(ROOT, "tests", "scripts", "exit_early.py")
+    res = subprocess.run([mpirun, "-disable-auto-cleanup", "-n", "2", sys.executable, script], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "SURVIVOR failed" in out and "rank 1 (pid" in out, out
+    assert "SURVIVOR completed" not in out, out

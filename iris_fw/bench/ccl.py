@@ -1,5 +1,5 @@
 """Collectives (:mod:`iris_fw.ccl`) against NCCL and torch symmetric memory, as a benchmark
-plugin (``iris-fw bench ccl``; issue 11).
+plugin (``iris-fw bench ccl``).
 
 For every collective (all_reduce, all_gather, reduce_scatter, all_to_all with equal splits,
 broadcast from rank 0) and every size, one interleaved measurement

@@ -1,5 +1,5 @@
 """Distributed flash-decode (:mod:`iris_fw.flash_decode`) against the bulk-synchronous baseline,
-as a benchmark plugin (``iris-fw bench flash_decode``; issue 12).
+as a benchmark plugin (``iris-fw bench flash_decode``).
 
 The issue's shape: 32 query / 8 KV heads, D = Dv = 128, bf16 (``--dtype`` changes it), batch
 ``B`` in :data:`BATCHES` and ``S`` KV tokens per rank (``--sizes 4K,16K,64K``: tokens, the

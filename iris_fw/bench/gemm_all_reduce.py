@@ -1,5 +1,5 @@
 """GEMM + all-reduce (:func:`iris_fw.ops.gemm_all_reduce`, a row-parallel linear layer) against
-cuBLAS + NCCL, as a benchmark plugin (``iris-fw bench gemm_all_reduce``; issue 12).
+cuBLAS + NCCL, as a benchmark plugin (``iris-fw bench gemm_all_reduce``).
 
 For every ``(N, K)`` of :data:`SHAPES` and every ``M`` of :data:`MS` (global ``K``; each rank
 multiplies ``a[M, K/W] @ b[K/W, N]``, bf16, with a bias), one interleaved measurement

@@ -697,7 +697,26 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: 
     ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
     ctx = _context.resolve(ctx)
     fd = _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    if ctx.debug:
+        check_same_query(fd.group, q)
     return fd(q, k, v, kv_lens, out, block_table)
+
+
+def check_same_query(group, q: torch.Tensor) -> None:
+    """With ``IRIS_FW_DEBUG=1``: every member's ``q`` holds the same values (its bytes' 64-bit
+    digest, compared in one exchange of the group), else every member raises
+    :class:`~iris_fw.CollectiveMismatch` naming the ranks. ``q`` differing across ranks is the
+    caller's broken promise that gives a wrong result on some rank; without the debug flag
+    nothing checks it (the exchange and the copy to the host cost a call's latency). Skipped
+    while capturing a CUDA graph."""
+    import hashlib
+
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    data = q.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
+    digest = hashlib.blake2b(data, digest_size=8).hexdigest()
+    group.exchange("iris_fw.flash_decode (IRIS_FW_DEBUG=1: q must be the same on every rank)",
+                   {"q (digest of its values)": digest})
 
 
 # ---- torch references -------------------------------------------------------------------------------

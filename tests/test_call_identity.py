@@ -97,3 +97,30 @@ def test_ctx_of_the_wrong_type_is_named(call):
              "ccl.new_group": lambda: ccl.new_group([0], ctx="x")}
     with pytest.raises(ArgumentTypeError, match=r"ctx must be an iris_fw.Context .* got str 'x'"):
         calls[call]()
+
+
+def _different_query(ctx):
+    import torch
+
+    import iris_fw
+    from iris_fw import ops
+
+    sub = iris_fw.init(heap_size=1 << 24, transport=ctx.transport.name, debug=True)
+    try:
+        g = torch.Generator().manual_seed(7)
+        q = torch.randn(1, 2, 16, generator=g)
+        k, v = torch.randn(1, 8, 1, 16, generator=g), torch.randn(1, 8, 1, 16, generator=g)
+        o = ops.flash_decode(q, k, v, ctx=sub)  # the same q everywhere: fine
+        assert torch.isfinite(o).all()
+        if ctx.rank == 1:
+            q = q + 1
+        with pytest.raises(iris_fw.CollectiveMismatch, match=r"argument 'q \(digest of its values\)' differs across ranks"):
+            ops.flash_decode(q, k, v, ctx=sub)
+    finally:
+        sub.close()
+
+
+def test_flash_decode_with_another_query_is_caught_under_debug(iris_pool):
+    """A rank whose q differs (the caller's promise broken: a wrong result on some rank) raises on
+    every rank with IRIS_FW_DEBUG=1."""
+    iris_pool(2).run(_different_query)

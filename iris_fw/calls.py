@@ -48,6 +48,8 @@ _FAILED = {1: CallMismatch, 2: WaitTimeout, 3: PeerFailure}
 _KIND = {cls: kind for kind, cls in _FAILED.items()}
 #: Seconds between two looks at the peers' boards and counters while a rank waits.
 CHECK_INTERVAL_S = 0.1
+#: Validated calls named per kernel in a message (the rest: "…").
+_MAX_DESCRIBED = 3
 #: Marks a host exchange's payload (anything else came from code that uses the bootstrap directly).
 _ENVELOPE = "iris_fw host call"
 
@@ -145,8 +147,12 @@ class Calls:
         """Add ``description`` (another validated call that runs ``counters``' kernel)."""
         rows = self._counters.get(owner, [])
         for i, (text, c) in enumerate(rows):
-            if c is counters and description not in text:
-                rows[i] = (f"{text}; {description}", c)
+            if c is counters and description and description not in text:
+                if text.count("; ") >= _MAX_DESCRIBED - 1:  # a kernel shared by many calls: name a few
+                    if not text.endswith("…"):
+                        rows[i] = (f"{text}; …", c)
+                else:
+                    rows[i] = (f"{text}; {description}", c)
 
     def _idle(self) -> bool:
         ctx = self._ctx()

@@ -23,8 +23,8 @@ The rank that finds such evidence raises :class:`~iris_fw.CallMismatch` naming i
 peer's, writes the message on its board (peers waiting on the host raise it too) and aborts the
 job's device waits (peers waiting on the device raise :class:`~iris_fw.PeerFailure` with it).
 
-A host exchange is bounded: it waits at most :func:`host_timeout` seconds (the wait timeout,
-at least the liveness bound), then raises :class:`~iris_fw.WaitTimeout` naming the ranks that
+A host exchange is bounded: it waits at most :func:`host_timeout` seconds (the wait timeout
+plus the liveness bound), then raises :class:`~iris_fw.WaitTimeout` naming the ranks that
 did not arrive and the last call each of them was in.
 """
 
@@ -35,7 +35,6 @@ import weakref
 
 import torch
 
-from . import device as dev
 from .errors import CallMismatch, IrisError, PeerFailure, WaitTimeout
 
 #: int64 words of one rank's board: host-call number, failure kind, state, text length, text.
@@ -54,16 +53,12 @@ _MAX_DESCRIBED = 3
 _ENVELOPE = "iris_fw host call"
 
 
-def board_slot(first_free_slot: int) -> int:
-    """The first slot of the call board given the first header slot after the watchdog's."""
-    return first_free_slot
-
-
 def host_timeout(ctx) -> float:
-    """Seconds a host exchange of ``ctx`` waits for its peers: the wait timeout, but at least
-    the liveness bound (host code runs at the host's pace: a peer busy on its host for a few
-    seconds before a barrier is not lost)."""
-    return max(ctx.wait_timeout, ctx.watchdog.timeout)
+    """Seconds a host exchange of ``ctx`` waits for its peers: the wait timeout plus the liveness
+    bound. A peer may be in a device wait that gives up only after the wait timeout and then
+    needs its host to report, and host code runs at the host's pace (a compile, a reference
+    computed on one rank): the host bound lets both finish, and stays a bound."""
+    return ctx.wait_timeout + ctx.watchdog.timeout
 
 
 def describe_call(label: str, fields: dict, group=None) -> str:
@@ -201,7 +196,8 @@ class Calls:
         if found is not None and not self._told:
             p, description = found
             raise self.mismatch(
-                f"rank {p} launched a call this rank did not make — {description} — while rank {ctx.rank} is in {mine} "
+                f"rank {p} launched a call this rank did not make — {description} — while rank {ctx.rank} "
+                f"is in {mine} "
                 f"(rank {p} repeated a validated call while this rank's arguments changed — a shape or dtype "
                 "differs on one rank — or it called another collective)")
 
@@ -283,9 +279,10 @@ class Calls:
             pseq, kind, state, text = self.board(p)
             if pseq < seq or (pseq == seq and state != IN_HOST_CALL):
                 where = {IN_HOST_CALL: f"its last host call, #{pseq}, was {text}",
-                         IN_GROUP_CALL: f"it is in {text}"}.get(state, f"its last host call was #{pseq}; it is in none now")
+                         IN_GROUP_CALL: f"it is in {text}"}.get(state,
+                                                                f"its last host call was #{pseq}; it is in none now")
                 late.append(f"rank {p} ({where})")
         who = "; ".join(late) if late else "a rank (the bootstrap did not complete)"
-        return WaitTimeout(f"rank {ctx.rank}: {what} (host call #{seq}) waited {bound:g} s (the wait timeout, at "
-                           f"least the liveness bound) for {who}: it did not arrive — it is busy, hangs, or skipped "
+        return WaitTimeout(f"rank {ctx.rank}: {what} (host call #{seq}) waited {bound:g} s (the wait timeout plus "
+                           f"the liveness bound) for {who}: it did not arrive — it is busy, hangs, or skipped "
                            "the call")

@@ -304,7 +304,8 @@ def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:
 def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum", group: GroupLike = None,
                async_op: bool = False, *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = ``tensor`` reduced with ``op`` over the group's ranks, in place, bitwise the
-    same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum."""
+    same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = ("all_reduce", tensor.dtype, tensor.numel(), op, algorithm) if _fast_ok(ctx, tensor) else None
 
@@ -336,7 +337,8 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            async_op: bool = False, *, algorithm: str = "auto",
                            ctx: Context | None = None) -> Work | None:
     """``output_tensor`` (``size * input.numel()`` elements, e.g. ``[size * d0, …]`` or
-    ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order."""
+    ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     fast = _fast_ok(ctx, output_tensor, input_tensor)
     offset = _heap_offset(ctx, input_tensor) if fast else None
@@ -370,7 +372,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
                           group: GroupLike = None, async_op: bool = False, *, algorithm: str = "auto",
                           ctx: Context | None = None) -> Work | None:
     """``output`` = chunk ``r`` (``output.numel()`` elements) of ``input`` reduced with ``op``
-    over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements."""
+    over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = (("reduce_scatter", input.dtype, output.dtype, input.numel(), output.numel(), op, algorithm)
            if _fast_ok(ctx, output, input) else None)
@@ -412,7 +415,8 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
                       *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """Rank ``r`` sends rows ``input_split_sizes[p]`` of ``input`` (dim 0, in order) to rank
     ``p`` and receives ``output_split_sizes[p]`` rows from it into ``output`` (in order);
-    ``None`` splits equally. Every rank's send to ``p`` must match ``p``'s receive."""
+    ``None`` splits equally. Every rank's send to ``p`` must match ``p``'s receive.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = (("all_to_all", input.dtype, output.dtype, tuple(input.shape), tuple(output.shape),
             None if input_split_sizes is None else tuple(input_split_sizes),
@@ -450,7 +454,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: GroupLike = None, async_op: bool = False, *,
               group_src: int | None = None, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = rank ``src``'s ``tensor`` (``src`` a global rank, or ``group_src`` a rank
-    of the group), in place."""
+    of the group), in place. Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = ("broadcast", tensor.dtype, tensor.numel(), src, group_src, algorithm) if _fast_ok(ctx, tensor) else None
 
@@ -470,7 +474,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: ReduceOpLike = Redu
            group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
            ctx: Context | None = None) -> Work | None:
     """Rank ``dst``'s ``tensor`` = ``tensor`` reduced with ``op`` over the group, in place;
-    the other ranks' tensors are left as they were."""
+    the other ranks' tensors are left as they were. Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = ("reduce", tensor.dtype, tensor.numel(), dst, group_dst, op, algorithm) if _fast_ok(ctx, tensor) else None
 
@@ -506,7 +510,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
            group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
            ctx: Context | None = None) -> Work | None:
     """The root's ``gather_list[p]`` = group rank ``p``'s ``tensor`` (``dst``: a global rank,
-    or ``group_dst``; default rank 0 of the group). Other ranks pass no list."""
+    or ``group_dst``; default rank 0 of the group). Other ranks pass no list.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     return _rooted_list_call("gather", "dst", tensor, gather_list, dst, group_dst, group, async_op, algorithm, ctx)
 
 
@@ -514,7 +519,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             group: GroupLike = None, async_op: bool = False, *, group_src: int | None = None, algorithm: str = "auto",
             ctx: Context | None = None) -> Work | None:
     """Group rank ``p``'s ``tensor`` = the root's ``scatter_list[p]`` (``src``: a global rank,
-    or ``group_src``; default rank 0 of the group). Other ranks pass no list."""
+    or ``group_src``; default rank 0 of the group). Other ranks pass no list.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     return _rooted_list_call("scatter", "src", tensor, scatter_list, src, group_src, group, async_op, algorithm, ctx)
 
 
@@ -575,7 +581,8 @@ def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = N
             ctx: Context | None = None) -> Work | None:
     """Every member's work queued before the barrier finishes before any member's work after
     it starts; unless ``async_op`` (or while capturing a CUDA graph) the host also waits, as
-    torch's barrier does, and raises :class:`~iris_fw.WaitTimeout` if a member never came."""
+    torch's barrier does, and raises :class:`~iris_fw.WaitTimeout` if a member never came.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
 
     def prepare(g):

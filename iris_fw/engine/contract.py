@@ -68,7 +68,8 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
-from ..errors import ArgumentError, ArgumentTypeError, CallMismatch, CollectiveMismatch, IrisError  # noqa: F401 (re-exported)
+from ..errors import CallMismatch, CollectiveMismatch  # noqa: F401 (re-exported from here too)
+from ..errors import ArgumentError, ArgumentTypeError, IrisError
 
 #: Kernel parameters that may carry TMA descriptors (see the module docstring).
 MAX_TOP = 2

@@ -22,7 +22,7 @@ from iris_fw import ccl as dist
 def main() -> int:
     with iris_fw.init(heap_size=1 << 26) as ctx:
         w, r, dev = ctx.world_size, ctx.rank, ctx.device
-        n = 96 if dev.type == "cpu" else 1 << 20  # elements per rank; a multiple of 2 and 3
+        n = w * (32 if dev.type == "cpu" else 1 << 18)  # elements per rank: a multiple of the world size (and 32)
         seed = ctx.broadcast(int(torch.randint(1 << 30, ())))
 
         def inputs(shape, tag):  # every rank's tensor for one call, drawn from the shared seed

@@ -39,11 +39,14 @@ def _choose_interpreter(environ=_os.environ) -> None:
 _choose_interpreter()
 
 from .context import Context, init  # noqa: E402
-from .errors import HeapOutOfMemory, IrisError, NotOnHeapError, PeerFailure, SymmetryError, WaitTimeout  # noqa: E402
+from .errors import (CallMismatch, CollectiveMismatch, HeapOutOfMemory, IrisError, NotOnHeapError,  # noqa: E402
+                     PeerFailure, SymmetryError, WaitTimeout)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CallMismatch",
+    "CollectiveMismatch",
     "Context",
     "HeapOutOfMemory",
     "IrisError",

@@ -34,7 +34,7 @@ import weakref
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Mapping
 
-from .errors import ArgumentError, IrisError, PeerFailure
+from .errors import ArgumentError, IrisError, PeerFailure, WaitTimeout
 from .hookspecs import hookimpl
 
 #: Seconds a bootstrap collective may block before it fails (torch's default is 30 min).
@@ -63,6 +63,13 @@ class Bootstrap(ABC):
     #: Every rank's :func:`iris_fw.watchdog.process_info`, when the bootstrap learnt it at
     #: arrival (else the watchdog all-gathers it).
     processes = None
+    #: Seconds the collective now waiting may take before it raises :class:`~iris_fw.WaitTimeout`
+    #: (set by the context around its host exchanges, see :mod:`iris_fw.calls`; None: unbounded
+    #: but for lost peers).
+    deadline_s: float | None = None
+    #: Called with the collective's name between polls (set with ``deadline_s``): raises to end
+    #: the wait (a peer that is in another call, or failed).
+    interrupt: Callable[[str], None] | None = None
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -109,6 +116,7 @@ class Bootstrap(ABC):
         """Wait until ``done()``, asking the watchdog (and :meth:`_check_peers`) between polls,
         with pauses growing from 20 us to 2 ms."""
         pause, checked = 0.0, time.monotonic()
+        start, bound, interrupt = checked, self.deadline_s, self.interrupt
         while not done():
             now = time.monotonic()
             if now - checked >= 0.05:
@@ -116,6 +124,10 @@ class Bootstrap(ABC):
                 if self.liveness is not None:
                     self.liveness.check(f"the bootstrap's {what}")
                 self._check_peers(what)
+                if interrupt is not None:
+                    interrupt(what)
+                if bound is not None and now - start > bound:
+                    raise WaitTimeout(f"rank {self.rank}: the bootstrap's {what} did not complete within {bound:g} s")
             time.sleep(pause)
             pause = min(max(2 * pause, 20e-6), 2e-3)
 

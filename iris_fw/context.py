@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import os
 import logging
 import math
 import operator
@@ -15,6 +16,7 @@ from typing import Any, Sequence, Union
 import torch
 
 from . import bootstrap as _bootstrap
+from . import calls as _calls
 from . import env
 from . import interpreting
 from . import device as dev
@@ -44,8 +46,9 @@ _N_ERR_SLOTS = dev.HDR_WAIT_BOUND.value  # slots [0, HDR_WAIT_BOUND) form the er
 
 def header_bytes(world_size: int) -> int:
     """Bytes reserved at the start of every heap for the header (see :mod:`iris_fw.device`;
-    the cause records after the barrier slots: :mod:`iris_fw.watchdog`)."""
-    slots = _watchdog.header_slots(world_size)
+    the cause records after the barrier slots: :mod:`iris_fw.watchdog`; then the call board:
+    :mod:`iris_fw.calls`)."""
+    slots = _watchdog.header_slots(world_size) + _calls.BOARD_SLOTS
     align = dev.HEAP_BASE_ALIGN.value
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
 
@@ -264,9 +267,77 @@ class _AtExit:
         if ctx is None or ctx._closed:
             return
         lost = ctx.watchdog.lost
+        ended = [r for r in lost if self._ended(ctx, r)]
+        if _uncaught:  # peers that end after this rank learn that it failed (its call board)
+            try:
+                ctx.calls.fail(PeerFailure(f"rank {ctx.rank} ended with an uncaught exception", ctx.rank))
+            except Exception:
+                pass
         ctx.watchdog.stop(heartbeat=_watchdog.HEARTBEAT_EXITED)
-        if lost:
+        if lost and (set(ended) != set(lost) or _uncaught):
+            # a peer died, or this rank ends with an uncaught exception: the job failed
             ctx.bootstrap.abort(f"rank {ctx.rank} exits after losing rank(s) {sorted(lost)}")
+        # else every lost peer ended its program normally, as this rank does: a correct program whose
+        # ranks finish at different times, without closing their contexts (no `with` block) — quiet
+
+    @staticmethod
+    def _ended(ctx, rank: int) -> bool:
+        """Whether ``rank`` left the interpreter normally (its heartbeat says so, its call board
+        shows no failure) rather than died or ended with an uncaught exception."""
+        try:
+            beat = ctx.transport.header_words(rank, dev.HDR_HEARTBEAT.value, 1)[0]
+            return beat == _watchdog.HEARTBEAT_EXITED and not ctx.calls.board(rank)[1]
+        except Exception:
+            return False
+
+
+#: Whether an exception reached the top of this process (sys.excepthook ran): set by the hook
+#: :func:`_watch_uncaught` installs with the first context.
+_uncaught = False
+
+
+def _wrapped_iris_error(exc: BaseException | None) -> BaseException | None:
+    """The iris-fw error inside Triton interpreter wrappers (``InterpreterError(repr(e)) from e``,
+    once per nested jit call: how an error raised while an interpreted kernel runs — a
+    :class:`PeerFailure` from the watchdog's SIGTERM handler — reaches the top), or None."""
+    seen = 0
+    while exc is not None and type(exc).__name__ == "InterpreterError" and seen < 64:
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return exc if seen and isinstance(exc, IrisError) else None
+
+
+def _trim_at_interpreter(tb):
+    """``tb`` cut before its first frame inside Triton (the user's frames down to the launch)."""
+    first, last = tb, None
+    while tb is not None and f"{os.sep}triton{os.sep}" not in tb.tb_frame.f_code.co_filename:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return first
+    last.tb_next = None
+    return first
+
+
+def _watch_uncaught() -> None:
+    """Chain a :data:`sys.excepthook` that notes an uncaught exception (an ending rank then tells
+    its peers the job failed), once per process."""
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_iris_fw", False):
+        return
+
+    def hook(cls, exc, tb):
+        global _uncaught
+        _uncaught = True
+        inner = _wrapped_iris_error(exc)
+        if inner is not None:  # one report naming the cause, not the interpreter's nested reprs
+            cls, exc, tb = type(inner), inner, _trim_at_interpreter(tb)
+            exc.__cause__ = exc.__context__ = None
+            exc.__suppress_context__ = True
+        previous(cls, exc, tb)
+
+    hook._iris_fw = True
+    sys.excepthook = hook
 
 
 #: Contexts of this process in creation order (weak references), for APIs whose ``ctx``
@@ -276,6 +347,16 @@ _created: "list[weakref.ref[Context]]" = []
 #: Polls per second of a device-side wait, measured once per process for each (transport,
 #: device): a context created after the first skips the calibration (see ``_calibrate_wait``).
 _poll_rates: "dict[tuple[str, str], float]" = {}
+
+
+def resolve(ctx: Any) -> "Context":
+    """``ctx`` when it is a :class:`Context`, the :func:`current` one for ``None``; anything else
+    is an :class:`~iris_fw.errors.ArgumentTypeError` naming ``ctx`` (what every ``ctx=`` takes)."""
+    if ctx is None:
+        return current()
+    if not isinstance(ctx, Context):
+        raise bad_type("ctx", "an iris_fw.Context (from iris_fw.init) or None", ctx)
+    return ctx
 
 
 def current() -> "Context":
@@ -332,6 +413,8 @@ class Context:
             on_alloc=self._check_alloc_symmetric if debug else None,
         )
         self._polls_per_s = self._calibrate_wait()
+        #: call identity: the host-call number, the call board, the epoch counters (iris_fw.calls)
+        self.calls = _calls.Calls(self, _watchdog.header_slots(self.world_size))
         from .engine.op import OpCache
 
         #: ops of ``iris_fw.ops.<name>(...)`` calls, by their arguments (bounded; see OpCache)
@@ -344,6 +427,7 @@ class Context:
         self.watchdog.attach(self)
         self._at_exit = _AtExit(self)
         atexit.register(self._at_exit)
+        _watch_uncaught()
         #: the open trace session's :class:`~iris_fw.tracing.Tracer` (None when not tracing; see :meth:`trace`)
         self.tracer = None
         self.barrier()
@@ -371,7 +455,7 @@ class Context:
         try:
             self.transport.synchronize()
             self.watchdog.closing()
-            self.bootstrap.barrier()
+            self.calls.host_call("Context.close")
         finally:
             self.watchdog.stop()
             self.heap.closed = True
@@ -518,7 +602,8 @@ class Context:
         failure = self.watchdog.failure()
         mine = None if failure is None else (type(failure).__name__, str(failure))
         aborted = self.watchdog.aborted
-        reports = self.bootstrap.all_gather(
+        reports = self.calls.host_call(
+            "Context.barrier",
             (mine, self.heap.pending_offsets(), (self.heap.free_list_digest(), self.heap.sequence_digest(restart=True)),
              [(b.seq, b.offset, b.size, b.what, b.site) for b in self.heap.recent()], aborted,
              self.watchdog.generation)
@@ -553,9 +638,10 @@ class Context:
         before any of them uses a group again."""
         self.abort_epoch += 1
         self.op_cache.clear()
+        self.calls.rearm()
         for group in {id(g): g for g in self.comm_groups.values()}.values():
             group.reset()
-        self.bootstrap.barrier()
+        self.calls.host_call("Context.barrier (re-arming the job after an abort)")
 
     def device_barrier(self) -> None:
         """Queue a cross-rank barrier on the current stream: device work after it starts once
@@ -630,7 +716,8 @@ class Context:
 
     # ---- symmetry ------------------------------------------------------------------------------
     def _check_alloc_symmetric(self, block: Block) -> None:
-        records = self.bootstrap.all_gather((block.seq, block.offset, block.size, block.what, block.site))
+        records = self.calls.host_call(f"the allocation check of IRIS_FW_DEBUG=1 (allocation #{block.seq})",
+                                       (block.seq, block.offset, block.size, block.what, block.site))
         if len({r[:3] for r in records}) > 1:
             lines = [
                 f"rank {r}: allocation #{seq} at offset {off:#x}, {size} bytes, {what} from {site}"
@@ -642,7 +729,8 @@ class Context:
         """Collective: raise :class:`SymmetryError` describing the first live allocation whose
         offset or size differs between ranks."""
         self._check_open()
-        tables = self.bootstrap.all_gather([(b.offset, b.size, b.what, b.site) for b in self.heap.blocks()])
+        tables = self.calls.host_call("Context.check_symmetry",
+                                      [(b.offset, b.size, b.what, b.site) for b in self.heap.blocks()])
         longest = max(len(t) for t in tables)
         for i in range(longest):
             rows = [t[i] if i < len(t) else None for t in tables]
@@ -654,17 +742,20 @@ class Context:
                 raise SymmetryError(f"live allocation #{i} differs across ranks:\n  " + "\n  ".join(lines))
 
     # ---- collective validation -------------------------------------------------------------------
-    def agree(self, label: str, fields: dict, error: BaseException | None = None) -> None:
+    def agree(self, label: str, fields: dict, error: BaseException | None = None, detail: str | None = None) -> None:
         """Collective, one small exchange: every rank's ``fields`` (name → a comparable value, e.g.
         shapes and dtypes of a collective call) must be equal, and no rank may have rejected
         its arguments (``error``). Otherwise every rank raises: the rank that rejected its
         arguments re-raises ``error``, the others :class:`~iris_fw.engine.contract.CollectiveMismatch`
         naming the ranks and the argument that differ. The same exchange reclaims heap blocks
         freed on every rank (as :meth:`barrier` does), so loops of collective calls do not
-        accumulate freed memory."""
+        accumulate freed memory. The exchange carries the call's identity (``label``; ``detail``
+        says more in messages): ranks in different calls raise :class:`~iris_fw.CallMismatch`
+        naming each rank's (see :mod:`iris_fw.calls`)."""
         self._check_open()
         rejected = None if error is None else f"{type(error).__name__}: {error}"
-        reports = self.bootstrap.all_gather((rejected, fields, self.heap.pending_offsets()))
+        reports = self.calls.host_call(label, (rejected, fields, self.heap.pending_offsets()),
+                                       detail=detail or _calls.describe_call(label, fields))
         self.heap.reclaim_freed_everywhere(pending for _, _, pending in reports)
         check_reports(label, [(why, f) for why, f, _ in reports], error)
 
@@ -676,8 +767,9 @@ class Context:
         self._check_open()
         self.check_rank(src, "src")
         if not isinstance(value, torch.Tensor):
-            return self.bootstrap.broadcast(value, src)
-        meta = self.bootstrap.all_gather((tuple(value.shape), str(value.dtype), self.is_symmetric(value)))
+            return self.calls.host_call(f"Context.broadcast (src {src})", value if self.rank == src else None)[src]
+        meta = self.calls.host_call(f"Context.broadcast (src {src})",
+                                    (tuple(value.shape), str(value.dtype), self.is_symmetric(value)))
         if len({m[:2] for m in meta}) > 1:
             raise ArgumentError(
                 "broadcast: value must have the same shape and dtype on every rank, got "
@@ -689,7 +781,8 @@ class Context:
                 value.copy_(self.peer_view(value, src))
             self.barrier()
             return value
-        data = self.bootstrap.broadcast(value.detach().cpu() if self.rank == src else None, src)
+        data = self.calls.host_call(f"Context.broadcast (src {src}, data)",
+                                    value.detach().cpu() if self.rank == src else None)[src]
         if self.rank != src:
             value.copy_(data)
         return value

@@ -55,6 +55,17 @@ class HeapTooLarge(IrisError, MemoryError):
     it (``/dev/shm`` for ``host_shm``, free GPU memory for ``gpu_ipc``)."""
 
 
+class CollectiveMismatch(IrisError, ValueError):
+    """Ranks called one collective operation with different arguments (the message names the
+    ranks and the argument that differ). Raised on every rank."""
+
+
+class CallMismatch(CollectiveMismatch):
+    """Ranks are in different calls: one called another collective, skipped one, or repeated a
+    call it had validated before while another rank's arguments changed (the message names the
+    call each rank is in). Raised on every rank that takes part."""
+
+
 class ContextClosed(IrisError):
     """A closed context (or one of its groups or ops) was used."""
 

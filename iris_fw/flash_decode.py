@@ -677,7 +677,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Te
     """The :class:`FlashDecode` that :func:`flash_decode` runs for such arguments (collective
     on first use: validated across the group), e.g. for its local kernel alone
     (:meth:`FlashDecode.partial`) or to call it with an ``out`` of its own."""
-    ctx = ctx if ctx is not None else _context.current()
+    ctx = _context.resolve(ctx)
     return _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
 
 
@@ -695,9 +695,28 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: 
     ``[B, pages]`` lists each sequence's pages of this rank's slice in order, ``k [num_pages,
     page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is
     ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
-    ctx = ctx if ctx is not None else _context.current()
+    ctx = _context.resolve(ctx)
     fd = _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    if ctx.debug:
+        check_same_query(fd.group, q)
     return fd(q, k, v, kv_lens, out, block_table)
+
+
+def check_same_query(group, q: torch.Tensor) -> None:
+    """With ``IRIS_FW_DEBUG=1``: every member's ``q`` holds the same values (its bytes' 64-bit
+    digest, compared in one exchange of the group), else every member raises
+    :class:`~iris_fw.CollectiveMismatch` naming the ranks. ``q`` differing across ranks is the
+    caller's broken promise that gives a wrong result on some rank; without the debug flag
+    nothing checks it (the exchange and the copy to the host cost a call's latency). Skipped
+    while capturing a CUDA graph."""
+    import hashlib
+
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    data = q.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
+    digest = hashlib.blake2b(data, digest_size=8).hexdigest()
+    group.exchange("iris_fw.flash_decode (IRIS_FW_DEBUG=1: q must be the same on every rank)",
+                   {"q (digest of its values)": digest})
 
 
 # ---- torch references -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ reachable from another host. The ranks get one bootstrap (``torch``) and one tra
 exported ``IRIS_FW_*`` settings that contradict the job are refused before anything starts.
 
 The launcher watches every rank: when one fails, the others are stopped within a second
-(SIGTERM, then SIGKILL); SIGINT and SIGTERM sent to the launcher are forwarded to every rank;
+(SIGTERM, then SIGKILL); SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded to every rank;
 every child is reaped; afterwards any /dev/shm segment of the job is removed. Output lines
 are prefixed ``[rank N]`` (switchable). The exit code is the first failing rank's (128 + the
 signal for a rank killed by one), else 0.
@@ -30,6 +30,8 @@ import time
 from . import _choose_interpreter, env, interpreting
 from .errors import ArgumentError, EnvironmentVariableError, bad_type
 
+#: Signals the launcher forwards to every rank (SIGHUP: the terminal or ssh session that ran it went away).
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: After a failure: seconds the other ranks get between SIGTERM and SIGKILL.
 _GRACE_S = 0.5
 #: Seconds between two looks at the ranks.
@@ -232,7 +234,7 @@ def launch(argv: list[str], nprocs: int, timeout: float | None = None, *, module
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in _FORWARDED:
             previous[signum] = signal.signal(signum, on_signal)
     code = 0
     try:

@@ -56,7 +56,7 @@ def plan(pattern: str, *inputs: Any, ctx: Context | None = None, scheduler: str 
 
 
 def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms):
-    ctx = ctx if ctx is not None else _context.current()
+    ctx = _context.resolve(ctx)
     op = ctx.op_cache.get(ctx, pattern, inputs, scheduler, config, comm_sms)
     return op.launch(*inputs).clone()  # the cache found the op by these inputs' signature
 

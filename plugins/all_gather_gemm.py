@@ -161,6 +161,9 @@ class AllGatherGemm(Pattern):
     Args = Args
     Config = GemmConfig
 
+    #: what each element of :meth:`signature` is (names in mismatch messages)
+    signature_fields = ("M/W", "N/W", "K", "dtype")
+
     def signature(self, ctx, a_shard, b):
         """Validate; return ``(M/W, N/W, K, dtype)``."""
         a_shard, b = check_operands(a_shard, b, ctx.device, "a_shard [M/W, K]", "b [K, N/W]")

@@ -191,6 +191,9 @@ class GemmAllReduce(Pattern):
     Args = Args
     Config = GemmAllReduceConfig
 
+    #: what each element of :meth:`signature` is (names in mismatch messages)
+    signature_fields = ("M", "N", "K/W", "dtype", "bias")
+
     def signature(self, ctx, a, b, bias=None):
         """Validate; return ``(M, N, K/W, dtype, has_bias)``."""
         a, b = check_operands(a, b, ctx.device, "a [M, K/W]", "b [K/W, N]", "K/W")

@@ -107,6 +107,9 @@ class GemmAllScatter(Pattern):
     Args = Args
     Config = GemmConfig
 
+    #: what each element of :meth:`signature` is (names in mismatch messages)
+    signature_fields = ("M", "N/W", "K", "dtype")
+
     def signature(self, ctx, a, b):
         """Validate; return ``(M, N/W, K, dtype)``."""
         a, b = check_operands(a, b, ctx.device, "a [M, K]", "b [K, N/W]")

@@ -128,6 +128,9 @@ class GemmReduceScatter(Pattern):
     Args = Args
     Config = GemmConfig
 
+    #: what each element of :meth:`signature` is (names in mismatch messages)
+    signature_fields = ("M", "N", "K/W", "dtype")
+
     def signature(self, ctx, a, b):
         """Validate; return ``(M, N, K/W, dtype)``."""
         a, b = check_operands(a, b, ctx.device, "a [M, K/W]", "b [K/W, N]", "K/W")

@@ -8,13 +8,15 @@ bitwise equal. Sizes are ragged; world sizes 1-4 (3 catches power-of-two assumpt
 the sizes grow and every collective is also replayed from a CUDA graph with fresh inputs.
 """
 
+import time
+
 import pytest
 import torch
 
 import iris_fw
 
 from helpers import capture_graph, fresh_seed
-from iris_fw import WaitTimeout
+from iris_fw import CallMismatch, PeerFailure, WaitTimeout
 from iris_fw.engine.contract import CollectiveMismatch
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -463,20 +465,47 @@ def _missing_rank(ctx):
     from iris_fw import ccl
 
     ccl.new_group()  # the world group, created by every rank
+    start = time.monotonic()
+    if ctx.rank == 0:
+        t = torch.ones(10, device=ctx.device)
+        with pytest.raises(CallMismatch, match=r"rank 1 is in iris_fw.ccl.destroy_group\(\) .* while rank 0 is in "
+                                               r"iris_fw.ccl.all_reduce\(dtype=float32, numel=10"):
+            ccl.all_reduce(t)
+        assert time.monotonic() - start < 5  # the call board, not the wait timeout
+    ccl.destroy_group()
+    try:
+        ctx.barrier()  # re-arms the job (rank 0 aborted the waits of its peers)
+    except PeerFailure:
+        ctx.barrier()
+
+
+def _stuck_rank(ctx):
+    from iris_fw import ccl
+
+    ccl.new_group()
     old, ctx.wait_timeout = ctx.wait_timeout, 2.0
     try:
         if ctx.rank == 0:
             t = torch.ones(10, device=ctx.device)
-            with pytest.raises(WaitTimeout, match="did not enter"):
+            with pytest.raises(WaitTimeout, match=r"rank\(s\) \[1\] .* did not enter"):
                 ccl.all_reduce(t)
+        else:
+            time.sleep(4)  # busy on its host for longer than the wait timeout
     finally:
         ctx.wait_timeout = old
     ccl.destroy_group()
+    ctx.barrier()
 
 
-def test_missing_rank_times_out(iris_pool):
-    """A rank that skips a collective: the others raise within the wait timeout, naming it."""
+def test_missing_rank_is_named_at_once(iris_pool):
+    """A rank that skips a collective and goes on to another: the others raise at once, naming
+    the call each rank is in."""
     iris_pool(2).run(_missing_rank)
+
+
+def test_busy_rank_times_out(iris_pool):
+    """A rank busy on its host: the others raise within the wait timeout, naming it."""
+    iris_pool(2).run(_stuck_rank)
 
 
 def _algorithms_rank(ctx):

@@ -129,7 +129,9 @@ def _mismatch(ctx, case):
         assert "rank 0 rejected its arguments" in text and "must agree on K/W" in text, text
     else:
         assert "differs across ranks" in text and "ranks 0" in text, text
-        assert {"shape": "'inputs'", "dtype": "'inputs'", "scheduler": "'scheduler'"}[case] in text, text
+        # the field of the signature that differs, by name (not the unlabelled signature tuple)
+        assert {"shape": "argument 'M' differs", "dtype": "argument 'dtype' differs",
+                "scheduler": "argument 'scheduler' differs"}[case] in text, text
     ctx.barrier()
     return elapsed
 

@@ -223,3 +223,46 @@ def test_init_removes_a_dead_ranks_segment(monkeypatch):
     with iris_fw.init(heap_size=1 << 20, bootstrap="single", transport="host_shm"):
         assert not os.path.exists(leftover)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+@pytest.mark.parametrize("fails_at", ["names", "reports"])
+def test_a_failed_setup_unlinks_its_segments_at_once(monkeypatch, fails_at):
+    """A peer killed during set-up (under mpirun or torchrun: no launcher cleans up): the survivor's
+    set-up fails, and its own segment, the peers' it learnt and the lost peer's are unlinked now,
+    not at the next job's set-up. (The lost peer is a zombie: its pid still exists.)"""
+    from iris_fw.errors import PeerFailure
+
+    prefix = f"iris_fw_f{os.getpid()}_"
+    monkeypatch.setenv("IRIS_FW_SHM_PREFIX", prefix)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while zombie.poll() is None:  # (poll reaps it: keep its pid through the watchdog's record instead)
+            pass
+        lost_segment = f"{prefix}{host_shm.segment_tag(zombie.pid)}_{'f' * 32}"
+        open(os.path.join("/dev/shm", lost_segment), "w").close()
+        other = f"{prefix}{host_shm.segment_tag(os.getpid())}_{'0' * 32}"
+
+        class _Watchdog:
+            lost = {1: "rank 1 died"}
+            processes = [{"pid": os.getpid()}, {"pid": zombie.pid}]
+
+        class _Boot:
+            rank, world_size, local_world_size = 0, 2, 2
+            liveness = _Watchdog()
+            calls = 0
+
+            def all_gather(self, obj):
+                _Boot.calls += 1
+                if fails_at == "names" or _Boot.calls == 2:
+                    raise PeerFailure("rank 0: rank 1 died", 1)
+                open(os.path.join("/dev/shm", other), "w").close()  # a segment rank 0 learnt the name of
+                return [obj, other]
+
+        with pytest.raises(PeerFailure):
+            monkeypatch.setattr(host_shm.HostShmTransport, "_map_peer", staticmethod(lambda *a: None))
+            host_shm.HostShmTransport(_Boot(), 1 << 20)
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+    finally:
+        for n in os.listdir("/dev/shm"):
+            if n.startswith(prefix):
+                os.unlink(os.path.join("/dev/shm", n))

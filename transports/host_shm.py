@@ -87,6 +87,26 @@ def remove_stale_segments(prefix: str, shm_dir: str = SHM_DIR) -> list[str]:
     return cleanup_shm(prefix, shm_dir, select=owner_dead)
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_setup_segments(prefix: str, names: list, bootstrap, shm_dir: str = SHM_DIR) -> None:
+    """After a failed set-up: unlink ``names`` and the segments whose owner is a rank the
+    bootstrap's watchdog found lost (dead, or a zombie its launcher has not reaped yet)."""
+    for name in {n for n in names if isinstance(n, str) and n.startswith(prefix) and "/" not in n}:
+        _unlink(os.path.join(shm_dir, name))
+    watchdog = getattr(bootstrap, "liveness", None)
+    lost = getattr(watchdog, "lost", None) or {}
+    infos = getattr(watchdog, "processes", None) or getattr(bootstrap, "processes", None) or []
+    tags = {segment_tag(infos[r]["pid"]) for r in lost if r < len(infos) and "pid" in infos[r]}
+    if tags:
+        cleanup_shm(prefix, shm_dir, select=lambda n: n[len(prefix):].split("_", 1)[0] in tags)
+
+
 class HostShmTransport(Transport):
     name = "host_shm"
     interpreted = True
@@ -134,23 +154,30 @@ class HostShmTransport(Transport):
             raise
         finally:
             os.close(fd)
-        problem = None
+        problem, names = None, []
         try:
-            names = bootstrap.all_gather(name)
-            for r, peer_name in enumerate(names):
-                if r == bootstrap.rank:
-                    self._maps.append(own)
-                    continue
-                self._maps.append(self._map_peer(peer_name, heap_size, r))
-        except OSError as exc:
-            problem = (
-                f"rank {bootstrap.rank} could not map a peer's segment ({exc}); host_shm needs "
-                "every rank on one host"
-            )
-        finally:
+            try:
+                names = bootstrap.all_gather(name)
+                for r, peer_name in enumerate(names):
+                    if r == bootstrap.rank:
+                        self._maps.append(own)
+                        continue
+                    self._maps.append(self._map_peer(peer_name, heap_size, r))
+            except OSError as exc:
+                problem = (
+                    f"rank {bootstrap.rank} could not map a peer's segment ({exc}); host_shm needs "
+                    "every rank on one host"
+                )
             # Every rank reports whether it mapped every segment; then each unlinks its own.
             problems = bootstrap.all_gather(problem)
-            os.unlink(path)
+        except BaseException:
+            # set-up failed under us (a peer lost, an interrupt): the job will not run, so no
+            # segment of it is needed — this rank's, every peer's whose name it learnt, and those
+            # of the peers found dead (which cannot unlink theirs)
+            _remove_setup_segments(prefix, [name, *names], bootstrap)
+            raise
+        finally:
+            _unlink(path)
         failed = [p for p in problems if p]
         if failed:
             for m in self._maps:  # no tensor exists yet: unmap now

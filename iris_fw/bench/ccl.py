@@ -1,5 +1,5 @@
 """Collectives (:mod:`iris_fw.ccl`) against NCCL and torch symmetric memory, as a benchmark
-plugin (``iris-fw bench ccl``; issue 11).
+plugin (``iris-fw bench ccl``).
 
 For every collective (all_reduce, all_gather, reduce_scatter, all_to_all with equal splits,
 broadcast from rank 0) and every size, one interleaved measurement
@@ -498,6 +498,8 @@ class CclBench:
          "xlabel": "bytes per rank", "ylabel": f"us per op (CUDA graph of {GRAPH_CALLS})", "suffix": "_latency"},
         {"x": "bytes", "y": "graph_busbw_GBps", "series": "method", "facet": "collective", "logy": True,
          "xlabel": "bytes per rank", "ylabel": "bus bandwidth GB/s (CUDA graph)", "suffix": "_busbw"},
+        {"x": "bytes", "y": "eager_us", "series": "method", "facet": "collective", "logy": True,
+         "xlabel": "bytes per rank", "ylabel": "us per op (eager)", "suffix": "_eager_latency"},
     ]
 
     def run(self, ctx, opts):

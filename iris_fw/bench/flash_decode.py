@@ -1,5 +1,5 @@
 """Distributed flash-decode (:mod:`iris_fw.flash_decode`) against the bulk-synchronous baseline,
-as a benchmark plugin (``iris-fw bench flash_decode``; issue 12).
+as a benchmark plugin (``iris-fw bench flash_decode``).
 
 The issue's shape: 32 query / 8 KV heads, D = Dv = 128, bf16 (``--dtype`` changes it), batch
 ``B`` in :data:`BATCHES` and ``S`` KV tokens per rank (``--sizes 4K,16K,64K``: tokens, the
@@ -177,7 +177,8 @@ class FlashDecodeBench:
         {"x": "tokens_per_rank", "y": "graph_us", "series": "method", "facet": "batch", "logy": True,
          "xlabel": "KV tokens per rank", "ylabel": f"us per call (CUDA graph of {GRAPH_CALLS})", "suffix": "_latency"},
         {"x": "tokens_per_rank", "y": "kv_TBps", "series": "method", "facet": "batch",
-         "xlabel": "KV tokens per rank", "ylabel": "KV read TB/s (graph)", "suffix": "_bandwidth"},
+         "xlabel": "KV tokens per rank", "ylabel": "KV read TB/s (CUDA graph where captured, else eager: kv_TBps_from)",
+         "suffix": "_bandwidth"},
     ]
 
     def run(self, ctx, opts):
@@ -244,6 +245,7 @@ class FlashDecodeBench:
             if m in ("local_kernel", "torch_sdpa_local"):
                 best = graph or eager
                 row["kv_TBps"] = point.kv_bytes / best / 1e6 if best else None
+                row["kv_TBps_from"] = "graph" if graph else "eager"
             if bsp_eager and eager:
                 row["speedup_vs_bsp"] = bsp_eager / eager
             if bsp_graph and graph:

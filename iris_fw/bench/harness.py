@@ -214,6 +214,8 @@ def write_results(name: str, rows: list[dict], env: dict, out_dir: str, plot_spe
         f.write(markdown_table(rows, columns))
     paths.append(path)
     for spec in _plot_specs(plot_spec) if rows else []:
+        if not any(r.get(spec["y"]) not in (None, "") for r in rows):
+            continue  # nothing measured for it here (e.g. CUDA-graph times on CPU ranks): no empty plot
         try:
             paths.append(_plot(name, rows, env, out_dir, spec))
         except ImportError:

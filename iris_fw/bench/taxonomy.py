@@ -153,7 +153,7 @@ class GemmAlone:
                          "pct_of_cublas": 100.0, "best": False})
             opts.log(f"gemm {m}x{n}x{k}: cublas {ref:.1f} us, triton best {times[best]:.1f} us "
                      f"({100 * ref / times[best]:.1f}% of cuBLAS) with {_cfg(best)}")
-        return rows
+        return named_by_device(ctx, rows)
 
 
 def _cfg(cfg: GemmConfig) -> str:
@@ -181,7 +181,8 @@ class Taxonomy:
     description = "4 schedulers x GEMM+all-scatter / all-gather+GEMM / GEMM+reduce-scatter vs torch+NCCL"
     plot = {"kind": "bars", "x": "shape", "y": "speedup", "series": "scheduler", "series_fallback": "method",
             "ylabel": "speedup over torch BSP (each scheduler at its best SM split)",
-            "skip": {"method": ("gemm_alone_cublas", "gemm_alone_triton")}, "only_flag": "plot"}
+            "skip": {"method": ("gemm_alone_cublas", "gemm_alone_torch_matmul", "gemm_alone_triton")},
+            "only_flag": "plot"}
 
     def run(self, ctx, opts):
         from .. import ops
@@ -280,7 +281,7 @@ class Taxonomy:
                          f"{best['comm_sms']!r}, {configs[id(best)]!r})")
             a = b = expected = ga = gb = None
             ctx.barrier()
-        return rows
+        return named_by_device(ctx, rows)
 
 
 def _baseline(ctx, pattern, a, b, M, N):
@@ -343,6 +344,18 @@ def _symm_mem_op(pattern, a, b, group):
     if pattern == "all_gather_gemm":
         return lambda i: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group)
     return lambda i: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=group)
+
+
+def named_by_device(ctx, rows: list[dict]) -> list[dict]:
+    """``rows`` with the GEMM library named by what ran: cuBLAS on GPUs, torch's CPU matmul on
+    CPU ranks (``cublas`` in method names and columns becomes ``torch_matmul`` there)."""
+    if ctx.device.type == "cuda":
+        return rows
+
+    def rename(v):
+        return v.replace("cublas", "torch_matmul") if isinstance(v, str) else v
+
+    return [{rename(k): rename(v) for k, v in r.items()} for r in rows]
 
 
 @hookimpl

@@ -269,7 +269,7 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     """A kernel configuration of ``group``: ``key[0]`` names it (the algorithm); its storage —
     the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
     ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
-    counters (local) — is made on first use and shared by every call with the same name, buffer
+    counters (symmetric too: see :mod:`iris_fw.calls`) — is made on first use and shared by every call with the same name, buffer
     *bytes*, slots and programs: by every reduction (``constexprs``) and by dtypes of any width,
     each viewing the bytes as its own dtype and launching its own variant. Buffers that
     ``fill(buffers)`` prepares (it returns true: the members then sync before any can send into
@@ -290,11 +290,16 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
             group.sync(f"ccl {key[0]}: receive buffers ready")
         if slots:
             raw.append(group.carve(nprog * slots, torch.int64, f"{key[0]} arrival slots"))
-        raw.append(torch.zeros(nprog, dtype=torch.int64, device=group.ctx.device))
+        # the programs' epoch counters, on the heap: a member waiting in the group's exchange reads
+        # its peers' to learn that one launched a call it did not make (iris_fw.calls)
+        counters = group.carve(nprog, torch.int64, f"{key[0]} program epochs")
+        group.ctx.calls.track(group, f"a kernel of {key[0]} run by: {group.planning}", counters)
+        raw.append(counters)
         return tuple(raw), {}
 
     config = (key[0], sizes, slots, nprog, width)
     raw, launchers = group.config(config, make)
+    group.ctx.calls.describe(group, raw[-1], group.planning)
     bufs = tuple(r.view(dtype) for r, (_, dtype, _) in zip(raw, buffers)) + raw[len(buffers):]
     traceable = "trace" in (kernel.arg_names if hasattr(kernel, "arg_names") else kernel.fn.arg_names)
     if tracer == "open":

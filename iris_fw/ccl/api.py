@@ -21,6 +21,7 @@ from .. import tilecomm as tc
 from .. import trace as tr
 from ..errors import ArgumentError, ArgumentTypeError, bad_type
 from . import algorithm as al
+from ..calls import describe_call
 from .group import Group, default_workspace_bytes
 
 try:
@@ -51,7 +52,7 @@ if ReduceOp is not None:
 
 
 def _ctx(ctx):
-    return ctx if ctx is not None else _context.current()
+    return _context.resolve(ctx)
 
 
 def _ranks_of(ctx, group) -> tuple[int, ...]:
@@ -73,7 +74,8 @@ def _ranks_of(ctx, group) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
-def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ctx: Context | None = None) -> Group:
+def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ctx: Context | None = None,
+              _by: str | None = None) -> Group:
     """Create (or return) the group of ``ranks`` (sorted; group rank = position), like
     ``torch.distributed.new_group``: collective over *every* rank of the context, members or
     not, because the group's workspace is a symmetric heap block (``workspace_bytes``, default
@@ -92,7 +94,8 @@ def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ct
             raise ArgumentError(f"workspace_bytes must be at least {Group.min_workspace_bytes()} for a group, got {size}")
     except Exception as exc:
         error = exc
-    ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error)
+    detail = None if _by is None else f"{_by} (its first call creates the world group: iris_fw.ccl.new_group)"
+    ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error, detail)
     group = ctx.comm_groups.get(ranks_t)
     if group is None:
         group = ctx.comm_groups[ranks_t] = Group(ctx, ranks_t, size)
@@ -119,7 +122,7 @@ def destroy_group(group: GroupLike = None, *, ctx: Context | None = None) -> Non
             ctx.comm_groups.pop(None, None)
 
 
-def _group(ctx, group) -> Group:
+def _group(ctx, group, collective: str | None = None) -> Group:
     if group is None:
         found = ctx.comm_groups.get(None)  # the world group's alias: the common case first
         if found is not None:
@@ -133,7 +136,8 @@ def _group(ctx, group) -> Group:
             if len(ranks) != ctx.world_size:
                 raise ArgumentError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
                                     f"on every rank first (as torch.distributed.new_group)")
-            found = new_group(ranks, ctx=ctx)  # the world: every rank is in this call
+            by = None if collective is None else f"iris_fw.ccl.{collective}"
+            found = new_group(ranks, ctx=ctx, _by=by)  # the world: every rank is in this call
     if found.rank is None:
         raise ArgumentError(f"rank {ctx.rank} is not in the group {list(found.ranks)} it called a collective on")
     return found
@@ -186,7 +190,7 @@ def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
     """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
     if ctx._closed:
         ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
-    g = _group(ctx, group)
+    g = _group(ctx, group, key[0])
     if ctx.tracer is not None:  # traced kernel variants, prepared (and validated) once per session
         key = key + (("traced", ctx.tracer.session),)
         ctx.tracer.launched()
@@ -232,7 +236,11 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
     algo = al.choose(g, call, algorithm)
     if g.size == 1 and call.collective in _INPUT_IS_RESULT_AT_ONE_RANK:
         return _identity
-    return algo.plan(g, call)
+    g.planning = describe_call(label, fields)
+    try:
+        return algo.plan(g, call)
+    finally:
+        g.planning = ""
 
 
 #: Collectives whose result on a one-rank group is their input (a reduction of one value with
@@ -296,7 +304,8 @@ def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:
 def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum", group: GroupLike = None,
                async_op: bool = False, *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = ``tensor`` reduced with ``op`` over the group's ranks, in place, bitwise the
-    same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum."""
+    same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = ("all_reduce", tensor.dtype, tensor.numel(), op, algorithm) if _fast_ok(ctx, tensor) else None
 
@@ -328,7 +337,8 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            async_op: bool = False, *, algorithm: str = "auto",
                            ctx: Context | None = None) -> Work | None:
     """``output_tensor`` (``size * input.numel()`` elements, e.g. ``[size * d0, …]`` or
-    ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order."""
+    ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     fast = _fast_ok(ctx, output_tensor, input_tensor)
     offset = _heap_offset(ctx, input_tensor) if fast else None
@@ -362,7 +372,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
                           group: GroupLike = None, async_op: bool = False, *, algorithm: str = "auto",
                           ctx: Context | None = None) -> Work | None:
     """``output`` = chunk ``r`` (``output.numel()`` elements) of ``input`` reduced with ``op``
-    over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements."""
+    over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = (("reduce_scatter", input.dtype, output.dtype, input.numel(), output.numel(), op, algorithm)
            if _fast_ok(ctx, output, input) else None)
@@ -404,7 +415,8 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
                       *, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """Rank ``r`` sends rows ``input_split_sizes[p]`` of ``input`` (dim 0, in order) to rank
     ``p`` and receives ``output_split_sizes[p]`` rows from it into ``output`` (in order);
-    ``None`` splits equally. Every rank's send to ``p`` must match ``p``'s receive."""
+    ``None`` splits equally. Every rank's send to ``p`` must match ``p``'s receive.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = (("all_to_all", input.dtype, output.dtype, tuple(input.shape), tuple(output.shape),
             None if input_split_sizes is None else tuple(input_split_sizes),
@@ -442,7 +454,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: GroupLike = None, async_op: bool = False, *,
               group_src: int | None = None, algorithm: str = "auto", ctx: Context | None = None) -> Work | None:
     """``tensor`` = rank ``src``'s ``tensor`` (``src`` a global rank, or ``group_src`` a rank
-    of the group), in place."""
+    of the group), in place. Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = ("broadcast", tensor.dtype, tensor.numel(), src, group_src, algorithm) if _fast_ok(ctx, tensor) else None
 
@@ -462,7 +474,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: ReduceOpLike = Redu
            group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
            ctx: Context | None = None) -> Work | None:
     """Rank ``dst``'s ``tensor`` = ``tensor`` reduced with ``op`` over the group, in place;
-    the other ranks' tensors are left as they were."""
+    the other ranks' tensors are left as they were. Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
     key = ("reduce", tensor.dtype, tensor.numel(), dst, group_dst, op, algorithm) if _fast_ok(ctx, tensor) else None
 
@@ -498,7 +510,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
            group: GroupLike = None, async_op: bool = False, *, group_dst: int | None = None, algorithm: str = "auto",
            ctx: Context | None = None) -> Work | None:
     """The root's ``gather_list[p]`` = group rank ``p``'s ``tensor`` (``dst``: a global rank,
-    or ``group_dst``; default rank 0 of the group). Other ranks pass no list."""
+    or ``group_dst``; default rank 0 of the group). Other ranks pass no list.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     return _rooted_list_call("gather", "dst", tensor, gather_list, dst, group_dst, group, async_op, algorithm, ctx)
 
 
@@ -506,7 +519,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             group: GroupLike = None, async_op: bool = False, *, group_src: int | None = None, algorithm: str = "auto",
             ctx: Context | None = None) -> Work | None:
     """Group rank ``p``'s ``tensor`` = the root's ``scatter_list[p]`` (``src``: a global rank,
-    or ``group_src``; default rank 0 of the group). Other ranks pass no list."""
+    or ``group_src``; default rank 0 of the group). Other ranks pass no list.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     return _rooted_list_call("scatter", "src", tensor, scatter_list, src, group_src, group, async_op, algorithm, ctx)
 
 
@@ -515,7 +529,7 @@ def _rooted_list_call(collective: str, role: str, tensor, items, root_rank, grou
     """gather / scatter: the root's list of ``size`` tensors like ``tensor`` goes through one
     contiguous buffer; an invalid root or list raises on every member (through the exchange)."""
     ctx = _ctx(ctx)
-    g = _group(ctx, group)
+    g = _group(ctx, group, collective)
     root, rejected = None, None
     try:
         root = _group_rank(g, g.ranks[0] if root_rank is None and group_root is None else root_rank, role, group_root)
@@ -567,11 +581,13 @@ def barrier(group: GroupLike = None, async_op: bool = False, device_ids: Any = N
             ctx: Context | None = None) -> Work | None:
     """Every member's work queued before the barrier finishes before any member's work after
     it starts; unless ``async_op`` (or while capturing a CUDA graph) the host also waits, as
-    torch's barrier does, and raises :class:`~iris_fw.WaitTimeout` if a member never came."""
+    torch's barrier does, and raises :class:`~iris_fw.WaitTimeout` if a member never came.
+    Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
 
     def prepare(g):
         g.exchange("iris_fw.ccl.barrier", {})
+        g.planning = "iris_fw.ccl.barrier()"
         launch, bufs = al.kernel_config(g, ("barrier",), _barrier_kernel, nprog=1, constexprs={}, slots=g.size)
         return lambda src, dst: launch(*bufs, g.rank, g.size, g.heap_bases)
 

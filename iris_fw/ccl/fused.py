@@ -95,7 +95,8 @@ def _check_norm_args(ctx, x, residual, weight, out, eps) -> tuple[int, int]:
 def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
                        group: GroupLike = None, algorithm: str = "auto", out: torch.Tensor | None = None,
                        ctx: Context | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused all-reduce + residual add + RMSNorm over the group, in one kernel per call::
+    """Fused all-reduce + residual add + RMSNorm over the group, in one kernel per call. Returns
+    the tuple ``(out, residual)`` (``residual`` is also updated in place)::
 
         h = all_reduce(x) + residual;  residual[:] = h
         out = h * rsqrt(mean(h ** 2, -1) + eps) * weight
@@ -106,7 +107,7 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     ``x`` is not modified). Sums and the norm are computed in fp32 and stored in the tensors'
     dtypes. Every rank gets bitwise the same ``out`` and ``residual`` when their ``residual``
     and ``weight`` are the same (as in tensor parallelism). ``algorithm``: ``"auto"``,
-    ``"lamport"`` or ``"one_shot"``. Returns ``(out, residual)``. Mismatched shapes, dtypes or
+    ``"lamport"`` or ``"one_shot"``. Mismatched shapes, dtypes or
     ``eps`` across ranks, or a rank's bad argument, raise on every rank."""
     ctx = _ctx(ctx)
     if out is None and isinstance(x, torch.Tensor):

@@ -32,8 +32,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..calls import CHECK_INTERVAL_S, IN_GROUP_CALL, describe_call
 from ..context import check_reports
-from ..errors import ArgumentError, IrisError, WaitTimeout
+from ..errors import ArgumentError, CallMismatch, IrisError, WaitTimeout
 
 #: Bytes of one mailbox message (pickled fields); two per member, used by exchange parity.
 MAILBOX_BYTES = 1 << 16
@@ -80,6 +81,8 @@ class Group:
         self.workspace = ctx.zeros(workspace_bytes, dtype=torch.uint8)
         self._used = self._mailbox_bytes()
         self._seq = 0
+        #: the call being planned (its description names the kernels it makes, see iris_fw.calls)
+        self.planning = ""
         #: prepared calls: key -> launch function (a call whose key is here was validated)
         self.calls: dict = {}
         #: kernel configurations: key -> whatever the algorithm keeps for it
@@ -145,13 +148,17 @@ class Group:
         self._seq_word().fill_(seq)
         self.ctx.transport.synchronize()
 
-    def _read(self, peer: int, seq: int, deadline: float) -> bytes | None:
+    def _read(self, peer: int, seq: int, deadline: float, call: str) -> bytes | None:
         word = self.ctx.peer_view(self._seq_word(), self.ranks[peer])
-        pause = 20e-6
+        pause, checked = 20e-6, time.monotonic()
         while int(word.item()) < seq:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 return None
             self.ctx.watchdog.check(f"the group {list(self.ranks)}'s exchange")  # a lost member: raise now
+            if now - checked >= CHECK_INTERVAL_S:  # a member in another call, or failed: raise now
+                checked = now
+                self.ctx.calls.check(call, [self.ranks[peer]], group=True)
             time.sleep(pause)
             pause = min(pause * 2, 2e-3)
         box = self.ctx.peer_view(self._box(seq % 2), self.ranks[peer])
@@ -169,27 +176,47 @@ class Group:
             raise ArgumentError(f"{label}: rank {self.ctx.rank} is not in the group {list(self.ranks)}")
         self._seq += 1
         rejected = None if error is None else f"{type(error).__name__}: {error}"
-        payload = pickle.dumps((rejected, fields, extra))
+        call = describe_call(label, fields, self)
+        payload = pickle.dumps((rejected, fields, extra, call))
         if len(payload) + 8 > MAILBOX_BYTES:
             raise ArgumentError(f"{label}: the call's description ({len(payload)} bytes) does not fit the "
                                 f"group's mailbox ({MAILBOX_BYTES - 8} bytes)")
+        calls = self.ctx.calls
+        calls.enter(IN_GROUP_CALL, call)
         self._post(self._seq, payload)
         deadline = time.monotonic() + self.ctx.wait_timeout
         reports, missing = [], []
-        for p in range(self.size):
-            got = self._read(p, self._seq, deadline)
-            if got is None:
-                missing.append(self.ranks[p])
-                reports.append(None)
-            else:
-                reports.append(pickle.loads(got))
+        try:
+            for p in range(self.size):
+                got = self._read(p, self._seq, deadline, call)
+                if got is None:
+                    missing.append(self.ranks[p])
+                    reports.append(None)
+                else:
+                    reports.append(pickle.loads(got))
+        except CallMismatch:
+            raise
+        except BaseException as exc:  # a lost member, a peer's failure: the others waiting for this rank hear of it
+            calls.fail(exc)
+            raise
         if missing:
-            raise WaitTimeout(
-                f"{label}: rank(s) {missing} of the group {list(self.ranks)} did not enter the call within "
+            raise calls.fail(WaitTimeout(
+                f"{call}: rank(s) {missing} of the group {list(self.ranks)} did not enter the call within "
                 f"{self.ctx.wait_timeout:g} s (a rank skipped it, called another collective, or repeated "
-                f"a call with arguments it had already validated while this rank's differ)")
-        check_reports(label, [(why, f) for why, f, _ in reports], error, ranks=self.ranks)
-        return [x for _, _, x in reports]
+                f"a call with arguments it had already validated while this rank's differ)"))
+        calls.leave()
+        labels = [c for _, _, _, c in reports]
+        names = [c.split(" (call #")[0].split("(")[0] for c in labels]
+        if any(n != names[0] for n in names[1:]):
+            groups: dict = {}
+            for r, c in zip(self.ranks, labels):
+                groups.setdefault(c, []).append(r)
+            raise CallMismatch("ranks called different collectives on the group "
+                               f"{list(self.ranks)}: " + "; ".join(f"rank{'s' if len(rs) > 1 else ''} "
+                                                                   f"{', '.join(map(str, rs))}: {c}"
+                                                                   for c, rs in groups.items()))
+        check_reports(label, [(why, f) for why, f, _, _ in reports], error, ranks=self.ranks)
+        return [x for _, _, x, _ in reports]
 
     def sync(self, label: str) -> None:
         """Members only: return once every member's device work queued so far has finished and

@@ -68,6 +68,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
+from ..errors import CallMismatch, CollectiveMismatch  # noqa: F401 (re-exported from here too)
 from ..errors import ArgumentError, ArgumentTypeError, IrisError
 
 #: Kernel parameters that may carry TMA descriptors (see the module docstring).
@@ -77,11 +78,6 @@ MAX_TOP = 2
 class PatternError(IrisError, ValueError):
     """Inputs a pattern cannot run on, or a scheduler that cannot run a pattern (the message names
     the argument and what was expected)."""
-
-
-class CollectiveMismatch(IrisError, ValueError):
-    """Ranks called one collective operation with different arguments (the message names the
-    ranks and the argument that differ). Raised on every rank."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +214,9 @@ class Pattern:
     Args: ClassVar[type]
     #: the pattern's configuration type (``config=`` of an op; a frozen dataclass)
     Config: ClassVar[type]
+    #: names of the elements of :meth:`signature`'s tuple, in order (e.g. ``("M", "N/W", "K",
+    #: "dtype")``): a mismatch across ranks names the element that differs
+    signature_fields: ClassVar[tuple] = ()
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -255,6 +254,19 @@ class Pattern:
     def reference(rank: int, world_size: int, inputs: list) -> torch.Tensor:
         """Float64 torch result of rank ``rank`` given every rank's ``inputs[r]``."""
         raise NotImplementedError
+
+
+def labelled_signature(pattern, signature) -> dict:
+    """``signature`` as ``{name: value}`` by :attr:`Pattern.signature_fields` (unnamed elements
+    as ``"input element i"``), for messages and cross-rank comparison."""
+    names = tuple(getattr(pattern, "signature_fields", ()) or ())
+    if not isinstance(signature, tuple):
+        return {"inputs": signature}
+    out = {}
+    for i, value in enumerate(signature):
+        name = names[i] if i < len(names) else f"input element {i}"
+        out[name] = str(value).replace("torch.", "") if isinstance(value, torch.dtype) else value
+    return out
 
 
 def input_fingerprint(inputs: tuple) -> tuple:

@@ -19,7 +19,7 @@ from typing import Any
 from .. import context as _context
 from .. import env
 from ..errors import ArgumentError, ArgumentTypeError, IrisError
-from .contract import PatternError, input_fingerprint
+from .contract import PatternError, input_fingerprint, labelled_signature
 from .scheduler import Scheduler
 from .tuning import lookup
 
@@ -38,7 +38,7 @@ class Op:
 
     def __init__(self, pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=None,
                  comm_sms: int | None = None):
-        self.ctx = ctx if ctx is not None else _context.current()
+        self.ctx = _context.resolve(ctx)
         self._abort_epoch = self.ctx.abort_epoch
         label = f"iris_fw.ops {pattern}"
         fields, error = {}, None
@@ -58,8 +58,9 @@ class Op:
                 raise ArgumentTypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
                                         f"or None, got {type(config).__name__}")
             self.scheduler: Scheduler = self.ctx.registries.scheduler.require_available(scheduler)
-            fields = {"pattern": pattern, "scheduler": (requested, scheduler), "inputs": self.signature,
-                      "config": config, "comm_sms": comm_sms, "device": self.ctx.device.type}
+            fields = {"pattern": pattern, "scheduler": scheduler if requested == scheduler else (requested, scheduler),
+                      **labelled_signature(self.pattern, self.signature), "config": config, "comm_sms": comm_sms,
+                      "device": self.ctx.device.type}
         except Exception as exc:  # every rank must hear of it, or the others would wait for this one
             error = exc
         self.ctx.agree(label, fields, error)
@@ -74,9 +75,26 @@ class Op:
             raise PatternError(f"scheduler {self.scheduler.name!r} cannot run {self.pattern.name}: {why}")
         self.workspace = self.scheduler.workspace(self.ctx, first, comm_sms)
         self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
+        self._track_counters()
         # inputs whose signature was checked: a call with the same shapes, dtypes and devices
         # skips the pattern's check (see Pattern.signature)
         self._checked = input_fingerprint(inputs)
+
+    def _track_counters(self) -> None:
+        """Let a rank waiting on the host see that a peer launched this op's kernels while it did
+        not (its programs' epoch counters live in the state regions on the heap; iris_fw.calls)."""
+        from .skeletons import ST_ARRIVE
+
+        grids, state = getattr(self.workspace, "grids", None), getattr(self.workspace, "state", None)
+        if not isinstance(grids, dict) or not isinstance(state, dict):
+            return
+        shown = ", ".join(f"{k}={v}" for k, v in labelled_signature(self.pattern, self.signature).items())
+        what = f"iris_fw.ops {self.pattern.name}({shown}) via {self.scheduler.name}"
+        first = ST_ARRIVE.value + self.ctx.world_size
+        for role, programs in grids.items():
+            region = state.get(role)
+            if isinstance(programs, int) and region is not None and self.ctx.is_symmetric(region):
+                self.ctx.calls.track(self, what, region[first:first + programs])
 
     def _check_armed(self) -> None:
         if self._abort_epoch != self.ctx.abort_epoch:  # every rank knows it alike: no abort for this one

@@ -70,6 +70,7 @@ elif mode == "sleep":
 
     signal.signal(signal.SIGINT, _got)
     signal.signal(signal.SIGTERM, _got)
+    signal.signal(signal.SIGHUP, _got)
     print(f"pid {os.getpid()}", flush=True)
     print("ready", flush=True)
     time.sleep(120)

@@ -1,0 +1,81 @@
+"""How a job ends: a correct program without a `with` block (or close()) exits quietly with rc 0
+whatever order its ranks finish in; the "exits after losing rank(s)" report only when a rank
+failed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "no_with.py")
+
+
+def _launch(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    env["IRIS_FW_TRANSPORT"] = "host_shm"
+    return subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", "2", SCRIPT, *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+
+
+@pytest.mark.parametrize("first", [0, pytest.param(1, marks=pytest.mark.extended)])
+def test_a_correct_program_without_with_exits_quietly(first):
+    res = _launch(str(first))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "ends after its peer" in res.stdout, out
+    assert "exits after losing" not in out and "aborting" not in out and "PeerFailure" not in out, out
+
+
+def test_a_rank_that_fails_is_still_reported():
+    res = _launch("0", "raise")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "this rank's own bug" in out, out
+
+
+def test_an_error_inside_an_interpreted_kernel_is_reported_once(monkeypatch, capsys):
+    """A survivor's PeerFailure raised while an interpreted kernel runs (the watchdog's SIGTERM
+    handler) reaches the top wrapped in one InterpreterError(repr(e)) per nested jit call: the
+    uncaught-exception report shows the PeerFailure alone, naming the failed rank."""
+    from triton.runtime.errors import InterpreterError
+
+    from iris_fw import PeerFailure, context
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(context, "_uncaught", False)
+    context._watch_uncaught()
+    try:
+        try:
+            try:
+                raise PeerFailure("rank 1 was sent SIGTERM: rank 0 (pid 7) died", 0)
+            except PeerFailure as exc:
+                raise InterpreterError(repr(exc)) from exc
+        except InterpreterError as exc:
+            raise InterpreterError(repr(exc)) from exc
+    except InterpreterError as outer:
+        sys.excepthook(type(outer), outer, outer.__traceback__)
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "iris_fw.errors.PeerFailure: rank 1 was sent SIGTERM: rank 0 (pid 7) died", err
+    assert "InterpreterError" not in err, err
+    assert context._uncaught
+
+
+def test_a_rank_gone_with_exit_code_0_under_mpirun_fails_the_job():
+    """Under MPICH's mpirun (Hydra), a rank that leaves with os._exit(0) — no MPI_Finalize — makes
+    Hydra SIGKILL the others and end the job with rc 0 and no word (it does so without iris-fw
+    too). With ``-disable-auto-cleanup`` (docs/reliability.md) the survivor's watchdog reports the
+    lost rank and the job fails."""
+    import iris_fw.testing
+
+    mpirun = iris_fw.testing.find_mpirun()
+    if mpirun is None:
+        pytest.skip("no mpirun (pip install 'iris-fw[mpi]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    env.update(IRIS_FW_TRANSPORT="host_shm", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    script = os.path.join(ROOT, "tests", "scripts", "exit_early.py")
+    res = subprocess.run([mpirun, "-disable-auto-cleanup", "-n", "2", sys.executable, script], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "SURVIVOR failed" in out and "rank 1 (pid" in out, out
+    assert "SURVIVOR completed" not in out, out

@@ -24,9 +24,6 @@ import triton
 import triton.language as tl
 from triton.language.core import _aggregate
 
-import torch
-
-import iris_fw
 from iris_fw import device as _dv
 from iris_fw import tilecomm as _tc
 from iris_fw import trace as _tr
@@ -212,26 +209,37 @@ class AllReduceConfig:
         self.locks_ptr = locks_ptr
 
 
-@triton.constexpr_function
-def _clock_code():
-    """iris-fw's ``TRACE`` constexpr for the target compiling the kernel: the host clock under
-    Triton's interpreter, ``s_memrealtime`` on AMD, ``%globaltimer`` on NVIDIA (as
-    :func:`iris_fw.tracing.clock_mode` chooses for a context's device)."""
-    if iris_fw.interpreting():
+def _clock_code(_semantic=None):
+    """iris-fw's ``TRACE`` constexpr for the target compiling the kernel (as
+    :func:`iris_fw.tracing.clock_mode` chooses it for a context's device): ``s_memrealtime`` for
+    AMD targets, ``%globaltimer`` for NVIDIA ones, the host clock under Triton's interpreter. A
+    builtin, so that the compile target — not the machine — decides (a kernel compiled for
+    gfx942 on an NVIDIA host reads the AMD clock)."""
+    if _semantic is None:  # the interpreter calls it as Python
         return tl.constexpr(_tr.HOST.value)
-    return tl.constexpr(_tr.MEMREALTIME.value if torch.version.hip else _tr.GLOBALTIMER.value)
+    arch = str(getattr(_semantic.builder.options, "arch", "") or "")
+    return tl.constexpr(_tr.MEMREALTIME.value if arch.startswith("gfx") else _tr.GLOBALTIMER.value)
 
 
-@triton.constexpr_function
-def _event_kind(event_id):
-    return tl.constexpr(_tr.USER.value + getattr(event_id, "value", event_id))
+_clock_code.__triton_builtin__ = True
 
 
-@triton.constexpr_function
-def _event_role(event_id):
+def _event_kind(event_id, _semantic=None):
+    """The iris-fw trace kind of Iris event ``event_id`` (``iris_fw.trace.USER + event_id``); a
+    builtin, like :func:`_event_role` (the compilers' dependency scan reads constexpr functions'
+    bodies, and these look values up)."""
+    return tl.constexpr(_tr.USER.value + tl.core._unwrap_if_constexpr(event_id))
+
+
+def _event_role(event_id, _semantic=None):
+    """The iris-fw role of Iris event ``event_id`` (by Iris's id ranges)."""
     from .host.tracing.events import role_of
 
-    return tl.constexpr(role_of(getattr(event_id, "value", event_id)))
+    return tl.constexpr(role_of(tl.core._unwrap_if_constexpr(event_id)))
+
+
+_event_kind.__triton_builtin__ = True
+_event_role.__triton_builtin__ = True
 
 
 @aggregate

@@ -41,14 +41,26 @@ def role_of(event_id: int) -> int:
 
 
 class _TraceEvent:
-    """``iris.TraceEvent()``: Iris's event ids as constexpr fields (``TraceEvent().put`` …)."""
+    """``iris.TraceEvent()``: Iris's event ids as constexpr fields (``TraceEvent().put`` …), the
+    values of :data:`EVENT_IDS` (Triton reads the body of ``__init__``: one line per field)."""
 
     __annotations__ = {name: tl.constexpr for name in EVENT_IDS}
 
     @triton.constexpr_function
     def __init__(self):
-        for name, code in EVENT_IDS.items():
-            setattr(self, name, tl.constexpr(code))
+        # iris operations
+        self.load, self.store, self.get, self.put = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+        self.copy, self.atomic_add, self.atomic_sub = tl.constexpr(4), tl.constexpr(5), tl.constexpr(6)
+        self.atomic_cas, self.atomic_xchg, self.atomic_xor = tl.constexpr(7), tl.constexpr(8), tl.constexpr(9)
+        self.atomic_and, self.atomic_or = tl.constexpr(10), tl.constexpr(11)
+        self.atomic_min, self.atomic_max = tl.constexpr(12), tl.constexpr(13)
+        # workgroup-level profiling
+        self.wg_fetch, self.wg_gemm = tl.constexpr(14), tl.constexpr(15)
+        self.wg_gemm_wait, self.wg_sdma = tl.constexpr(16), tl.constexpr(17)
+        # user data movement, user compute, synchronization
+        self.fetch = tl.constexpr(1024)
+        self.compute, self.reduce = tl.constexpr(2048), tl.constexpr(2049)
+        self.wait, self.barrier = tl.constexpr(3072), tl.constexpr(3073)
 
 
 TraceEvent = aggregate(_TraceEvent)

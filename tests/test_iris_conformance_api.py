@@ -423,6 +423,43 @@ def test_tracing(world, tmp_path):
 
 
 @triton.jit
+def _one_event_kernel(context_tensor, buffer, rank: tl.constexpr, world_size: tl.constexpr, TRACING: tl.constexpr):
+    ctx = iris.DeviceContext.initialize(context_tensor, rank, world_size, tracing=TRACING)
+    if TRACING:
+        offs = tl.arange(0, 4)
+        handle = ctx.tracing.record_event_start(event_id=iris.TraceEvent().put, target_rank=(rank + 1) % world_size,
+                                                address=buffer + offs, pid_m=tl.program_id(0), pid_n=0)
+        ctx.tracing.record_event_end(handle)
+
+
+def _tracing_own_context(ctx):
+    """Iris's tracing test as Iris writes it: its own ``iris.iris()``, tracing enabled and never
+    exported, the host object dropped (closed, session and all, by the next ``iris.iris()``)."""
+    import gc
+
+    shmem = iris.iris(1 << 20)
+    shmem.tracing.enable(max_events=1000)
+    buffer = shmem.zeros((16,), dtype=torch.int64)
+    shmem.barrier()
+    _one_event_kernel[(1,)](shmem.get_device_context(), buffer, shmem.get_rank(), shmem.get_num_ranks(),
+                            TRACING=True)
+    shmem.barrier()
+    assert int(shmem.tracing.trace_counter.item()) == 1
+    del shmem, buffer
+    gc.collect()
+    again = iris.iris(1 << 20)  # closes the dropped one
+    assert int(again.get_device_context()[-1]) == 0 and not again.tracing.enabled
+    again.barrier()
+    del again
+    gc.collect()
+
+
+@on_worlds(2)
+def test_tracing_own_context(world):
+    world.run(_tracing_own_context)
+
+
+@triton.jit
 def _event_ids_kernel(out):
     e = iris.TraceEvent()
     tl.store(out + 0, e.load)

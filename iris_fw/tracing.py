@@ -113,11 +113,14 @@ class Tracer:
         #: a traced launch was captured into a CUDA graph: keep the buffers (see TraceSession)
         self.captured = False
 
-    def handle(self, key, programs: int, label: str, buffers: dict | None = None, pin=None) -> int:
+    def handle(self, key, programs: int, label: str, buffers: dict | None = None, pin=None,
+               capacity: int | None = None) -> int:
         """The trace buffer handle of the kernel role ``key`` (any hashable; made on first use with
         ``programs`` rings and labelled ``label``). ``buffers``: name -> heap tensor its waits may
         wait on (named in the traces; the first range containing a flag names it); ``pin``: an
-        object ``key`` refers to by ``id()``."""
+        object ``key`` refers to by ``id()``; ``capacity``: records per ring of this region (default
+        the session's ``events_per_program``)."""
+        capacity = self.capacity if capacity is None else capacity
         region = self._by_key.get(key)
         if region is not None and region.programs >= programs:
             self.launched()
@@ -126,13 +129,13 @@ class Tracer:
             raise IrisError(
                 f"trace session: {label!r} has no trace buffer yet and one cannot be made during CUDA-graph capture; "
                 f"run it once inside the session before capturing it")
-        words = tr.HEADER_WORDS.value + programs * (tr.RING_HEADER.value + self.capacity * tr.EVENT_WORDS.value)
+        words = tr.HEADER_WORDS.value + programs * (tr.RING_HEADER.value + capacity * tr.EVENT_WORDS.value)
         tensor = torch.zeros(words, dtype=torch.int64, device=self.ctx.device)
         header = [0] * tr.HEADER_WORDS.value
-        header[tr.H_MAGIC.value], header[tr.H_CAPACITY.value] = tr.MAGIC, self.capacity
+        header[tr.H_MAGIC.value], header[tr.H_CAPACITY.value] = tr.MAGIC, capacity
         header[tr.H_RINGS.value], header[tr.H_RANK.value] = programs, self.ctx.rank
         tensor[:tr.HEADER_WORDS.value] = torch.tensor(header, dtype=torch.int64)
-        region = Region(label, programs, self.capacity, tensor, pin=pin)
+        region = Region(label, programs, capacity, tensor, pin=pin)
         for name, t in (buffers or {}).items():
             self.name(t, name, region)
         self._by_key[key] = region

@@ -299,7 +299,8 @@ def _device_context(ctx):
     counter[3], counter[6] = 1 << 20, -1
     context = shmem.get_device_context()
     assert context.dtype == torch.int64 and context.device == ctx.device
-    assert context[:2].tolist() == [me, world] and context[2:].tolist() == ctx.heap_bases.tolist()
+    assert context[:2].tolist() == [me, world] and context[2:2 + world].tolist() == ctx.heap_bases.tolist()
+    assert context.numel() == 3 + world and int(context[-1]) == 0  # the trace buffer handle (tracing off)
     shmem.barrier()
     _device_context_kernel[(1,)](data, results, counter, context, me, world, BLOCK=block)
     shmem.barrier()
@@ -320,26 +321,7 @@ def test_device_context(world):
     world.run(_device_context)
 
 
-@triton.jit
-def _tracing_kernel(ctx_t, rank: tl.constexpr, ws: tl.constexpr):
-    iris.DeviceContext.initialize(ctx_t, rank, ws, tracing=True)
-
-
-def _tracing_refused(ctx):
-    shmem = iris.Iris(context=ctx)
-    with pytest.raises(Exception) as info:
-        _tracing_kernel[(1,)](shmem.get_device_context(), ctx.rank, ctx.world_size)
-    # the interpreter raises the assertion itself; the compiler a CompilationError whose text is
-    # the source location, with the assertion as its cause
-    chain, exc = [], info.value
-    while exc is not None:
-        chain.append(str(exc))
-        exc = exc.__cause__ or exc.__context__
-    assert any("tracing is pending" in text for text in chain), chain
-
-
-def test_device_context_tracing_is_pending(iris_pool):
-    iris_pool(1).run(_tracing_refused)
+# DeviceContext.initialize(…, tracing=True) and ctx.tracing: tests/test_iris_conformance_api.py::test_tracing
 
 
 # ---- compiled for GPUs -------------------------------------------------------------------------------

@@ -109,9 +109,9 @@ def _ccl(ctx, dtype, shapes, full=False):
             shmem.ccl.all_reduce(out, x, op=op)
             assert torch.equal(out.cpu(), ref), f"all_reduce {op.name} {dtype}"
         # reduce_scatter: (M, N) kept; this rank's tiles (Iris's swizzled order) reduced, others untouched
-        for config, layout in [(None, (32, 64, 6, 1)), (Config(block_size_m=16, block_size_n=32, swizzle_size=2,
+        for config, layout in [(None, (32, 64, 4, 1)), (Config(block_size_m=16, block_size_n=32, swizzle_size=2,
                                                                 all_reduce_distribution=0), (16, 32, 2, 0)),
-                               (Config(block_size_m=64, block_size_n=64, all_reduce_distribution=1), (64, 64, 6, 1))
+                               (Config(block_size_m=64, block_size_n=64, all_reduce_distribution=1), (64, 64, 4, 1))
                                ][:3 if full else 2]:
             out = shmem.full((M, N), -7, dtype=dtype)
             shmem.ccl.reduce_scatter(out, x, config=config)
@@ -171,7 +171,7 @@ def _ccl_api(ctx):
                 dict(all_reduce_ring_slice_n=48), dict(reduce_scatter_variant="x"), dict(comm_sms=-1)]:
         with pytest.raises(ValueError):
             Config(**bad)
-    assert Config().num_xcds == 1 and Config().all_reduce_ring_slice_n == 128
+    assert Config().num_xcds == 1 and Config().all_reduce_ring_slice_n == 64
     x = shmem.ones(4, 8)
     out = shmem.zeros(4, 8)
     shmem.ccl.all_reduce(out, x, config=iris.ccl.AUTOTUNE)

@@ -139,8 +139,10 @@ def test_host_api(world):
 
 
 def test_allocator_types():
-    with pytest.raises(ValueError, match="vmem.*not provided"):
-        iris.iris(1 << 20, allocator_type="vmem")
+    """vmem is served by iris-fw's heap (tests/test_iris_conformance_api.py::test_allocator_vmem);
+    the chunked vmem heap is AMD-only."""
+    with pytest.raises(ValueError, match="vmem_chunked.*not provided"):
+        iris.iris(1 << 20, allocator_type="vmem_chunked")
     with pytest.raises(ValueError, match="allocator_type must be one of"):
         iris.Iris(1 << 20, "cuda_malloc")
 

@@ -69,9 +69,56 @@ class IrisFinder(importlib.abc.MetaPathFinder):
                                                is_package=real.submodule_search_locations is not None)
 
 
+#: Triton launch options of AMD's backend only (MFMA instruction shape, occupancy, K packing):
+#: Iris programs pass them to their kernels; other backends reject them (compiled) or drop them
+#: (the interpreter).
+AMD_LAUNCH_OPTIONS = ("matrix_instr_nonkdim", "waves_per_eu", "kpack")
+_noted_options: set = set()
+
+
+def _drop_amd_options(kwargs: dict) -> None:
+    for name in AMD_LAUNCH_OPTIONS:
+        if name in kwargs:
+            value = kwargs.pop(name)
+            if name not in _noted_options:
+                _noted_options.add(name)
+                from iris_fw.compat.iris.logging import logger
+
+                logger.info(f"Triton launch option {name}={value!r} is AMD-only (HIP backend); ignored here")
+
+
+def accept_amd_launch_options() -> None:
+    """Let kernels launched in this process take Triton's AMD-only launch options
+    (:data:`AMD_LAUNCH_OPTIONS`) on a non-AMD backend: they are dropped, with a one-time note on
+    the ``iris`` logger (Triton's CUDA backend would raise ``KeyError``; its interpreter drops
+    them silently). On AMD (``torch.version.hip``) nothing changes. Idempotent."""
+    import torch
+    from triton.runtime import interpreter, jit
+
+    if torch.version.hip:
+        return
+    for cls in (jit.JITFunction, interpreter.InterpretedFunction):
+        run = cls.run
+        if getattr(run, "_iris_drops_amd_options", False):
+            continue
+
+        def patched(self, *args, _run=run, **kwargs):
+            if kwargs.keys() & _AMD_SET:
+                _drop_amd_options(kwargs)
+            return _run(self, *args, **kwargs)
+
+        patched._iris_drops_amd_options = True
+        patched.__doc__ = run.__doc__
+        cls.run = patched
+
+
+_AMD_SET = frozenset(AMD_LAUNCH_OPTIONS)
+
+
 def install(environ=os.environ) -> None:
-    """Map ``iris`` to the compat layer in this process and in the processes it starts. Raises
-    if a different ``iris`` module is already imported here."""
+    """Map ``iris`` to the compat layer in this process and in the processes it starts, and
+    accept Triton's AMD-only launch options (:func:`accept_amd_launch_options`). Raises if a
+    different ``iris`` module is already imported here."""
     loaded = sys.modules.get("iris")
     shim = loaded is not None and str(getattr(loaded, "__file__", "")).startswith(SHIM_DIR)
     if loaded is not None and not shim and loaded is not sys.modules.get(TARGET):
@@ -79,6 +126,7 @@ def install(environ=os.environ) -> None:
                            f"install the mapping before anything imports iris")
     if not any(isinstance(f, IrisFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, IrisFinder())
+    accept_amd_launch_options()
     paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if SHIM_DIR not in paths:
         environ["PYTHONPATH"] = os.pathsep.join([SHIM_DIR, *paths])

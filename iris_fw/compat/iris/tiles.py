@@ -13,7 +13,9 @@ Every method maps onto :mod:`iris_fw.device` (and the tile collectives onto
 bounded waits (:func:`iris_fw.device.wait_until`): a rank that never signals becomes an
 :class:`iris_fw.WaitTimeout` at the next synchronization instead of a hang. Tile collectives
 use iris-fw's default memory order (``acq_rel``, ``scope="sys"``) for their atomics.
-``initialize(…, tracing=True)`` is refused: pending (a tracing subsystem is being built).
+``initialize(…, tracing=True)`` gives ``ctx.tracing`` (:class:`DeviceTracing`): Iris's
+``record_event_start``/``record_event_end`` recorded into iris-fw's trace buffers
+(:mod:`iris_fw.trace`) when the host enabled tracing (``shmem.tracing.enable()``).
 """
 
 import functools
@@ -24,6 +26,7 @@ from triton.language.core import _aggregate
 
 from iris_fw import device as _dv
 from iris_fw import tilecomm as _tc
+from iris_fw import trace as _tr
 
 try:  # the type Triton's interpreter gives @triton.jit functions
     from triton.runtime.interpreter import InterpretedFunction as _Interpreted
@@ -206,6 +209,88 @@ class AllReduceConfig:
         self.locks_ptr = locks_ptr
 
 
+def _clock_code(_semantic=None):
+    """iris-fw's ``TRACE`` constexpr for the target compiling the kernel (as
+    :func:`iris_fw.tracing.clock_mode` chooses it for a context's device): ``s_memrealtime`` for
+    AMD targets, ``%globaltimer`` for NVIDIA ones, the host clock under Triton's interpreter. A
+    builtin, so that the compile target — not the machine — decides (a kernel compiled for
+    gfx942 on an NVIDIA host reads the AMD clock)."""
+    if _semantic is None:  # the interpreter calls it as Python
+        return tl.constexpr(_tr.HOST.value)
+    arch = str(getattr(_semantic.builder.options, "arch", "") or "")
+    return tl.constexpr(_tr.MEMREALTIME.value if arch.startswith("gfx") else _tr.GLOBALTIMER.value)
+
+
+_clock_code.__triton_builtin__ = True
+
+
+def _event_kind(event_id, _semantic=None):
+    """The iris-fw trace kind of Iris event ``event_id`` (``iris_fw.trace.USER + event_id``); a
+    builtin, like :func:`_event_role` (the compilers' dependency scan reads constexpr functions'
+    bodies, and these look values up)."""
+    return tl.constexpr(_tr.USER.value + tl.core._unwrap_if_constexpr(event_id))
+
+
+def _event_role(event_id, _semantic=None):
+    """The iris-fw role of Iris event ``event_id`` (by Iris's id ranges)."""
+    from .host.tracing.events import role_of
+
+    return tl.constexpr(role_of(tl.core._unwrap_if_constexpr(event_id)))
+
+
+_event_kind.__triton_builtin__ = True
+_event_role.__triton_builtin__ = True
+
+
+@aggregate
+class DeviceTracing:
+    """``ctx.tracing``: Iris's device-side event recording over iris-fw's trace buffers.
+    ``mode`` is iris-fw's ``TRACE`` constexpr (0: off, every call compiles to nothing);
+    ``trace`` the buffer handle the host put into the device context (0 until
+    ``shmem.tracing.enable()``: events are then dropped)."""
+
+    mode: tl.constexpr
+    trace: tl.tensor
+    rank: tl.constexpr
+    heap_bases: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, mode, trace, rank, heap_bases):
+        self.mode = tl.constexpr(mode)
+        self.trace = trace
+        self.rank = tl.constexpr(rank)
+        self.heap_bases = heap_bases
+
+    @triton.jit
+    def record_event_start(self, event_id: tl.constexpr, target_rank, address, pid_m, pid_n, mask=None):
+        """Start an event of Iris kind ``event_id`` (``iris.TraceEvent().put`` …) towards
+        ``target_rank`` on the block of pointers ``address`` (its lowest address is kept, as a
+        byte offset in this rank's heap; the payload is the lanes of ``mask`` times the element
+        size). Returns the handle for :meth:`record_event_end`; nothing is written until then.
+        ``pid_m`` is kept as the event's item; ``pid_n`` is not kept (one item per record)."""
+        start = _tr.record_start(self.trace, self.mode)
+        aux = _tr.as_i64(-1)
+        nbytes = _tr.as_i64(0)
+        if self.mode:
+            lowest = tl.min(address.to(tl.int64))
+            aux = lowest - tl.load(self.heap_bases + self.rank)
+            if mask is None:
+                lanes = tl.sum(tl.full(address.shape, 1, tl.int64))
+            else:
+                lanes = tl.sum(tl.broadcast_to(mask, address.shape).to(tl.int64))
+            nbytes = lanes * (address.dtype.element_ty.primitive_bitwidth // 8)
+        return (start, _tr.as_i64(_event_kind(event_id)), _tr.as_i64(_event_role(event_id)), _tr.as_i64(pid_m),
+                _tr.as_i64(target_rank), nbytes, aux)
+
+    @triton.jit
+    def record_event_end(self, handle):
+        """End the event ``handle`` (from :meth:`record_event_start`) now and record it."""
+        if self.mode:
+            start, kind, role, item, peer, nbytes, aux = handle
+            if self.trace != 0:
+                _tr.event(self.trace, self.mode, start, _tr.now(self.mode), kind, role, item, peer, nbytes, aux)
+
+
 @aggregate
 class DeviceContext:
     """This rank (``rank``, ``world_size``: constexpr) and every rank's heap base
@@ -214,22 +299,29 @@ class DeviceContext:
     rank: tl.constexpr
     world_size: tl.constexpr
     heap_bases: tl.tensor
+    tracing: DeviceTracing
 
     @triton.constexpr_function
-    def __init__(self, rank, world_size, heap_bases):
+    def __init__(self, rank, world_size, heap_bases, tracing=None):
         self.rank = tl.constexpr(rank)
         self.world_size = tl.constexpr(world_size)
         self.heap_bases = heap_bases
+        # off: mode 0 (every record compiles to nothing); the handle field holds any tensor
+        self.tracing = tracing if tracing is not None else DeviceTracing(0, heap_bases, rank, heap_bases)
 
     @staticmethod
     @triton.jit
     def initialize(context_tensor, rank, world_size, tracing: tl.constexpr = False):
-        """The context from ``shmem.get_device_context()`` (``rank``/``world_size`` constexpr)."""
-        # the message is a literal: a jit function reads no non-constexpr global (the compiler
-        # refused to evaluate a module-level string here, on GPUs only)
-        tl.static_assert(not tracing, "DeviceContext tracing is pending (a tracing subsystem is being built); "
-                                      "use tracing=False")
-        return DeviceContext(rank, world_size, context_tensor + 2)
+        """The context from ``shmem.get_device_context()`` (``[rank, W, heap bases…, trace
+        handle]``; ``rank``/``world_size`` constexpr). ``tracing=True``: ``ctx.tracing`` records
+        into the buffer ``shmem.tracing.enable()`` made."""
+        heap_bases = context_tensor + 2
+        if tracing:
+            handle = tl.load(context_tensor + 2 + world_size)
+            events = DeviceTracing(_clock_code(), handle, rank, heap_bases)
+        else:
+            events = DeviceTracing(0, heap_bases, rank, heap_bases)
+        return DeviceContext(rank, world_size, heap_bases, events)
 
     # ---- remote memory access, the caller being ``self.rank`` -------------------------------
     @triton.jit

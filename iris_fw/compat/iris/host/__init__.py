@@ -30,14 +30,22 @@ import iris_fw
 from iris_fw import devinfo as _devinfo
 from iris_fw.registry import load_registries
 
-from . import logging as _log
+from .. import logging as _log
 
-#: Allocators Iris offers and why iris-fw has no counterpart for the others.
+#: Allocators Iris offers: ``None`` — served by iris-fw's heap; a string — why not.
+#: ``vmem`` is served for what its API shares with ``torch`` (allocation, queries, RMA on the
+#: heap); what only HIP's virtual-memory calls do — ``as_symmetric`` importing an external
+#: tensor so that both share storage (DMA-BUF) — raises (see :data:`_VMEM_IMPORT`).
 _ALLOCATORS = {
     "torch": None,
-    "vmem": "HIP virtual-memory allocator (hipMemCreate/hipMemMap, DMA-BUF export) — AMD-only; iris-fw maps "
-            "one runtime allocation per rank (gpu_ipc) or a /dev/shm segment (host_shm)",
+    "vmem": None,
+    "vmem_chunked": "HIP virtual-memory heap grown in chunks on demand (hipMemCreate/hipMemMap, DMA-BUF export of "
+                    "each chunk) — AMD-only; iris-fw's heaps have a fixed size: pass heap_size",
 }
+_VMEM_IMPORT = ("allocator_type='vmem': as_symmetric would import the external tensor's memory into the heap so that "
+                "both share storage (HIP virtual-memory mapping of a DMA-BUF) — AMD-only and not provided by iris-fw; "
+                "use allocator_type='torch', whose as_symmetric copies onto the heap")
+_noted_vmem: list = []
 
 #: Plugin registries, loaded once per process for every host object (a registry load costs
 #: ~25 ms; Iris programs create a host object per test).
@@ -92,6 +100,10 @@ class Iris:
         allocator_type = os.environ.get("IRIS_ALLOCATOR", allocator_type)
         if allocator_type not in _ALLOCATORS:
             raise ValueError(f"allocator_type must be one of {sorted(_ALLOCATORS)}, got {allocator_type!r}")
+        if allocator_type == "vmem" and not _noted_vmem:
+            _noted_vmem.append(True)
+            _log.logger.info("allocator_type='vmem' is served by iris-fw's own heap allocator (allocation, queries, "
+                             "RMA); as_symmetric's shared-storage import is not provided")
         if _ALLOCATORS[allocator_type]:
             raise ValueError(f"allocator_type={allocator_type!r} is not provided: {_ALLOCATORS[allocator_type]}; "
                              f"use 'torch'")
@@ -114,13 +126,22 @@ class Iris:
         self.gpu_id = context.device.index if context.device.index is not None else 0
         self.device = str(context.device)
         self.allocator_type = allocator_type
-        self._device_context = torch.tensor([self.cur_rank, self.num_ranks] + context.transport.bases,
+        # [rank, W, heap bases…, trace buffer handle (0: tracing off)]
+        self._device_context = torch.tensor([self.cur_rank, self.num_ranks] + context.transport.bases + [0],
                                             dtype=torch.int64, device=context.device)
-        from .ccl import CCL
+        from ..ccl import CCL
+        from .memory import SymmetricHeap
+        from .tracing import Tracing
 
         # the namespaces refer back weakly: no reference cycle, so `del shmem` drops the object at once
-        self.ccl = CCL(weakref.proxy(self))
+        me = weakref.proxy(self)
+        self.ccl = CCL(me)
         self._ops = None
+        self.heap = SymmetricHeap(me)
+        self.tracing = Tracing(me)
+        #: device-barrier state by group (None: every rank), as Iris keeps it: the int64 arrival
+        #: slots the barrier of that group advances on this rank's heap (filled by device_barrier)
+        self._device_barrier_state: dict = {}
         self._log(_logging.DEBUG, f"init: heap_size={heap_size} rank={self.cur_rank}/{self.num_ranks} "
                                  f"allocator={allocator_type} device={self.device}")
 
@@ -154,7 +175,7 @@ class Iris:
     def ops(self):
         """Fused GEMM + collective operations (:mod:`iris.ops`) bound to this object."""
         if self._ops is None:
-            from .ops import OpsNamespace
+            from ..ops import OpsNamespace
 
             self._ops = OpsNamespace(weakref.proxy(self))
         return self._ops
@@ -176,11 +197,20 @@ class Iris:
         dist.barrier(group=group)
 
     def device_barrier(self, group=None) -> None:
-        """A device-side (graph-capturable) barrier of every rank, or of ``group``'s ranks."""
+        """A device-side (graph-capturable) barrier of every rank, or of ``group``'s ranks.
+        ``_device_barrier_state[group]`` is then the barrier's arrival slots on this rank's heap
+        (int64, one per rank of the group; the same tensor on every call): iris-fw's world
+        barrier keeps them in the heap header, a group's barrier in the group's workspace."""
         if group is None:
             self.ctx.device_barrier()
         else:
             iris_fw.ccl.barrier(group=group, async_op=True, ctx=self.ctx)
+        if group not in self._device_barrier_state:
+            self._device_barrier_state[group] = _barrier_slots(self.ctx, group)
+
+    def _set_trace_handle(self, handle: int) -> None:
+        """Put the trace buffer handle of Iris's device events into the device context."""
+        self._device_context[2 + self.num_ranks] = handle
 
     def broadcast(self, value, src: int = 0, *, source_rank: int | None = None):
         """``src``'s value on every rank (other ranks may pass ``None``). As in Iris, tensors,
@@ -271,9 +301,23 @@ class Iris:
             t = torch.as_strided(t.view(-1), shape, strides)
         return t
 
-    @staticmethod
-    def _finish(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-        return t.requires_grad_() if requires_grad else t
+    def _finish(self, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+        return self._settle(t.requires_grad_() if requires_grad else t)
+
+    def _settle(self, t: torch.Tensor) -> torch.Tensor:
+        """Iris's allocations are collective: each ends in a barrier of every rank (its heap
+        refreshes peer access, ``torch.distributed.barrier()``), and Iris programs rely on it —
+        e.g. a consumer zeroes its flags with ``shmem.zeros`` and the producer, on another rank,
+        signals them right after its own ``shmem.zeros`` returns, with no barrier in between.
+        iris-fw's allocations are local, so every factory here ends the same way, after the new
+        tensor is initialized: this rank's device work is done, then every rank meets (a
+        bounded host barrier). A signal sent after a factory returned can no longer be wiped
+        by the receiver's initialization."""
+        ctx = self.ctx
+        if ctx.world_size > 1 and not (ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            ctx.transport.synchronize()
+            ctx.bootstrap.barrier()
+        return t
 
     # ---- tensors: factories --------------------------------------------------------------------
     def empty(self, *size, out=None, dtype=None, layout=torch.strided, device=None, requires_grad=False,
@@ -341,7 +385,7 @@ class Iris:
     def uniform(self, size, low=0.0, high=1.0, dtype=torch.float):
         """Uniform on [low, high)."""
         shape = self._parse_size(size if isinstance(size, (tuple, list, torch.Size)) else (size,))
-        return self._new(shape, dtype, None).uniform_(low, high)
+        return self._settle(self._new(shape, dtype, None).uniform_(low, high))
 
     def arange(self, start=0, end=None, step=1, *, out=None, dtype=None, layout=torch.strided, device=None,
                requires_grad=False):
@@ -382,15 +426,18 @@ class Iris:
     # ---- symmetric memory ------------------------------------------------------------------------
     def as_symmetric(self, external_tensor: torch.Tensor) -> torch.Tensor:
         """A copy of ``external_tensor`` on the symmetric heap (Iris's torch allocator copies too;
-        shared storage needs its HIP virtual-memory allocator)."""
-        return self.ctx.as_symmetric(external_tensor)
+        shared storage needs its HIP virtual-memory allocator: with ``allocator_type='vmem'``
+        this raises ``NotImplementedError`` rather than copy)."""
+        if self.allocator_type == "vmem":
+            raise NotImplementedError(_VMEM_IMPORT)
+        return self._settle(self.ctx.as_symmetric(external_tensor))
 
     def is_symmetric(self, tensor: torch.Tensor) -> bool:
         return self.ctx.is_symmetric(tensor)
 
     def allocate(self, num_elements: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat uninitialized heap tensor of ``num_elements`` (Iris's earlier public name)."""
-        return self.ctx.empty(int(num_elements), dtype=dtype)
+        return self._settle(self.ctx.empty(int(num_elements), dtype=dtype))
 
     # Iris's private names, used by Iris's own tests (``shmem._Iris__allocate`` …).
     def __allocate(self, num_elements, dtype):
@@ -401,6 +448,23 @@ class Iris:
 
     def __deallocate(self, pointer) -> None:
         """Blocks return to the heap when their tensors die (collectively reclaimed)."""
+
+
+def _barrier_slots(ctx, group) -> torch.Tensor:
+    """The arrival slots the device barrier of ``group`` (None: the world) advances on this rank."""
+    if group is None:
+        from iris_fw import device as _dev
+        from iris_fw.context import header_bytes
+
+        first = _dev.HDR_BARRIER_SLOTS.value
+        return ctx.transport.heap[:header_bytes(ctx.world_size)].view(torch.int64)[first:first + ctx.world_size]
+    from iris_fw.ccl import algorithm as _al
+    from iris_fw.ccl import api as _api
+
+    g = _api._group(ctx, group)
+    _, bufs = _al.kernel_config(g, ("barrier",), _api._barrier_kernel, nprog=1, constexprs={}, slots=g.size,
+                                tracer=None)
+    return bufs[0]
 
 
 def iris(heap_size: int = 1 << 30, allocator_type: str = "torch") -> Iris:

@@ -19,11 +19,9 @@ BENCH_ARGS=${BENCH_ARGS:---quick --iters 20 --warmup 3}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 IRIS_FW_WAIT_TIMEOUT=${IRIS_FW_WAIT_TIMEOUT:-10} IRIS_FW_SHARE_GPUS=1
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-if nvidia-cuda-mps-control -d 2>/dev/null; then   # started here: stopped at the end (else already running)
-    trap 'echo quit | nvidia-cuda-mps-control 2>/dev/null' EXIT
-fi
+# ranks sharing a GPU run at once only under CUDA MPS (scripts/mps.sh; stopped at exit)
+. "$(dirname "$0")/mps.sh"
+if mps_needed; then mps_start; fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 python3 -m iris_fw plugins > "$OUT/plugins.txt" 2>&1
 grep -q "moe *available" "$OUT/plugins.txt" || { echo "iris-fw install incomplete"; cat "$OUT/plugins.txt"; exit 1; }

@@ -13,7 +13,7 @@ from iris.ops.config import FusedConfig
 import iris_fw.compat.iris as compat
 
 assert iris is compat and iris.ccl is compat.ccl and iris.ops is compat.ops, (iris, compat)
-assert iris.__name__ == "iris_fw.compat.iris" and Config().block_size_m == 128 and ReduceOp.SUM == 0
+assert iris.__name__ == "iris_fw.compat.iris" and Config().block_size_m == 32 and ReduceOp.SUM == 0
 assert FusedConfig().block_size_m == 256
 shmem = iris.iris(1 << 20)
 x = shmem.arange(4)

@@ -75,9 +75,9 @@ def trace_clock(device: torch.device) -> str:
 
 #: The MPS control daemon's pipe directory when ``CUDA_MPS_PIPE_DIRECTORY`` is unset (CUDA's default).
 MPS_DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
-#: What ranks sharing a GPU without MPS cost, measured (one H100, 2026-11-25; docs/gpu-tests.md):
-#: the signal -> wait_until round trip between two ranks.
-SHARED_ROUND_TRIP_US = {"time-sliced": 4488.0, "mps": 2.65}
+#: What ranks sharing a GPU without MPS cost: the signal -> wait_until round trip between two
+#: ranks on one H100 (docs/performance.md, 2026-11-25: time-sliced, and under MPS).
+SHARED_ROUND_TRIP_US = {"time-sliced": 4488.0, "mps": 2.41}
 #: How to start MPS (as the GPU's owner, usually root; every rank must see the same two variables).
 MPS_START = ("export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; "
              "mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d")
@@ -105,16 +105,18 @@ def _mps_daemons() -> list[int]:
 
 
 def mps_status() -> tuple[bool, str]:
-    """``(active, why)``: whether CUDA processes started now would be MPS clients — a control
-    daemon runs (seen in /proc) and its control pipe is in the directory this process would ask
-    (``CUDA_MPS_PIPE_DIRECTORY``, else :data:`MPS_DEFAULT_PIPE_DIR`)."""
+    """``(active, why)``: whether CUDA processes started now would be MPS clients — the control
+    pipe is in the directory this process would ask (``CUDA_MPS_PIPE_DIRECTORY``, else
+    :data:`MPS_DEFAULT_PIPE_DIR`); a daemon seen in /proc only sharpens the message (it may run
+    in another pid namespace, as with a container host's MPS)."""
     import os
 
     pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE_DIR
     control = os.path.join(pipe_dir, "control")
+    if os.path.exists(control):  # the daemon may run in another pid namespace (a container's host)
+        seen = "MPS control daemon running" if _mps_daemons() else "MPS control pipe present (daemon not visible here)"
+        return True, f"{seen}, pipe {control}"
     daemons = _mps_daemons()
-    if daemons and os.path.exists(control):
-        return True, f"MPS control daemon running, pipe {control}"
     if daemons:
         return False, (f"an MPS daemon runs (pids {', '.join(map(str, daemons[:4]))}) but {control} does not exist: "
                        "set CUDA_MPS_PIPE_DIRECTORY to the daemon's pipe directory in every rank")

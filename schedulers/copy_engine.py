@@ -112,15 +112,16 @@ class CopyEngine(Scheduler):
         # unless the peers' heaps are on this GPU (ranks sharing it): a copy between two heaps
         # of one device runs on its SMs, which the kernel, spinning on the chunk flags on every
         # SM it may use, would hold (seen on one H100 under MPS: chunk flags stayed 0 until the
-        # wait bound). Queued first, the copies' blocks are dispatched before the kernel's.
-        copies_first = ctx.transport.ranks_on_device > 1
-        if not copies_first:
+        # wait bound). Streams give no order between the two, so there the kernel waits for the
+        # copies (no overlap on a shared GPU: communicate, then compute).
+        shared = ctx.transport.ranks_on_device > 1
+        if not shared:
             launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
         with torch.cuda.stream(side.stream):
             self._copy(plan, publish)
-        if copies_first:
-            launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
         side.join(main)
+        if shared:
+            launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
         ctx.device_barrier()  # exit: every rank is done reading our shard
 
     @staticmethod

@@ -2,7 +2,8 @@
 #
 # Ranks sharing a GPU without MPS time-slice: their kernels never run at the same time, so a
 # wait for another rank advances once per time slice (signal round trip 4488 us on one H100)
-# and a pass says little about ordering. Under MPS the ranks' kernels are co-resident (2.65 us).
+# and a pass says little about ordering. Under MPS the ranks' kernels are co-resident (2.41 us;
+# both in docs/performance.md).
 #   mps_start   start a control daemon (pipe and log folders in a temporary folder) and export
 #               CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY for every process started after
 #               it; stopped at exit (trap). Needs the GPU's owner (root on the device machines).

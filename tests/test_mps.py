@@ -25,16 +25,18 @@ def mps_dir(tmp_path, monkeypatch):
 def test_mps_status_needs_daemon_and_pipe(mps_dir, monkeypatch):
     monkeypatch.setattr(devinfo, "_mps_daemons", lambda: [4242])
     assert devinfo.mps_status() == (True, f"MPS control daemon running, pipe {mps_dir / 'control'}")
-    monkeypatch.setattr(devinfo, "_mps_daemons", lambda: [])
+    monkeypatch.setattr(devinfo, "_mps_daemons", lambda: [])  # a daemon in another pid namespace
+    assert devinfo.mps_status() == (True, f"MPS control pipe present (daemon not visible here), pipe {mps_dir / 'control'}")
+    (mps_dir / "control").unlink()
     assert devinfo.mps_status() == (False, "no MPS control daemon running")
     monkeypatch.setattr(devinfo, "_mps_daemons", lambda: [4242])
-    (mps_dir / "control").unlink()
     active, why = devinfo.mps_status()
     assert not active and "CUDA_MPS_PIPE_DIRECTORY" in why and "4242" in why
 
 
 def test_rank_zero_warns_once_when_ranks_time_slice(mps_dir, monkeypatch):
     monkeypatch.setattr(devinfo, "_mps_daemons", lambda: [])
+    (mps_dir / "control").unlink()
     dev = torch.device("cuda", 0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -224,13 +224,14 @@ class Iris:
             elif isinstance(value, (list, tuple)) and value and all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in np.ravel(np.asarray(value, dtype=object))):
                 payload = np.asarray(value)
-        return self.ctx.bootstrap.broadcast(payload, root)
+        return self.ctx.calls.host_call(f"iris broadcast (src {root})", payload if self.cur_rank == root else None)[root]
 
     def broadcast_tensor(self, value, source_rank: int = 0):
         """Iris's earlier name: ``source_rank``'s tensor or array on every rank, as numpy."""
         root = self.ctx.check_rank(source_rank, "source_rank")
         payload = value.detach().cpu().numpy() if self.cur_rank == root and isinstance(value, torch.Tensor) else value
-        return np.asarray(self.ctx.bootstrap.broadcast(payload, root))
+        return np.asarray(self.ctx.calls.host_call(f"iris broadcast (src {root})",
+                                                   payload if self.cur_rank == root else None)[root])
 
     # ---- logging -------------------------------------------------------------------------------
     def _log(self, level: int, message: str) -> None:
@@ -316,7 +317,7 @@ class Iris:
         ctx = self.ctx
         if ctx.world_size > 1 and not (ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             ctx.transport.synchronize()
-            ctx.bootstrap.barrier()
+            ctx.calls.host_call("iris allocation")  # bounded, with the call's identity
         return t
 
     # ---- tensors: factories --------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_bench_ccl_smoke_run(tmp_path, on_gpu):
     assert "all_reduce 4 KiB" in res.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_bench_gemm_all_reduce_rows_say_what_ran(tmp_path, on_gpu):
     """On CPU ranks no row is named after cuBLAS or NCCL (neither ran) and no plot is empty."""
     if on_gpu:

@@ -56,7 +56,8 @@ def test_an_error_inside_an_interpreted_kernel_is_reported_once(monkeypatch, cap
     except InterpreterError as outer:
         sys.excepthook(type(outer), outer, outer.__traceback__)
     err = capsys.readouterr().err
-    assert err.strip().splitlines()[-1] == "iris_fw.errors.PeerFailure: rank 1 was sent SIGTERM: rank 0 (pid 7) died", err
+    last = err.strip().splitlines()[-1]
+    assert last == "iris_fw.errors.PeerFailure: rank 1 was sent SIGTERM: rank 0 (pid 7) died", err
     assert "InterpreterError" not in err, err
     assert context._uncaught
 

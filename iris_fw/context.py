@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import os
 import logging
 import math
 import operator
+import os
 import time
 import weakref
 from typing import Any, Sequence, Union

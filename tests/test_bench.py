@@ -122,7 +122,7 @@ def test_bench_protocols_checks_every_algorithm(tmp_path, on_gpu):
     assert all(r["ok"] == "True" and r["round_trip_us"] == rt for r in rows[1:]), rows
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_bench_gemm_all_reduce_rows_say_what_ran(tmp_path, on_gpu):
     """On CPU ranks no row is named after cuBLAS or NCCL (neither ran) and no plot is empty."""
     if on_gpu:

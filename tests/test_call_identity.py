@@ -49,20 +49,23 @@ def _check(results, case, kinds, *needles):
 
 
 def test_skipped_first_collective_names_both_calls(results):
-    _check(results, "skip_first", ["CallMismatch"] * 2, "ranks are in different calls", "rank 0: iris_fw.ccl.all_reduce",
+    _check(results, "skip_first", ["CallMismatch"] * 2, "ranks are in different calls",
+           "rank 0: iris_fw.ccl.all_reduce",
            "rank 1: Context.barrier")
 
 
 def test_different_collectives_are_named(results):
     _check(results, "other_collective", ["CallMismatch"] * 2, "different collectives",
-           "rank 0: iris_fw.ccl.all_reduce(dtype=float32, numel=64", "rank 1: iris_fw.ccl.broadcast(dtype=float32, numel=64")
+           "rank 0: iris_fw.ccl.all_reduce(dtype=float32, numel=64",
+           "rank 1: iris_fw.ccl.broadcast(dtype=float32, numel=64")
 
 
 def test_shape_changed_on_a_later_call(results):
     """Rank 1 validates its new call; rank 0 repeats its validated one and waits on the device:
     rank 1 sees rank 0's epoch counters ahead, and both fail naming both calls."""
     _check(results, "shape_later", ["PeerFailure", "CallMismatch"], "rank 0 launched a call this rank did not make",
-           "iris_fw.ccl.all_reduce(dtype=float32, numel=100", "rank 1 is in iris_fw.ccl.all_reduce(dtype=float32, numel=200")
+           "iris_fw.ccl.all_reduce(dtype=float32, numel=100",
+           "rank 1 is in iris_fw.ccl.all_reduce(dtype=float32, numel=200")
 
 
 def test_dtype_changed_on_a_later_call(results):

@@ -1,5 +1,5 @@
 """A Llama decode step end to end (:class:`iris_fw.models.llama.LlamaTP`) beside transformers'
-own, as a benchmark plugin (``iris-fw bench model``; issue 31).
+own, as a benchmark plugin (``iris-fw bench model``).
 
 The model: a Llama-3-8B-shaped layer stack — hidden 4096, 32 query / 8 KV heads of 128, MLP
 14336, vocabulary 128256, ``IRIS_FW_BENCH_LAYERS`` layers (default 4) — with

@@ -1,5 +1,5 @@
 """MoE dispatch + combine (:mod:`iris_fw.moe`) against torch baselines, as a benchmark plugin
-(``iris-fw bench moe``; issue 30).
+(``iris-fw bench moe``).
 
 Shapes (:data:`SHAPES`): DeepSeek-V3-like (hidden 7168, 256 experts, top-8) at 128 tokens per
 rank (decode) and 4096 (prefill), Mixtral-like (hidden 4096, 8 experts, top-2) at 128 and 4096;

@@ -401,6 +401,22 @@ class TorchBootstrap(Bootstrap):
             pass
 
 
+def _end_unless_cancelled(seconds: float):
+    """A watcher process that ends this one (SIGKILL, after a message on stderr) in ``seconds``
+    unless it is killed first: MPI's set-up waits in C, holding the GIL, for ranks that may never
+    come, so no thread of this process could end the wait. Returns the watcher (kill it when
+    set-up is done)."""
+    import shlex
+    import subprocess
+
+    rank = next((os.environ[v] for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK") if v in os.environ), "?")
+    text = (f"iris_fw: rank {rank}: MPI set-up (MPI_Init, COMM_WORLD.Dup) did not complete in {seconds:g} s: a rank "
+            "of this mpirun job did not start MPI (did every rank call iris_fw.init?); IRIS_FW_ARRIVAL_TIMEOUT "
+            "sets this bound")
+    script = f"sleep {seconds:g} && echo {shlex.quote(text)} >&2 && kill -9 {os.getpid()}"
+    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
 class MpiBootstrap(Bootstrap):
     """mpi4py over a duplicate of ``COMM_WORLD`` (``pip install iris-fw[mpi]`` brings mpi4py
     and an MPICH, so ``mpirun`` works with pip alone)."""
@@ -424,10 +440,15 @@ class MpiBootstrap(Bootstrap):
     def detected_because(cls, environ):
         return "MPI launcher variables: " + ", ".join(v for v in _MPI_VARS if v in environ)
 
-    def __init__(self):
-        from mpi4py import MPI
+    def __init__(self, arrival_timeout: float | None = None):
+        from .watchdog import arrival_timeout as default_arrival, liveness_timeout, process_info
 
-        from .watchdog import process_info
+        # MPI_Init and COMM_WORLD.Dup wait in C for every rank of the job, without a bound: a
+        # rank that never starts MPI (it never calls iris_fw.init) would hang this one for good.
+        # A watcher process ends this one if they have not returned in time, naming why.
+        bound = arrival_timeout if arrival_timeout is not None else default_arrival(liveness_timeout())
+        watcher = _end_unless_cancelled(bound)
+        from mpi4py import MPI
 
         self._MPI = MPI
         self._comm = MPI.COMM_WORLD.Dup()
@@ -437,6 +458,8 @@ class MpiBootstrap(Bootstrap):
         self.local_rank = node.Get_rank()
         self.local_world_size = node.Get_size()
         node.Free()
+        watcher.kill()
+        watcher.wait()
         self.processes = self.all_gather(process_info())
 
     def _run(self, request, what: str) -> None:

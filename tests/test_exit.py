@@ -100,3 +100,27 @@ def _remove_unmapped(names, prefix):
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:
                 pass
+
+
+def test_a_rank_that_never_starts_mpi_ends_its_peers_set_up():
+    """Under mpirun, a rank that never calls iris_fw.init used to hang its peer inside MPI_Init
+    (C code, no bound): the peer now ends after the arrival bound with a message saying why."""
+    import time
+
+    import iris_fw.testing
+
+    mpirun = iris_fw.testing.find_mpirun()
+    if mpirun is None:
+        pytest.skip("no mpirun (pip install 'iris-fw[mpi]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    env.update(IRIS_FW_TRANSPORT="host_shm", IRIS_FW_ARRIVAL_TIMEOUT="3", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    before = set(os.listdir("/dev/shm"))
+    start = time.monotonic()
+    res = subprocess.run([mpirun, "-n", "2", sys.executable, os.path.join(ROOT, "tests", "scripts", "never_init.py")],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    took = time.monotonic() - start
+    _remove_unmapped(set(os.listdir("/dev/shm")) - before, "mpich_shm_")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "did not complete in 3 s" in out and "rank 0" in out, out
+    assert took < 50, f"the job took {took:.0f} s (rank 1 idles 60 s: only the bound ends it)\n{out}"

@@ -317,19 +317,22 @@ def _bad_rank(ctx):
 
 
 def _mismatch_rank(ctx):
+    from iris_fw.errors import CollectiveMismatch
+
     model = _model(ctx, layers=1)
     msgs = []
-    with pytest.raises(ArgumentError) as e:           # rank 1 holds other weights
+    refused = (ArgumentError, CollectiveMismatch)
+    with pytest.raises(CollectiveMismatch) as e:      # rank 1 holds other weights
         LlamaTP(_model(ctx, seed=ctx.rank, layers=1), batch=1, max_len=8)
     msgs.append(str(e.value))
-    with pytest.raises(ArgumentError) as e:           # rank 1 asks for a longer cache
+    with pytest.raises(CollectiveMismatch) as e:      # rank 1 asks for a longer cache
         LlamaTP(model, batch=1, max_len=8 + ctx.rank)
     msgs.append(str(e.value))
-    with pytest.raises(ArgumentError) as e:           # rank 1 rejects its own argument
+    with pytest.raises(refused) as e:                 # rank 1 rejects its own argument
         LlamaTP(model, batch=1 - ctx.rank, max_len=8)
     msgs.append(str(e.value))
     tp = LlamaTP(model, batch=1, max_len=8)
-    with pytest.raises(ArgumentError) as e:           # rank 1 has another prompt
+    with pytest.raises(CollectiveMismatch) as e:      # rank 1 has another prompt
         tp.generate(torch.full((1, 3), ctx.rank, dtype=torch.int64, device=ctx.device), 2)
     msgs.append(str(e.value))
     return msgs
@@ -339,7 +342,7 @@ def test_ranks_must_agree(iris_pool):
     """Every rank's model, sizes and prompt are compared once per call: a difference raises on
     every rank naming what differs (no kernel runs on mismatched shards)."""
     for rank, msgs in enumerate(iris_pool(2).run(_mismatch_rank)):
-        assert "'weights (checksum)'" in msgs[0] and "ranks [0]" in msgs[0] and "ranks [1]" in msgs[0], msgs
+        assert "'weights (checksum)'" in msgs[0] and "ranks 0:" in msgs[0] and "ranks 1:" in msgs[0], msgs
         assert "'max_len'" in msgs[1], msgs
         assert "batch must be an int >= 1" in msgs[2], msgs
         assert rank == 1 or "rank 1 rejected its arguments" in msgs[2], msgs

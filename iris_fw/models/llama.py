@@ -60,7 +60,7 @@ REDUCES = ("all_reduce_rmsnorm", "gemm_all_reduce")
 #: Model dtypes (the ops' dtypes).
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: ``rope_type``s whose frequencies do not depend on the sequence length (read once from the model).
-STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass
@@ -169,27 +169,15 @@ def _check_config(config: Any) -> None:
 
 def _agree(ctx: Context, what: str, check) -> None:
     """Run ``check() -> dict`` (this rank's fields; it may raise) on every rank and compare the
-    fields across ranks: a rank's error or a mismatch raises on every rank, naming the rank or
-    the field (the model's collective calls are validated like the ops')."""
-    error, fields = None, None
+    fields across ranks through :meth:`Context.agree` (bounded, with the call's identity): a
+    rank's error re-raises there and raises :class:`~iris_fw.errors.CollectiveMismatch` naming it
+    on the others; a field that differs raises on every rank naming it."""
+    error, fields = None, {}
     try:
         fields = check()
-    except (ArgumentError, ArgumentTypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - every rank must take part in the exchange
         error = exc
-    reports = ctx.bootstrap.all_gather((None if error is None else f"{type(error).__name__}: {error}", fields))
-    if error is not None:
-        raise error
-    bad = [(r, msg) for r, (msg, _) in enumerate(reports) if msg]
-    if bad:
-        raise ArgumentError(f"{what}: rank {bad[0][0]} rejected its arguments ({bad[0][1]})")
-    for name in fields:
-        values = [f[name] for _, f in reports]
-        if any(v != values[0] for v in values):
-            groups: dict = {}
-            for r, v in enumerate(values):
-                groups.setdefault(repr(v), []).append(r)
-            raise ArgumentError(f"{what}: ranks disagree on {name!r}: " + "; ".join(
-                f"ranks {rs} have {v}" for v, rs in groups.items()))
+    ctx.agree(what, fields, error)
 
 
 def _fingerprint(model: Any) -> float:
@@ -215,7 +203,7 @@ class LlamaTP:
 
     def __init__(self, model: Any, *, batch: int, max_len: int, reduce: str = "all_reduce_rmsnorm",
                  ctx: Context | None = None) -> None:
-        ctx = ctx if ctx is not None else _context.current()
+        ctx = _context.resolve(ctx)
 
         def check() -> dict:
             if reduce not in REDUCES:

@@ -22,8 +22,10 @@ is global expert ``r*L + l``).
 distinct, as ``torch.topk`` gives, so nothing is dropped). A row's slot is taken with an atomic
 add on the destination's per-expert counter; rows past ``C`` are *dropped*: never written, counted
 (``handle.stats()``, ``handle.overflow``), and contribute zero to the combine (their source
-knows: ``handle.src_slot[t, k] == -1``). Rows arrive in no fixed order: slot order differs from
-call to call; ``handle.src_info`` says, per received row, its source rank, token and k.
+knows: ``handle.src_slot[t, k] == -1``, complete when the dispatch has run on the stream: in
+``throughput`` mode the receivers' scatter writes it and ends with a done barrier). Rows arrive
+in no fixed order: slot order differs from call to call; ``handle.src_info`` says, per received
+row, its source rank, token and k.
 
 **Modes.** ``"low_latency"``: every (token, k) row is pushed straight into its expert's slot on
 the destination rank (one remote atomic and one row per (token, k)). ``"throughput"``: each token
@@ -52,13 +54,18 @@ new routing (the same tensors refilled).
 
 **Calls.** Collective over every rank of the context. The first call of a shape class (``H``,
 ``K``, ``x``/``topk_idx``/``topk_weights`` dtypes, ``E``, ``max_tokens_per_rank``, ``C``, dtype,
-mode) is validated across ranks (the world group's exchange, :meth:`iris_fw.ccl.Group.exchange`,
-bounded by the context's ``wait_timeout``): a mismatch, or a rank's
-bad argument — a routing index outside ``[-1, E)`` included (checked on the host on the first
-call of each token count; under ``IRIS_FW_DEBUG=1`` counted by the kernel and checked after every
-call, except while a CUDA graph is captured) — raises on every rank. It then allocates the
-plan's symmetric buffers (one barrier);
-later calls are a dictionary look-up and one or two launches. The returned tensors are the
+mode: what the ranks agree on — never ``T`` or a row stride, which differ per rank and per call,
+so every rank takes the same path on every call) is validated across ranks (the world group's
+exchange, :meth:`iris_fw.ccl.Group.exchange`, bounded by the context's ``wait_timeout``): a
+mismatch, or a rank's bad argument — a routing index outside ``[-1, E)`` included (checked on
+the host on this first call) — raises on every rank. It then allocates the plan's symmetric
+buffers (one barrier); later calls are a dictionary look-up, the local checks that depend on
+``T`` (:func:`check_tokens`; the combine's ``out`` rows) and one or two launches: a local check
+failing there raises on its rank and aborts the peers' waits at once (they raise
+:class:`~iris_fw.PeerFailure`). On later calls the kernel counts invalid routing indices
+(``handle.stats()["bad_indices"]``, rows skipped); in a debug context (``ctx.debug``:
+``iris_fw.init(debug=True)`` or ``IRIS_FW_DEBUG=1``) that count is checked after every call on
+every rank (except while a CUDA graph is captured). The returned tensors are the
 plan's buffers: overwritten by its next call (a handle is valid until the next dispatch with
 the same plan; :func:`moe_combine` refuses an older one).
 
@@ -80,8 +87,9 @@ import triton.language as tl
 
 from . import context as _context
 from . import device as dv
-from . import devinfo, env
+from . import devinfo
 from . import tilecomm as tc
+from .engine.contract import PatternError, check_tensor
 from .engine.launcher import KernelLauncher
 from .errors import ArgumentError, ArgumentTypeError
 
@@ -288,16 +296,18 @@ def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_i
 
 @triton.jit
 def _dispatch_scatter_kernel(pack_x, pack_scales, pack_idx, pack_tokens, recv_x, recv_scales, recv_src, counters,
-                             src_slot, tok_slot, recv_counts, stats, bad_acc, epochs, state, rank, world_size,
-                             heap_bases,
+                             src_slot, tok_slot, recv_counts, stats, bad_acc, slots, epochs, state, rank,
+                             world_size, heap_bases,
                              H: tl.constexpr, K: tl.constexpr, L: tl.constexpr, C: tl.constexpr, TMAX: tl.constexpr,
                              BH: tl.constexpr, QUANT: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                              NL: tl.constexpr):
     """Throughput dispatch, step 2 (local, after step 1 on this rank): every packed row of
     every source rank into its local experts' slots (a local atomic per row), its slot (or -1:
     dropped) written into the source's ``src_slot [TMAX, K]`` (symmetric) and into the local
-    ``tok_slot [world_size, TMAX, K]`` (the combine's map). The last program
-    publishes the counts. No waits."""
+    ``tok_slot [world_size, TMAX, K]`` (the combine's map). The last program publishes the
+    counts, then makes the *done* barrier on ``slots`` int64 ``[world_size]`` (symmetric): when
+    the launch ends, every peer's scatter has ended too, so this rank's ``src_slot`` (written by
+    the peers) is complete. No other waits (the pack's done barrier came before)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(epochs)
@@ -322,6 +332,8 @@ def _dispatch_scatter_kernel(pack_x, pack_scales, pack_idx, pack_tokens, recv_x,
                     dv.store(src_slot + t * K + k, slot, rank, p, heap_bases)
     if tc.last_program(state, nprog, epoch):
         _publish_counts(counters, recv_counts, stats, bad_acc, L, C, NL)
+        tc.arrive(slots, epoch, rank, world_size, heap_bases)
+        tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
 
 
 
@@ -437,9 +449,9 @@ class MoeHandle:
     ``src_info [L, C]`` int32: per received row, ``(src_rank * max_tokens_per_rank + token) *
     topk + k`` (:meth:`sources` decodes it; rows past ``counts`` are stale); ``src_slot [T, K]``
     int32: the slot each of this rank's rows got at its expert, -1 for a row not sent (index -1,
-    or dropped past capacity); ``weights [T, K]`` fp32 (the router's, copied); ``overflow [2]``
-    int32: rows this rank's experts dropped in the call (past capacity), invalid routing indices
-    this rank passed (skipped). ``tokens``: this rank's T."""
+    or dropped past capacity; complete when the dispatch has run on the stream); ``weights [T,
+    K]`` fp32 (the router's, copied); ``overflow [2]`` int32: rows this rank's experts dropped
+    in the call (past capacity), invalid routing indices this rank passed (skipped). ``tokens``: this rank's T."""
 
     plan: "MoePlan"
     generation: int
@@ -464,12 +476,12 @@ class MoeHandle:
 
 
 def _check_tensor(ctx, t, name: str, dims: int) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise ArgumentTypeError(f"moe_dispatch: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != ctx.device:
-        raise ArgumentError(f"moe_dispatch: {name} must be on this rank's device {ctx.device}, got {t.device}")
-    if t.dim() != dims:
-        raise ArgumentError(f"moe_dispatch: {name} must have {dims} dimensions, got shape {list(t.shape)}")
+    """``t`` a ``dims``-d tensor on this rank's device with contiguous rows (stride 1 in its last
+    dim, unless empty), else an error naming ``name``."""
+    try:
+        check_tensor(t, name, dims, ctx.device)
+    except (ArgumentTypeError, PatternError) as exc:
+        raise (ArgumentTypeError if isinstance(exc, TypeError) else ArgumentError)(f"moe_dispatch: {exc}") from None
     if t.numel() and t.stride(-1) != 1:
         raise ArgumentError(f"moe_dispatch: {name} must have contiguous rows (stride 1 in its last dim), got strides "
                             f"{list(t.stride())}")
@@ -477,36 +489,48 @@ def _check_tensor(ctx, t, name: str, dims: int) -> torch.Tensor:
 
 
 def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentError(f"moe_dispatch: {name} must be a positive int, got {value!r}")
-    return value
+    try:
+        return _context._check_int(value, name, low=1)
+    except (ArgumentTypeError, ArgumentError) as exc:
+        raise type(exc)(f"moe_dispatch: {exc}") from None
+
+
+def check_tokens(ctx, x, topk_idx, topk_weights, max_tokens: int) -> int:
+    """This call's local checks that depend on the token count ``T`` (which differs per rank and
+    per call, so no exchange can cover it): the three tensors ``[T, *]`` on this rank's device
+    with contiguous rows, ``T <= max_tokens``. Returns ``T``."""
+    _check_tensor(ctx, x, "x", 2)
+    _check_tensor(ctx, topk_idx, "topk_idx", 2)
+    _check_tensor(ctx, topk_weights, "topk_weights", 2)
+    tokens = x.shape[0]
+    if topk_idx.shape[0] != tokens or topk_weights.shape != topk_idx.shape or topk_idx.shape[1] < 1:
+        raise ArgumentError(f"moe_dispatch: topk_idx and topk_weights must both be [T, K] with x's T = {tokens} and "
+                            f"K >= 1, got {list(topk_idx.shape)} and {list(topk_weights.shape)}")
+    if tokens > max_tokens:
+        raise ArgumentError(f"moe_dispatch: x has {tokens} tokens, more than max_tokens_per_rank = {max_tokens}")
+    return tokens
 
 
 def check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode) -> MoeCall:
     """Validate one rank's dispatch arguments locally; the :class:`MoeCall` they describe."""
-    _check_tensor(ctx, x, "x", 2)
-    _check_tensor(ctx, topk_idx, "topk_idx", 2)
-    _check_tensor(ctx, topk_weights, "topk_weights", 2)
+    for t, name in ((x, "x"), (topk_idx, "topk_idx"), (topk_weights, "topk_weights")):
+        _check_tensor(ctx, t, name, 2)
     if x.dtype not in X_DTYPES:
         raise ArgumentTypeError(f"moe_dispatch: x has dtype {x.dtype}; supported: {', '.join(map(str, X_DTYPES))}")
     if topk_idx.dtype not in (torch.int32, torch.int64):
         raise ArgumentTypeError(f"moe_dispatch: topk_idx must be int32 or int64, got {topk_idx.dtype}")
     if not topk_weights.dtype.is_floating_point:
         raise ArgumentTypeError(f"moe_dispatch: topk_weights must be a floating tensor, got {topk_weights.dtype}")
-    tokens, hidden = x.shape
+    hidden = x.shape[1]
     if hidden < 1:
         raise ArgumentError(f"moe_dispatch: x must have a positive hidden size, got shape {list(x.shape)}")
-    if topk_idx.shape[0] != tokens or topk_weights.shape != topk_idx.shape or topk_idx.shape[1] < 1:
-        raise ArgumentError(f"moe_dispatch: topk_idx and topk_weights must both be [T, K] with x's T = {tokens} and "
-                            f"K >= 1, got {list(topk_idx.shape)} and {list(topk_weights.shape)}")
     world = ctx.world_size
     num_experts = _positive_int(num_experts, "num_experts")
     if num_experts % world:
         raise ArgumentError(f"moe_dispatch: num_experts ({num_experts}) must be a multiple of the world size "
                             f"({world}): each rank holds num_experts / world_size experts in one contiguous block")
     max_tokens = _positive_int(max_tokens_per_rank, "max_tokens_per_rank")
-    if tokens > max_tokens:
-        raise ArgumentError(f"moe_dispatch: x has {tokens} tokens, more than max_tokens_per_rank = {max_tokens}")
+    check_tokens(ctx, x, topk_idx, topk_weights, max_tokens)
     cap = max_tokens * world if capacity is None else _positive_int(capacity, "capacity")
     if dtype is None:
         dtype = x.dtype
@@ -538,7 +562,7 @@ class MoePlan:
         L, C, H, K, W, T = c.local_experts, c.capacity, c.hidden, c.topk, c.world, c.max_tokens
         i32, i64, f32 = torch.int32, torch.int64, torch.float32
         self.generation = 0
-        self.debug = bool(env.get("IRIS_FW_DEBUG"))
+        self.debug = bool(ctx.debug)
         # symmetric (the same sequence of allocations on every rank)
         self.recv_x = ctx.zeros(L, C, H, dtype=c.dtype)
         self.recv_scales = ctx.zeros(L, C, c.groups, dtype=f32) if c.quant else None
@@ -547,8 +571,8 @@ class MoePlan:
         # combine rows back at the source: one per (token, k), or (throughput) one per (token, rank)
         self.comb = ctx.zeros(T, K if c.mode == "low_latency" else W, H, dtype=c.x_dtype)
         self.src_slot = ctx.zeros(T, K, dtype=i32)
-        self.slots = ctx.zeros(4, W, dtype=i64)  # dispatch entry, done; combine entry, done
-        self.dispatch_slots, self.combine_slots = self.slots[0], self.slots[2]
+        self.slots = ctx.zeros(5, W, dtype=i64)  # dispatch entry, done; combine entry, done; scatter done
+        self.dispatch_slots, self.combine_slots, self.scatter_slots = self.slots[0], self.slots[2], self.slots[4]
         if c.mode == "throughput":
             self.pack_x = ctx.zeros(W, T, H, dtype=c.dtype)
             self.pack_scales = ctx.zeros(W, T, c.groups, dtype=f32) if c.quant else None
@@ -614,7 +638,7 @@ class MoePlan:
                        ctx.rank, ctx.world_size, ctx.heap_bases)
             self._scatter(self.pack_x, pack_scales, self.pack_idx, self.pack_tokens, self.recv_x, scales,
                           self.recv_src, self.counters, self.src_slot, self.tok_slot, self.recv_counts, self.stats,
-                          self.bad_acc,
+                          self.bad_acc, self.scatter_slots,
                           self.epochs["scatter"], self.states["scatter"], ctx.rank, ctx.world_size, ctx.heap_bases)
         self.generation += 1
         handle = MoeHandle(self, self.generation, tokens, self.recv_counts, self.recv_src, self.src_slot[:tokens],
@@ -626,23 +650,25 @@ class MoePlan:
             bad = int(self.stats[STAT_BAD])
             error = None if not bad else ArgumentError(
                 f"moe_dispatch: topk_idx held {bad} expert ids outside [-1, {c.num_experts}) (found by the dispatch "
-                f"kernel under IRIS_FW_DEBUG=1; those rows were skipped)")
+                f"kernel in a debug context (IRIS_FW_DEBUG=1); those rows were skipped)")
             self.group.exchange("iris_fw.moe_dispatch routing check", {}, error)
         return Dispatched(self.recv_x, self.recv_counts, handle, self.recv_scales)
 
     # ---- combine --------------------------------------------------------------------------------
     def check_combine(self, expert_out, handle, out=None) -> None:
-        """Validate ``expert_out``, ``handle`` and ``out`` (across ranks on the first call of a
-        signature: a rank's bad argument raises on every rank)."""
+        """Validate ``expert_out``, ``handle`` and ``out``: across ranks on the first call of an
+        ``expert_out`` shape class (a rank's bad argument raises on every rank); on later calls
+        locally (``out``'s rows follow this rank's token count, which differs per rank and per
+        call): a failure aborts the peers' waits at once, then raises."""
         c, ctx = self.call, self.ctx
-
-        def sig(t):
-            return (tuple(t.shape), t.dtype, t.device, tuple(t.stride())) if isinstance(t, torch.Tensor) else None
-
-        key = (sig(expert_out), None if out is None else sig(out), handle.tokens)
-        if key[0] is None or (out is not None and key[1] is None):
-            key = None
+        key = ((tuple(expert_out.shape), expert_out.dtype, expert_out.device)
+               if isinstance(expert_out, torch.Tensor) else None)
         if key is not None and key in self.combine_keys and handle.generation == self.generation:
+            try:
+                self._check_combine_local(expert_out, handle, out)
+            except Exception as exc:
+                _abort_peers(ctx, "moe_combine", exc)
+                raise
             return
         error = None
         try:
@@ -650,28 +676,32 @@ class MoePlan:
                 raise ArgumentError(f"moe_combine: the handle is from dispatch #{handle.generation} of this plan, "
                                     f"which was overwritten by dispatch #{self.generation} (a handle is valid until "
                                     f"the next moe_dispatch with the same shapes)")
-            if not isinstance(expert_out, torch.Tensor):
-                raise ArgumentTypeError(f"moe_combine: expert_out must be a torch.Tensor, got "
-                                        f"{type(expert_out).__name__}")
-            shape = (c.local_experts, c.capacity, c.hidden)
-            if (tuple(expert_out.shape) != shape or expert_out.dtype != c.x_dtype or expert_out.device != ctx.device
-                    or expert_out.stride(-1) != 1):
-                raise ArgumentError(f"moe_combine: expert_out must be a {list(shape)} tensor (local experts, capacity, "
-                                    f"hidden) of x's dtype {c.x_dtype} on {ctx.device} with contiguous rows, got "
-                                    f"{list(expert_out.shape)} {expert_out.dtype} on {expert_out.device} strides "
-                                    f"{list(expert_out.stride())}")
-            if out is not None:
-                want = (handle.tokens, c.hidden)
-                if (not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != c.x_dtype
-                        or out.device != ctx.device or (out.numel() and out.stride(-1) != 1)):
-                    got = (f"{list(out.shape)} {out.dtype} on {out.device} strides {list(out.stride())}"
-                           if isinstance(out, torch.Tensor) else type(out).__name__)
-                    raise ArgumentError(f"moe_combine: out must be a {list(want)} tensor (tokens, hidden) of x's "
-                                        f"dtype {c.x_dtype} on {ctx.device} with contiguous rows, got {got}")
+            self._check_combine_local(expert_out, handle, out)
         except Exception as exc:
             error = exc
         self.group.exchange("iris_fw.moe_combine", {}, error)
-        self.combine_keys.add(key)
+        if key is not None:
+            self.combine_keys.add(key)
+
+    def _check_combine_local(self, expert_out, handle, out) -> None:
+        c, ctx = self.call, self.ctx
+        if not isinstance(expert_out, torch.Tensor):
+            raise ArgumentTypeError(f"moe_combine: expert_out must be a torch.Tensor, got {type(expert_out).__name__}")
+        shape = (c.local_experts, c.capacity, c.hidden)
+        if (tuple(expert_out.shape) != shape or expert_out.dtype != c.x_dtype or expert_out.device != ctx.device
+                or expert_out.stride(-1) != 1):
+            raise ArgumentError(f"moe_combine: expert_out must be a {list(shape)} tensor (local experts, capacity, "
+                                f"hidden) of x's dtype {c.x_dtype} on {ctx.device} with contiguous rows, got "
+                                f"{list(expert_out.shape)} {expert_out.dtype} on {expert_out.device} strides "
+                                f"{list(expert_out.stride())}")
+        if out is not None:
+            want = (handle.tokens, c.hidden)
+            if (not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != c.x_dtype
+                    or out.device != ctx.device or (out.numel() and out.stride(-1) != 1)):
+                got = (f"{list(out.shape)} {out.dtype} on {out.device} strides {list(out.stride())}"
+                       if isinstance(out, torch.Tensor) else type(out).__name__)
+                raise ArgumentError(f"moe_combine: out must be a {list(want)} tensor (tokens, hidden) of x's "
+                                    f"dtype {c.x_dtype} on {ctx.device} with contiguous rows, got {got}")
 
     def combine(self, expert_out: torch.Tensor, handle: MoeHandle, out: torch.Tensor | None = None) -> torch.Tensor:
         c, ctx = self.call, self.ctx
@@ -697,27 +727,46 @@ class MoePlan:
 
 
 def _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode):
-    """The cache key of a call (None: an argument the full checks must look at)."""
-    if not all(isinstance(t, torch.Tensor) for t in (x, topk_idx, topk_weights)):
+    """The cache key of a call: only what every rank of a correct program agrees on — never the
+    token count ``T`` or the row strides, which differ per rank and per call (a key holding them
+    would send one rank into the validation exchange while a peer hits its cache and launches).
+    None: an argument the full checks must look at."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in (x, topk_idx, topk_weights)):
         return None
-    return ("moe", tuple(x.shape), x.dtype, x.device, x.stride(), tuple(topk_idx.shape), topk_idx.dtype,
-            topk_idx.stride(), tuple(topk_weights.shape), topk_weights.dtype, topk_weights.stride(), num_experts,
-            max_tokens_per_rank, capacity, dtype, mode)
+    return ("moe", x.shape[1], x.dtype, x.device, topk_idx.shape[1], topk_idx.dtype, topk_idx.device,
+            topk_weights.shape[1], topk_weights.dtype, topk_weights.device, num_experts, max_tokens_per_rank,
+            capacity, dtype, mode)
+
+
+def _abort_peers(ctx, what: str, exc: BaseException) -> None:
+    """A local check failed on a call the peers may already run (the cache-hit path, no
+    exchange): abort their device waits at once (they raise :class:`~iris_fw.PeerFailure` naming
+    this rank at their next synchronization) before this rank raises ``exc``."""
+    ctx.abort(f"iris_fw.{what} on rank {ctx.rank}: {type(exc).__name__}: {exc}")
 
 
 def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
          max_tokens_per_rank: int, capacity: int | None = None, dtype: torch.dtype | None = None,
          ctx: Any = None, mode: str = "auto") -> MoePlan:
     """The :class:`MoePlan` :func:`moe_dispatch` runs for such arguments (collective on a cache
-    miss: validated across ranks, then allocated)."""
+    miss: validated across ranks, then allocated). On a hit only this call's token-count checks
+    run (:func:`check_tokens`): one failing aborts the peers' waits, then raises."""
     from .ccl import api
 
-    ctx = ctx if ctx is not None else _context.current()
+    ctx = _context.resolve(ctx)
     ctx._check_open()
     g = api._group(ctx, None)
     key = _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode)
-    found = g.calls.get(key) if key is not None else None
+    try:
+        found = g.calls.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument: the full checks report it
+        key = found = None
     if found is not None:
+        try:
+            check_tokens(ctx, x, topk_idx, topk_weights, found.call.max_tokens)
+        except Exception as exc:
+            _abort_peers(ctx, "moe_dispatch", exc)
+            raise
         return found
     call, error, fields = None, None, {}
     try:

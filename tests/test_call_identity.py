@@ -91,21 +91,24 @@ def test_busy_rank_is_named_after_the_bound(results):
 
 
 @pytest.mark.parametrize("call", ["gemm_all_scatter", "gemm_all_reduce", "flash_decode", "plan", "ccl.all_reduce",
-                                  "ccl.new_group"])
+                                  "ccl.new_group", "moe_dispatch", "moe.plan"])
 def test_ctx_of_the_wrong_type_is_named(call):
     """``ctx='x'`` raises an ArgumentTypeError naming ``ctx`` (no context needed to see it)."""
     import torch
 
-    from iris_fw import ccl, ops
+    from iris_fw import ccl, moe, ops
     from iris_fw.errors import ArgumentTypeError
 
     a = torch.ones(4, 4)
+    idx = torch.zeros(4, 1, dtype=torch.int64)
     calls = {"gemm_all_scatter": lambda: ops.gemm_all_scatter(a, a, ctx="x"),
              "gemm_all_reduce": lambda: ops.gemm_all_reduce(a, a, ctx="x"),
              "flash_decode": lambda: ops.flash_decode(a, a, a, ctx="x"),
              "plan": lambda: ops.plan("gemm_all_scatter", a, a, ctx="x"),
              "ccl.all_reduce": lambda: ccl.all_reduce(a, ctx="x"),
-             "ccl.new_group": lambda: ccl.new_group([0], ctx="x")}
+             "ccl.new_group": lambda: ccl.new_group([0], ctx="x"),
+             "moe_dispatch": lambda: ops.moe_dispatch(a, idx, a[:, :1], 2, max_tokens_per_rank=4, ctx="x"),
+             "moe.plan": lambda: moe.plan(a, idx, a[:, :1], 2, max_tokens_per_rank=4, ctx="x")}
     with pytest.raises(ArgumentTypeError, match=r"ctx must be an iris_fw.Context .* got str 'x'"):
         calls[call]()
 

@@ -13,14 +13,15 @@ hidden sizes, capacity overflow; both modes; bf16 and fp8. Bad or mismatched arg
 on every rank. On GPUs the sizes grow and a CUDA graph is replayed with fresh routing.
 """
 
-import os
+import time
 
+import numpy as np
 import pytest
 import torch
 
 from helpers import capture_graph, fresh_seed, on_worlds
 from iris_fw.engine.contract import CollectiveMismatch
-from iris_fw.errors import ArgumentError
+from iris_fw.errors import ArgumentError, PeerFailure
 
 FP8 = torch.float8_e4m3fn
 
@@ -252,6 +253,8 @@ def _bad_call(ctx, what):
         hidden = 24
     if what == "experts":
         experts = 3  # not a multiple of the world size 2
+    if what == "experts_bool":
+        experts = True  # not an int (context's int check: anything with __index__ but a bool)
     x = torch.randn(tokens, hidden, device=dev).to(torch.bfloat16)
     idx = torch.tensor([[0, 1], [2, 3], [1, 2]], device=dev)
     wt = torch.rand(tokens, topk, device=dev)
@@ -292,8 +295,8 @@ def _bad_call(ctx, what):
     return str(info.value)
 
 
-BAD = ["hidden", "experts", "index", "negative", "dtype", "capacity", "too_many_tokens", "mode", "topk", "stale",
-       "expert_out", "out"]
+BAD = ["hidden", "experts", "experts_bool", "index", "negative", "dtype", "capacity", "too_many_tokens", "mode", "topk",
+       "stale", "expert_out", "out"]
 
 
 def _bad_rank(ctx):
@@ -304,7 +307,7 @@ def _bad_rank(ctx):
     r, dev = ctx.rank, ctx.device
     good = torch.ones(1, 8, device=dev).to(torch.bfloat16)
     d = moe_dispatch(good, torch.tensor([[r]], device=dev), torch.ones(1, 1, device=dev), ctx.world_size,
-                     max_tokens_per_rank=1)
+                     max_tokens_per_rank=np.int64(1))  # an integer type of another library
     out = moe_combine(d.x * 2, d.handle)
     ctx.synchronize()
     assert torch.equal(out.cpu(), torch.full((1, 8), 2.0, dtype=torch.bfloat16))
@@ -331,26 +334,31 @@ def test_bad_input_raises_everywhere(iris_pool):
             assert "expert_out must be a [2, 10, 16]" in msgs[0] and "rank 0 rejected" in msgs[1], msgs
         if what == "out":
             assert "out must be a [3, 16] tensor" in msgs[0] and "rank 0 rejected" in msgs[1], msgs
+        if what == "experts_bool":
+            assert all("num_experts must be an int, got bool" in m for m in msgs), msgs
 
 
 def _debug_rank(ctx):
-    """Under IRIS_FW_DEBUG=1 the kernel counts invalid indices on every call (the host checks
-    only a shape class's first call): a bad index on a later call raises on every rank."""
+    """In a debug context (``iris_fw.init(debug=True)``, what ``IRIS_FW_DEBUG=1`` gives) the
+    kernel counts invalid indices on every call (the host checks only a plan's first call): a bad
+    index on a later call raises on every rank."""
+    import iris_fw
     from iris_fw.ops import moe_dispatch
 
-    r, dev = ctx.rank, ctx.device
-    os.environ["IRIS_FW_DEBUG"] = "1"
+    r = ctx.rank
+    sub = iris_fw.init(heap_size=1 << 24, transport=ctx.transport.name, debug=True)
     try:
+        dev = sub.device
         x = torch.randn(2, 8, device=dev).to(torch.bfloat16)
         idx = torch.tensor([[0], [1]], device=dev)
         wt = torch.ones(2, 1, device=dev)
-        moe_dispatch(x, idx, wt, 2, max_tokens_per_rank=2)
+        moe_dispatch(x, idx, wt, 2, max_tokens_per_rank=2, ctx=sub)
         if r == 0:
             idx[1, 0] = 7
         with pytest.raises((ArgumentError, CollectiveMismatch)) as info:
-            moe_dispatch(x, idx, wt, 2, max_tokens_per_rank=2)
+            moe_dispatch(x, idx, wt, 2, max_tokens_per_rank=2, ctx=sub)
     finally:
-        del os.environ["IRIS_FW_DEBUG"]
+        sub.close()
     return str(info.value)
 
 
@@ -366,6 +374,143 @@ def test_auto_mode_table():
 def test_debug_index_check_in_kernel(iris_pool):
     msgs = iris_pool(2).run(_debug_rank)
     assert "found by the dispatch kernel" in msgs[0] and "rank 0 rejected" in msgs[1], msgs
+
+
+# ---- token counts that differ per rank and per call ---------------------------------------------
+
+#: Each rank's token count per call (rank r takes entry r % 3): differing per rank, changing
+#: between calls, 0 included (a rank without tokens, then every rank without tokens).
+_VARYING = [(3, 0, 2), (1, 4, 0), (0, 0, 0), (4, 2, 1)]
+
+
+def _varying_rank(ctx, mode):
+    """One plan for every call: the cache key holds only what the ranks agree on, so no rank
+    validates (a host exchange) while a peer launches. Every call's values are checked."""
+    r, w = ctx.rank, ctx.world_size
+    old, ctx.wait_timeout = ctx.wait_timeout, 30.0  # a rank left waiting in an exchange fails sooner
+    try:
+        for counts in _VARYING:
+            case = _case("varying", mode, hidden=12, tokens=lambda p, c=counts: c[p % len(c)], max_tokens=4)
+            case["experts"] = case["per_rank"] * w
+            _run_case(ctx, case, calls=1)
+    finally:
+        ctx.wait_timeout = old
+    g = ctx.comm_groups[None]
+    assert len(g.configs) == 1, g.configs
+    assert len([k for k in g.calls if k[0] == "moe"]) == 1, list(g.calls)
+    return True
+
+
+@pytest.mark.parametrize("mode", ["low_latency", "throughput"])
+def test_token_count_differs_per_rank_and_call(iris_pool, mode):
+    """Decode-style calls: T differs per rank and changes from call to call (0 included)."""
+    assert iris_pool(3).run(_varying_rank, mode) == [True] * 3
+
+
+def _later_bad_rank(ctx, what):
+    """A later call (the plan's cache hit, no exchange) whose token-count check fails on rank 0
+    only: rank 0 raises naming the argument and aborts the peers at once; they raise
+    PeerFailure naming rank 0 (not a WaitTimeout after the bound); the ranks work on after the
+    re-arming barrier."""
+    from iris_fw.ops import moe_combine, moe_dispatch
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    x = torch.randn(2, 8, device=dev).to(torch.bfloat16)
+    idx = torch.tensor([[r], [(r + 1) % w]], device=dev)
+    wt = torch.ones(2, 1, device=dev)
+    d = moe_dispatch(x, idx, wt, w, max_tokens_per_rank=2)
+    moe_combine(d.x, d.handle, out=torch.empty(2, 8, dtype=torch.bfloat16, device=dev))
+    ctx.synchronize()
+    old, ctx.wait_timeout = ctx.wait_timeout, 60.0
+    start = time.monotonic()
+    try:
+        if r == 0:
+            with pytest.raises(ArgumentError) as info:
+                if what == "tokens":
+                    moe_dispatch(torch.zeros(3, 8, dtype=torch.bfloat16, device=dev), idx.repeat(2, 1)[:3],
+                                 wt.repeat(2, 1)[:3], w, max_tokens_per_rank=2)
+                else:
+                    d = moe_dispatch(x, idx, wt, w, max_tokens_per_rank=2)
+                    moe_combine(d.x, d.handle, out=torch.empty(1, 8, dtype=torch.bfloat16, device=dev))
+        else:
+            with pytest.raises(PeerFailure) as info:
+                d = moe_dispatch(x, idx, wt, w, max_tokens_per_rank=2)
+                moe_combine(d.x, d.handle, out=torch.empty(2, 8, dtype=torch.bfloat16, device=dev))
+                ctx.synchronize()
+        elapsed = time.monotonic() - start
+    finally:
+        ctx.wait_timeout = old
+    try:
+        ctx.barrier()  # re-arms the job (rank 0 aborted its peers' waits)
+    except PeerFailure:
+        ctx.barrier()
+    d = moe_dispatch(x, idx, wt, w, max_tokens_per_rank=2)
+    out = moe_combine(d.x * 3, d.handle)
+    ctx.synchronize()
+    assert torch.equal(out.cpu(), (x * 3).cpu())
+    return str(info.value), elapsed
+
+
+@pytest.mark.parametrize("what", ["tokens", "out"])
+def test_later_bad_token_count_aborts_peers(iris_pool, what):
+    runs = iris_pool(2).run(_later_bad_rank, what)
+    (m0, t0), (m1, t1) = runs
+    want = "more than max_tokens_per_rank = 2" if what == "tokens" else "out must be a [2, 8] tensor"
+    assert want in m0 and "rank 0" in m1 and want in m1, runs
+    assert t0 < 20 and t1 < 20, runs  # at once, not after the wait timeout (60 s)
+
+
+# ---- src_slot complete when the dispatch ends (throughput) ----------------------------------------
+
+
+def _src_slot_rank(ctx):
+    """Throughput mode writes a source's ``src_slot`` from the receivers' scatter kernels: it is
+    complete when the dispatch ends (rank 1's scatter is held back 1 s; rank 0 reads its
+    src_slot right after its dispatch), -1 exactly for the rows dropped past capacity."""
+    from iris_fw.moe import plan
+    from iris_fw.ops import moe_dispatch
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    case = _case("src_slot", "throughput", "skewed", hidden=8, tokens=lambda p: 3, capacity=2, max_tokens=3)
+    case["experts"] = experts = case["per_rank"] * w
+    xs, idxs, ws = draw(ctx, fresh_seed(ctx), case)
+    x, idx, wt = xs[r].to(dev), idxs[r].to(dev), ws[r].to(dev)
+    kwargs = dict(max_tokens_per_rank=3, capacity=2, mode="throughput")
+    made = plan(x, idx, wt, experts, **kwargs)
+    if r == 1:
+        scatter = made._scatter
+
+        def late(*args, **kw):
+            time.sleep(1.0)
+            return scatter(*args, **kw)
+
+        made._scatter = late
+    d = moe_dispatch(x, idx, wt, experts, **kwargs)
+    ctx.synchronize()
+    slot = d.handle.src_slot.cpu()
+    src = [s.cpu() for s in d.handle.sources()]
+    counts = d.counts.cpu()
+    everyone = ctx.bootstrap.all_gather((slot, src, counts))
+    local = experts // w
+    for e in range(experts):
+        owner, l = divmod(e, local)
+        _, (sr, st, sk), cnt = everyone[owner]
+        rows = [(p, t, k) for p in range(w) for t in range(3) for k in range(case["topk"]) if int(idxs[p][t, k]) == e]
+        assert int(cnt[l]) == min(len(rows), 2)
+        for s in range(int(cnt[l])):  # every received row's source knows its slot
+            p, t, k = int(sr[l, s]), int(st[l, s]), int(sk[l, s])
+            assert int(everyone[p][0][t, k]) == s, (e, s, (p, t, k), everyone[p][0])
+        # every other row of this expert was dropped: -1 at its source
+        got = {(int(sr[l, s]), int(st[l, s]), int(sk[l, s])) for s in range(int(cnt[l]))}
+        for p, t, k in rows:
+            if (p, t, k) not in got:
+                assert int(everyone[p][0][t, k]) == -1, (e, (p, t, k))
+    assert bool((slot[idxs[r] < 0] == -1).all())
+    return True
+
+
+def test_src_slot_complete_after_dispatch(iris_pool):
+    assert iris_pool(2).run(_src_slot_rank) == [True, True]
 
 
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------

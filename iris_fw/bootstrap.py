@@ -414,7 +414,20 @@ def _end_unless_cancelled(seconds: float):
             "of this mpirun job did not start MPI (did every rank call iris_fw.init?); IRIS_FW_ARRIVAL_TIMEOUT "
             "sets this bound")
     script = f"sleep {seconds:g} && echo {shlex.quote(text)} >&2 && kill -9 {os.getpid()}"
-    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    # a session of its own: cancelling it ends the shell and its sleep together
+    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _cancel(watcher) -> None:
+    """End a watcher of :func:`_end_unless_cancelled` (its shell and sleep) and reap it."""
+    import signal
+
+    try:
+        os.killpg(watcher.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    watcher.wait()
 
 
 class MpiBootstrap(Bootstrap):
@@ -448,18 +461,19 @@ class MpiBootstrap(Bootstrap):
         # A watcher process ends this one if they have not returned in time, naming why.
         bound = arrival_timeout if arrival_timeout is not None else default_arrival(liveness_timeout())
         watcher = _end_unless_cancelled(bound)
-        from mpi4py import MPI
+        try:
+            from mpi4py import MPI
 
-        self._MPI = MPI
-        self._comm = MPI.COMM_WORLD.Dup()
-        self.rank = self._comm.Get_rank()
-        self.world_size = self._comm.Get_size()
-        node = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.local_rank = node.Get_rank()
-        self.local_world_size = node.Get_size()
-        node.Free()
-        watcher.kill()
-        watcher.wait()
+            self._MPI = MPI
+            self._comm = MPI.COMM_WORLD.Dup()
+            self.rank = self._comm.Get_rank()
+            self.world_size = self._comm.Get_size()
+            node = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            self.local_rank = node.Get_rank()
+            self.local_world_size = node.Get_size()
+            node.Free()
+        finally:  # done, or failed with an error of its own: the watcher must not end this process later
+            _cancel(watcher)
         self.processes = self.all_gather(process_info())
 
     def _run(self, request, what: str) -> None:

@@ -137,31 +137,31 @@ def mps_share(ranks_on_gpu: int) -> str:
 
 
 def warn_time_sliced(rank: int, ranks_on_gpu: int, device: torch.device) -> str | None:
-    """Rank 0 of a job whose ranks share a GPU without MPS warns once (their kernels time-slice:
-    a cross-rank wait advances once per slice); returns the message, or ``None`` when there is
-    nothing to say (one rank per GPU, MPS active, or another rank than 0)."""
+    """Rank 0 of a job whose ranks share a GPU warns once when they cannot run well at once:
+    without MPS their kernels time-slice (a cross-rank wait advances once per slice); under MPS
+    without :data:`MPS_PERCENT_VAR` one rank's spinning kernel can starve another. Returns the
+    message, or ``None`` when there is nothing to say (one rank per GPU, MPS with a share, or
+    another rank than 0)."""
+    import os
     import warnings
 
     from .errors import IrisWarning
 
-    import os
-
     if rank != 0 or ranks_on_gpu <= 1:
         return None
     active, why = mps_status()
+    if active and MPS_PERCENT_VAR in os.environ:
+        return None
     if active:
-        if MPS_PERCENT_VAR in os.environ:
-            return None
         text = (f"{ranks_on_gpu} ranks share {device} under CUDA MPS with no cap on each rank's SMs: a kernel "
                 "whose programs wait for another rank's can take every SM and starve the rank it waits for "
                 f"(WaitTimeout). Start the ranks with {MPS_PERCENT_VAR}={mps_share(ranks_on_gpu)} "
                 "(iris-fw launch sets it)")
-        warnings.warn(text, IrisWarning, stacklevel=3)
-        return text
-    rt = SHARED_ROUND_TRIP_US
-    text = (f"{ranks_on_gpu} ranks share {device} without CUDA MPS ({why}): their kernels time-slice, so every "
-            f"wait for another rank advances once per time slice (signal round trip {rt['time-sliced']:g} us "
-            f"measured time-sliced vs {rt['mps']:g} us under MPS on one H100); correctness holds, timings mean "
-            f"nothing. Start MPS before the job: {MPS_START}")
+    else:
+        rt = SHARED_ROUND_TRIP_US
+        text = (f"{ranks_on_gpu} ranks share {device} without CUDA MPS ({why}): their kernels time-slice, so every "
+                f"wait for another rank advances once per time slice (signal round trip {rt['time-sliced']:g} us "
+                f"measured time-sliced vs {rt['mps']:g} us under MPS on one H100); correctness holds, timings "
+                f"mean nothing. Start MPS before the job: {MPS_START}")
     warnings.warn(text, IrisWarning, stacklevel=3)
     return text

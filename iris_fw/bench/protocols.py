@@ -112,9 +112,9 @@ class ProtocolsBench:
 
     # ---- helpers --------------------------------------------------------------------------------
     @staticmethod
-    def _time(ctx, opts, calls: dict) -> dict:
-        """``{label: (eager µs, graph µs per call or None)}`` of ``calls`` (label -> no-argument
-        call), measured interleaved; graphs only on GPUs."""
+    def _time(ctx, opts, calls: dict) -> tuple[dict, dict]:
+        """``({label: (eager µs, graph µs per call or None)}, {label: graph replay})`` of ``calls``
+        (label -> no-argument call), measured interleaved; graphs only on GPUs (else no replays)."""
         fns, graphs = {}, {}
         for label, fn in calls.items():
             fns[(label, "eager")] = (lambda f: lambda i: f())(fn)

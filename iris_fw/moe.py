@@ -155,8 +155,11 @@ def _push_row(src, dst, scale_dst, rank, peer, heap_bases, H: tl.constexpr, BH: 
         for g in range(0, tl.cdiv(H, GROUP)):
             m = g * GROUP + offs < H
             v = tl.load(src + g * GROUP + offs, mask=m, other=0.0).to(tl.float32)
-            scale = tl.maximum(tl.max(tl.abs(v), axis=0), _MIN_AMAX) / _FP8_MAX
-            dv.store(dst + g * GROUP + offs, (v / scale).to(dst.dtype.element_ty), rank, peer, heap_bases, mask=m)
+            # IEEE-rounded divisions (Triton's fp32 `/` is approximate on GPUs): the scales and the
+            # fp8 values are bit-for-bit torch's (`quantize_reference`)
+            scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=0), _MIN_AMAX), _FP8_MAX)
+            q = tl.math.div_rn(v, tl.full(v.shape, 0, tl.float32) + scale)
+            dv.store(dst + g * GROUP + offs, q.to(dst.dtype.element_ty), rank, peer, heap_bases, mask=m)
             dv.store(scale_dst + g, scale, rank, peer, heap_bases)
     else:
         offs = tl.arange(0, BH)

@@ -122,8 +122,8 @@ def _different_query(ctx):
     sub = iris_fw.init(heap_size=1 << 24, transport=ctx.transport.name, debug=True)
     try:
         g = torch.Generator().manual_seed(7)
-        q = torch.randn(1, 2, 16, generator=g)
-        k, v = torch.randn(1, 8, 1, 16, generator=g), torch.randn(1, 8, 1, 16, generator=g)
+        q = torch.randn(1, 2, 16, generator=g).to(sub.device)
+        k, v = (torch.randn(1, 8, 1, 16, generator=g).to(sub.device) for _ in range(2))
         o = ops.flash_decode(q, k, v, ctx=sub)  # the same q everywhere: fine
         assert torch.isfinite(o).all()
         if ctx.rank == 1:

@@ -395,8 +395,8 @@ def _varying_rank(ctx, mode):
             _run_case(ctx, case, calls=1)
     finally:
         ctx.wait_timeout = old
-    g = ctx.comm_groups[None]
-    assert len(g.configs) == 1, g.configs
+    g = ctx.comm_groups[None]   # (a pooled rank may hold other tests' collectives too)
+    assert len([k for k in g.configs if k[0] == "moe"]) == 1, [k for k in g.configs if k[0] == "moe"]
     assert len([k for k in g.calls if k[0] == "moe"]) == 1, list(g.calls)
     return True
 

@@ -371,6 +371,12 @@ def current() -> "Context":
     return _created[-1]()
 
 
+def open_contexts() -> "list[Context]":
+    """This process's open contexts, oldest first (the last is :func:`current`)."""
+    _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
+    return [ref() for ref in _created]
+
+
 class Context:
     """One rank's handle on the job. Use :func:`init` to create it; it is also a context
     manager, and :meth:`close` is idempotent.
@@ -440,6 +446,14 @@ class Context:
         start_env_trace(self)  # IRIS_FW_TRACE=path traces the context's whole life
 
     # ---- lifecycle ----------------------------------------------------------------------------
+    def make_current(self) -> None:
+        """Make this the context that calls without ``ctx=`` use (:func:`current`), as if it had
+        been created last. Local to this process."""
+        if self._closed:
+            raise IrisError("make_current: this context is closed")
+        _created[:] = [ref for ref in _created if ref() is not None and ref() is not self and not ref().closed]
+        _created.append(weakref.ref(self))
+
     def close(self) -> None:
         """Free the heap and unmap peers. Collective; calling it again does nothing."""
         if self._closed:

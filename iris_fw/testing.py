@@ -64,6 +64,7 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
     _exit_with_parent()
     os.environ.update(env)
     import iris_fw
+    from iris_fw.context import open_contexts
 
     try:
         ctx = iris_fw.init(heap_size=heap_size, wait_timeout=wait_timeout)
@@ -82,6 +83,8 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
         # every rank finished the previous function and passed on its causes (below): re-arm an
         # abort a test left behind (a test that caught its expected error without a barrier)
         ctx.watchdog.clear()
+        # calls without ctx= use the pool's context, whatever contexts an earlier function left open
+        ctx.make_current()
         try:
             fn, args, kwargs = pickle.loads(payload)
             used = ctx.heap.bytes_used
@@ -89,6 +92,11 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
             ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
             ctx.op_cache.clear()  # ops cached by iris_fw.ops calls hold heap buffers
             ctx.comm_groups.clear()  # so do the groups of iris_fw.ccl
+            # contexts the function left open (Iris-style programs never close theirs): closed
+            # here, on every rank alike (the function ran everywhere), so none serves a later one
+            for other in open_contexts():
+                if other is not ctx:
+                    other.close()
             del fn, args, kwargs
             gc.collect()
             if ctx.heap.bytes_used > used:  # fewer is fine: a re-armed job drops what it cached before
@@ -104,6 +112,8 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
                 ctx.watchdog.sync_point()
             except BaseException:
                 pass
+            ctx.op_cache.clear()  # nothing a failed function cached serves the next one
+            ctx.comm_groups.clear()
             conn.send(("error", text))
     ctx.close()
 

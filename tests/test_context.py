@@ -246,3 +246,42 @@ def test_single_rank_context_lifecycle(tmp_path):
     ctx.close()  # idempotent
     with pytest.raises(iris_fw.IrisError, match="closed"):
         ctx.barrier()
+
+
+def _leave_open(ctx):
+    """An Iris-style function: creates a context and never closes it."""
+    other = iris_fw.init(heap_size=1 << 20, transport=ctx.transport.name)
+    assert iris_fw.context.current() is other
+    return other.heap_size
+
+
+def _current_is_pool(ctx):
+    from iris_fw.context import current, open_contexts
+
+    return current() is ctx and open_contexts() == [ctx]
+
+
+def test_current_context_and_make_current(iris_pool):
+    """``current()`` is the last context created until another is made current; a context a
+    pooled function left open is closed after it, so calls without ``ctx=`` in the next
+    function never land on it (on GPUs its 1 MiB heap once served later tests' collectives)."""
+    pool = iris_pool(2)
+    assert pool.run(_leave_open) == [1 << 20] * 2
+    assert pool.run(_current_is_pool) == [True, True]
+
+
+def test_make_current_single_rank():
+    a = iris_fw.init(heap_size=1 << 20, bootstrap="single")
+    try:
+        b = iris_fw.init(heap_size=1 << 20, bootstrap="single")
+        try:
+            assert iris_fw.context.current() is b
+            a.make_current()
+            assert iris_fw.context.current() is a
+        finally:
+            b.close()
+        assert iris_fw.context.current() is a
+    finally:
+        a.close()
+    with pytest.raises(iris_fw.IrisError, match="closed"):
+        a.make_current()

@@ -541,6 +541,8 @@ def _graph_rank(ctx):
     # item = the call's epoch: the re-planned op's eager call was 1, the three replays 2-4
     assert sorted({e["args"]["item"] for e in spans})[-3:] == [2, 3, 4]
     assert getattr(ctx, "_trace_keepalive", None)
+    del graph, op  # the graph is gone: what it wrote into may go too (the pool checks for leaks)
+    ctx._trace_keepalive.clear()
 
 
 def test_traced_graph_replay(iris_pool, on_gpu):

@@ -17,7 +17,9 @@
 #   protocols  iris-fw bench protocols at W = 2 (round trip, all-reduce per algorithm, tile
 #              all-reduce, all_reduce_rmsnorm; eager and graphs).
 #   bench:NAME,ARGS...  iris-fw bench NAME -n NPROCS (default 2) ARGS.
-#   tests:FILES,...     pytest FILES (comma separated) with the partitions' settings, -n XDIST.
+#   tests:FILES,...     pytest FILES (comma separated) with the partitions' settings, -n XDIST;
+#                       tests:@LIST reads the test ids from the file LIST (one per line).
+#   launch:N,SCRIPT,ARGS...  `iris-fw launch -n N SCRIPT ARGS` (e.g. scripts/diag_llama.py).
 #   STEPS="info suite" bash scripts/gpu_mps.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -133,8 +135,15 @@ for step in $STEPS; do
         timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n ${NPROCS:-2} --out "$OUT/bench-$bench" "$bench" \
             "${parts[@]:1}" > "$OUT/bench-$bench.log" 2>&1
         grep -v "^\[rank" "$OUT/bench-$bench.log" | grep -v "^|" | tail -30 ;;
+    launch)   # launch:N,SCRIPT,ARGS...  one job of N ranks under MPS (IRIS_FW_SHARE_GPUS as set above)
+        need_mps
+        log="$OUT/launch-$(basename "${parts[1]}" .py)-n${parts[0]}-$t0.log"
+        timeout ${LAUNCH_TIMEOUT:-300} python3 -m iris_fw launch -n "${parts[0]}" "${parts[@]:1}" > "$log" 2>&1
+        echo "rc $?"; grep -v "^\[rank [0-9]*\] *$" "$log" | tail -${LAUNCH_TAIL:-12} | cut -c1-400 ;;
     tests)
         need_mps
+        if [ "${parts[0]:0:1}" = "@" ]; then mapfile -t parts < "${parts[0]:1}"; fi
+        [ -n "${SUITE_MPS_PERCENT:-}" ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$SUITE_MPS_PERCENT
         IRIS_FW_FAILURE_LOG="$OUT/failures-tests.log" timeout ${TESTS_TIMEOUT:-540} $PYTEST -v -n ${XDIST:-2} "${parts[@]}" \
             > "$OUT/tests.log" 2>&1
         grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | grep -oE "(PASSED|FAILED|ERROR|SKIPPED)" | sort | uniq -c

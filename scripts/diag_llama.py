@@ -97,7 +97,19 @@ def main():
         model = T._model(ctx, dtype=dtype)
         ids = T._prompt(ctx, model, 2)
         n = ids.shape[1]
-        ref, ref_logits = L.reference_generate(model, ids, args.steps)
+        # the float32 model of the same weights is the reference; transformers' own `dtype` model
+        # (sdpa and eager attention) is compared with it too, on the same tokens
+        import copy
+
+        ref, ref_logits = L.reference_generate(copy.deepcopy(model).float(), ids, args.steps)
+        own = {}
+        with torch.no_grad():
+            for attn in ("sdpa", "eager"):
+                m = copy.deepcopy(model)
+                m.set_attn_implementation(attn)
+                own[attn] = m(input_ids=ref[:, :n + args.steps - 1], use_cache=False).logits[:, n - 1:].float()
+                own[attn] = own[attn].transpose(0, 1)                          # [steps, B, V]
+                del m
         tp = L.LlamaTP(model, batch=2, max_len=n + args.steps, reduce=args.reduce)
         chk = Checked(ctx, dtype)
         L._Direct = chk  # the prefill's calls (it names the plain ops itself) checked too
@@ -106,10 +118,14 @@ def main():
             pos = torch.full((2,), n + i - 1, dtype=torch.int64, device=ctx.device)
             logits.append(tp.step(ref[:, n + i - 1], pos, fns=chk))
         errs = [(g - r).abs().max().item() for g, r in zip(logits, ref_logits)]
+        line = (f"[rank {ctx.rank}] W={ctx.world_size} {args.dtype} reduce={args.reduce}: max |logit| (fp32 model) "
+                f"{ref_logits.abs().max().item():.3g}; per-step error vs the fp32 model: iris-fw "
+                + " ".join(f"{e:.3g}" for e in errs))
+        for attn, lg in own.items():
+            line += f"; transformers {args.dtype} {attn} " + " ".join(f"{(a - b).abs().max().item():.3g}"
+                                                                    for a, b in zip(lg, ref_logits))
+        print(line)
         if ctx.rank == 0:
-            print(f"W={ctx.world_size} {args.dtype} reduce={args.reduce}: max |logit| "
-                  f"{ref_logits.abs().max().item():.3g}; per-step logit error vs transformers: "
-                  + " ".join(f"{e:.3g}" for e in errs))
             print("worst relative error per op: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(chk.worst.items())))
         for line in chk.bad[:12]:
             print(f"BAD {line}")

@@ -92,7 +92,7 @@ class CopyEngine(Scheduler):
         # epoch) and the kernel's last program resets them: replays of a captured call work.
         if ctx.device.type != "cuda":
             ctx.device_barrier()  # entry: every rank's shard is ready
-            self._copy(plan, lambda first, end: flags[first:end].fill_(_PUBLISHED))
+            self._copy(plan.copies, lambda first, end: flags[first:end].fill_(_PUBLISHED))
             launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
             ctx.device_barrier()  # exit: every rank is done reading our shard
             return
@@ -108,30 +108,44 @@ class CopyEngine(Scheduler):
             for item in range(first, end):
                 self._writer.write(side.stream, base + item * slot_bytes, _PUBLISHED)
 
-        # The kernel first: it must not wait for the host to queue every copy and flag write —
-        # unless the peers' heaps are on this GPU (ranks sharing it): a copy between two heaps
-        # of one device runs on its SMs, which the kernel, spinning on the chunk flags on every
-        # SM it may use, would hold (seen on one H100 under MPS: chunk flags stayed 0 until the
-        # wait bound). Streams give no order between the two, so there the kernel waits for the
-        # copies (no overlap on a shared GPU: communicate, then compute).
-        shared = ctx.transport.ranks_on_device > 1
-        if not shared:
-            launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
+        # A copy whose source lives on this GPU (this rank's own shard; every peer's when ranks
+        # share the GPU) runs on the GPU's SMs, not on a copy engine, and the kernel spinning on
+        # the chunk flags on every SM it may use would hold them (seen on one H100: under MPS with
+        # peers on the GPU, and at W = 1 — the flags stayed 0 until the wait bound). Streams give
+        # no order between the two, so the copies up to the last such one go first and the kernel
+        # waits for them; the rest (peers' GPUs, over the copy engines) overlap with it.
+        steps = plan.copies
+        first = max((i + 1 for i, step in enumerate(steps) if self._on_this_gpu(ctx, step.src)), default=0)
+        done = 0
+        if first:
+            with torch.cuda.stream(side.stream):
+                done = self._copy(steps[:first], publish)
+            side.join(main)
+        launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
         with torch.cuda.stream(side.stream):
-            self._copy(plan, publish)
+            self._copy(steps[first:], publish, done)
         side.join(main)
-        if shared:
-            launch_consumer(ctx, plan, ws, sync=True, queue=True, fixed_flag=_PUBLISHED)
         ctx.device_barrier()  # exit: every rank is done reading our shard
 
     @staticmethod
-    def _copy(plan, publish):
-        done = 0
-        for step in plan.copies:
+    def _on_this_gpu(ctx, src: torch.Tensor) -> bool:
+        """Whether ``src`` (on a rank's heap) is memory of this GPU: this rank's heap, or any heap
+        when ranks share the GPU."""
+        if ctx.transport.ranks_on_device > 1:
+            return True
+        base = ctx.transport.bases[ctx.rank]
+        return base <= src.data_ptr() < base + ctx.heap_size
+
+    @staticmethod
+    def _copy(steps, publish, done: int = 0) -> int:
+        """Queue ``steps``' copies, publishing chunks ``[done, step.ready)`` after each; returns
+        the chunks published so far."""
+        for step in steps:
             step.dst.copy_(step.src, non_blocking=True)
             if step.ready > done:
                 publish(done, step.ready)
                 done = step.ready
+        return done
 
 
 @hookimpl

@@ -127,3 +127,19 @@ def capture_graph(ctx, fn):
     with torch.cuda.graph(graph):
         fn()
     return graph
+
+
+def host_shm_unavailable() -> str | None:
+    """Why the host_shm transport cannot run on this machine (e.g. a GPU image whose Triton
+    interpreter fails on its numpy), or None: for tests of host-level behaviour that force it."""
+    from iris_fw.registry import load_registries
+
+    ok, reason = load_registries().transport.entry("host_shm").availability()
+    return None if ok else reason
+
+
+def needs_host_shm():
+    """Skip the calling test where :func:`host_shm_unavailable` gives a reason."""
+    reason = host_shm_unavailable()
+    if reason is not None:
+        pytest.skip(f"host_shm transport unavailable here: {reason}")

@@ -7,12 +7,14 @@ import subprocess
 import sys
 
 import pytest
+from helpers import needs_host_shm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "no_with.py")
 
 
 def _launch(*args):
+    needs_host_shm()
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
     env["IRIS_FW_TRANSPORT"] = "host_shm"
     return subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", "2", SCRIPT, *args], capture_output=True,
@@ -73,6 +75,10 @@ def test_a_rank_gone_with_exit_code_0_under_mpirun_fails_the_job():
     if mpirun is None:
         pytest.skip("no mpirun (pip install 'iris-fw[mpi]')")
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    if "-disable-auto-cleanup" not in subprocess.run([mpirun, "-help", "all"], capture_output=True, text=True,
+                                                     timeout=60).stdout:
+        pytest.skip("this mpirun is not MPICH's Hydra (no -disable-auto-cleanup; Open MPI ends the job itself)")
+    needs_host_shm()
     env.update(IRIS_FW_TRANSPORT="host_shm", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     script = os.path.join(ROOT, "tests", "scripts", "exit_early.py")
     before = set(os.listdir("/dev/shm"))
@@ -113,6 +119,7 @@ def test_a_rank_that_never_starts_mpi_ends_its_peers_set_up():
     if mpirun is None:
         pytest.skip("no mpirun (pip install 'iris-fw[mpi]')")
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_FW_")}
+    needs_host_shm()
     env.update(IRIS_FW_TRANSPORT="host_shm", IRIS_FW_ARRIVAL_TIMEOUT="3", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     before = set(os.listdir("/dev/shm"))

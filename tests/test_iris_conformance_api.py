@@ -653,14 +653,16 @@ print("layout ok")
 """
 
 
-def test_package_layout_and_launch_options():
+def test_package_layout_and_launch_options(tmp_path):
     """Under the ``iris`` alias (``iris-fw run --as-iris``): the ``iris.host.platform/
     distributed/logging/memory/tracing`` modules, ``iris.tracing``, ``iris.tensor_creation``,
     ``iris.ops.<op>`` modules (the package attribute stays the function, as in Iris), and
     Triton's AMD-only launch options accepted and dropped off AMD with one note each."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _LAYOUT_PROGRAM], capture_output=True, text=True, timeout=300,
+    program = tmp_path / "layout.py"  # a file: Triton (3.6) compiles @triton.jit functions only from files
+    program.write_text(_LAYOUT_PROGRAM)
+    res = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300,
                          env=env, cwd=ROOT)
     assert res.returncode == 0 and "layout ok" in res.stdout, res.stdout + res.stderr[-4000:]
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers import needs_host_shm
 import torch
 import triton
 import triton.language as tl
@@ -63,7 +64,9 @@ _SMALL_SHM_SCRIPT = textwrap.dedent("""
 
 
 def test_heap_larger_than_a_small_dev_shm_is_refused(tmp_path):
-    """Docker's default 64 MiB /dev/shm, reproduced in a private mount namespace."""
+    """Docker's default 64 MiB /dev/shm, reproduced in a private mount namespace (host_shm's
+    heaps live there; GPU heaps do not)."""
+    needs_host_shm()
     if shutil.which("unshare") is None:
         pytest.skip("no unshare(1) on this machine: cannot mount a private /dev/shm")
     probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs /dev/shm"],
@@ -216,6 +219,7 @@ def test_stale_segments_of_dead_owners_are_removed(tmp_path):
 def test_init_removes_a_dead_ranks_segment(monkeypatch):
     """What a rank SIGKILLed between creating and unlinking its segment leaves under mpirun or
     torchrun is removed by the next set-up on the host."""
+    needs_host_shm()
     prefix = f"iris_fw_t{os.getpid()}_"
     monkeypatch.setenv("IRIS_FW_SHM_PREFIX", prefix)
     leftover = os.path.join("/dev/shm", f"{prefix}{host_shm.segment_tag(_dead_pid())}_{'e' * 32}")

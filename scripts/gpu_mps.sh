@@ -20,6 +20,7 @@
 #   tests:FILES,...     pytest FILES (comma separated) with the partitions' settings, -n XDIST;
 #                       tests:@LIST reads the test ids from the file LIST (one per line).
 #   launch:N,SCRIPT,ARGS...  `iris-fw launch -n N SCRIPT ARGS` (e.g. scripts/diag_llama.py).
+#   py:SCRIPT,ARGS...   `python3 SCRIPT ARGS` (e.g. scripts/diag_mps_numerics.py).
 #   STEPS="info suite" bash scripts/gpu_mps.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -135,6 +136,9 @@ for step in $STEPS; do
         timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n ${NPROCS:-2} --out "$OUT/bench-$bench" "$bench" \
             "${parts[@]:1}" > "$OUT/bench-$bench.log" 2>&1
         grep -v "^\[rank" "$OUT/bench-$bench.log" | grep -v "^|" | tail -30 ;;
+    py)       # py:SCRIPT,ARGS...  a plain python3 program under MPS
+        need_mps
+        timeout ${LAUNCH_TIMEOUT:-300} python3 "${parts[@]}" 2>&1 | tail -${LAUNCH_TAIL:-20} | cut -c1-400 ;;
     launch)   # launch:N,SCRIPT,ARGS...  one job of N ranks under MPS (IRIS_FW_SHARE_GPUS as set above)
         need_mps
         log="$OUT/launch-$(basename "${parts[1]}" .py)-n${parts[0]}-$t0.log"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import NamedTuple
 
@@ -135,7 +135,9 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         return triton.cdiv(tiles, programs) * cfg.block_m * cfg.block_n / efficiency
 
-    return min(HOPPER_TILES, key=estimate)[0]
+    cfg = min(HOPPER_TILES, key=estimate)[0]
+    group_m = measured_group_m(device)
+    return cfg if group_m is None else replace(cfg, group_m=group_m)
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,6 +146,20 @@ def _measured_rows(device_name: str) -> tuple:
     table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
     return tuple(((row["max_m"], row.get("max_n"), row.get("max_k")), GemmConfig(**row["config"]))
                  for row in table["devices"].get(device_name, []))
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_orders() -> dict:
+    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
+    return {name: row["group_m"] for name, row in table.get("tile_order", {}).items() if not name.startswith("_")}
+
+
+def measured_group_m(device: torch.device) -> int | None:
+    """The measured tile order (``GROUP_M``: tile rows visited together, sharing ``B``'s
+    columns in L2) of the estimated configurations on ``device`` (``tile_order`` of
+    ``iris_fw/tuning/gemm.json``, chosen by time and L2 hit rate), or None (their own)."""
+    orders = _tile_orders()
+    return orders.get(info(device).name) if orders else None
 
 
 def measured_config(m: int, device: torch.device, n: int | None = None, k: int | None = None,

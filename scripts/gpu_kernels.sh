@@ -16,7 +16,8 @@
 #           8 and 32 communication programs (the default split gives them one at W = 1).
 #   groups  scripts/tune_gemm.py --groups: GROUP_M 1, 4, 8, 16 at 256x8192x8192 and
 #           8192x8192x8192 (time vs cuBLAS); with `ncu` on the machine also the L2 hit rate
-#           (lts__t_sector_hit_rate.pct) of each GROUP_M's kernel.
+#           (lts__t_sector_hit_rate.pct) of each GROUP_M's kernel; gemm_tile_order.json = the
+#           'tile_order' entry of iris_fw/tuning/gemm.json (GROUP_M of the larger shapes).
 #   STEPS="gemm fd" OUT=/tmp/out bash scripts/gpu_kernels.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -63,7 +64,7 @@ for step in $STEPS; do
     groups)
         timeout -k 10 ${GROUPS_TIMEOUT:-90} python3 scripts/tune_gemm.py --groups --rounds 10 --out "$OUT" \
             > "$OUT/groups.log" 2>&1
-        r=$?; rc=$(( rc | r )); grep -E "^\|" "$OUT/groups.log" | tee -a "$SUMMARY"
+        r=$?; rc=$(( rc | r )); grep -E "^\||tile order|group_m" "$OUT/groups.log" | tee -a "$SUMMARY"
         if command -v ncu > /dev/null; then
             for spec in 256,8192,8192 8192,8192,8192; do
                 for g in 1 4 8 16; do
@@ -91,7 +92,7 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
     echo "   ($(( $(date +%s) - t0 )) s)" | tee -a "$SUMMARY"
 done
 # at most 8 files come back: summary and tuning snippets stay outside, the rest packed
-keep="summary.md gemm_tuning_rows.json flash_decode_tuning_row.json"
+keep="summary.md gemm_tuning_rows.json flash_decode_tuning_row.json gemm_tile_order.json"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz $(for f in $keep; do echo --exclude=./$f; done) ./* \
     && find . -mindepth 1 ! -name logs.tgz $(for f in $keep; do echo ! -name $f; done) -delete)
 ls -la "$OUT"

@@ -221,6 +221,23 @@ def main(argv=None) -> int:
                     log(f"| {m}x{n}x{k} | {lab} | {r['config'].group_m} | {r['us']:.1f} | {100 * ref / r['us']:.1f} |")
         with open(os.path.join(opts.out, "gemm_groups.jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
+        # the tile order of the estimated (large) configurations: least geometric mean of time
+        # over each shape's best, across the shapes above 256 rows (the few-row rows carry their own)
+        large = [r for r in records if r["m"] > 256] or records
+        best = {(r["m"], r["n"], r["k"]): min(x["us"] for x in large if (x["m"], x["n"], x["k"]) == (r["m"], r["n"], r["k"]))
+                for r in large}
+        score = {}
+        for r in large:
+            score.setdefault(r["group_m"], []).append(math.log(r["us"] / best[(r["m"], r["n"], r["k"])]))
+        group = min(score, key=lambda g: sum(score[g]))
+        text = "; ".join(f"{r['m']}x{r['n']}x{r['k']} {r['us']:.1f} us (cuBLAS {r['cublas_us']:.1f})"
+                         for r in large if r["group_m"] == group)
+        order = {name: {"group_m": group, "measured": f"{time.strftime('%Y-%m-%d', time.gmtime())}, "
+                                                       f"scripts/tune_gemm.py --groups: {text}"}}
+        with open(os.path.join(opts.out, "gemm_tile_order.json"), "w") as f:
+            json.dump(order, f, indent=1)
+        log(f"tile order for {name!r} (iris_fw/tuning/gemm.json 'tile_order'; add ncu's L2 hit rates):\n"
+            + json.dumps(order))
         return 0
     best = {}
     summary = ["| M x N x K | cuBLAS us | current us (config) | best us (config) | best % of cuBLAS |",

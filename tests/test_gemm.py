@@ -108,6 +108,24 @@ def test_tuning_table_rows_are_valid():
             assert set(row) <= {"max_m", "max_n", "max_k", "config", "measured"}, (device, row)
             if cfg.split_k > 1:
                 assert row["max_m"] <= gemm.SPLIT_K_MAX_M, (device, row)
+    for device, order in table.get("tile_order", {}).items():
+        assert isinstance(order["group_m"], int) and order["group_m"] >= 1 and order.get("measured"), (device, order)
+
+
+def test_tile_order_from_the_table(monkeypatch):
+    """A device's measured GROUP_M replaces the estimated configurations' own; measured rows
+    keep theirs."""
+    from iris_fw.gemm import HOPPER_LARGE, default_config
+
+    gpu, bf16 = torch.device("cuda"), torch.bfloat16
+    monkeypatch.setattr(gemm, "measured_config", lambda *args, **kwargs: None)
+    monkeypatch.setattr(gemm, "measured_group_m", lambda device: None)
+    assert default_config(8192, 7168, 8192, bf16, gpu, programs=132) == HOPPER_LARGE
+    monkeypatch.setattr(gemm, "measured_group_m", lambda device: 16)
+    assert default_config(8192, 7168, 8192, bf16, gpu, programs=132) == replace(HOPPER_LARGE, group_m=16)
+    row = GemmConfig(16, 64, 128, 1, 4, 4, split_k=2)
+    monkeypatch.setattr(gemm, "measured_config", lambda *args, **kwargs: row)
+    assert default_config(16, 8192, 8192, bf16, gpu, split=True) == row
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")

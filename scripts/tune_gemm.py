@@ -246,9 +246,7 @@ def main(argv=None) -> int:
         for k in opts.ks:
             shape = Shape(m, opts.n, k, dev, opts.quick)
             current = default_config(m, opts.n, k, torch.bfloat16, dev, split=True)
-            configs = [current] + ([] if opts.quick and dev.type == "cpu" else candidates(m))
-            if dev.type == "cpu":
-                configs = [current, replace(current, split_k=2)]
+            configs = [current, replace(current, split_k=2)] if opts.quick else [current] + candidates(m)
             meta = sweep(shape, configs, opts, log)
             ref = meta.pop("cublas")["us"]
             for lab, r in meta.items():
@@ -267,9 +265,9 @@ def main(argv=None) -> int:
             log(line)
             with open(os.path.join(opts.out, "gemm_tune.jsonl"), "w") as f:  # every shape so far
                 f.writelines(json.dumps(r) + "\n" for r in records)
+            with open(os.path.join(opts.out, "gemm_tuning_rows.json"), "w") as f:  # (a cut-short run keeps them)
+                json.dump({name: table_rows(best, name)}, f, indent=1)
     rows = table_rows(best, name)
-    with open(os.path.join(opts.out, "gemm_tuning_rows.json"), "w") as f:
-        json.dump({name: rows}, f, indent=1)
     log("\n".join(summary))
     log(f"tuning rows for {name!r} (iris_fw/tuning/gemm.json):\n" + json.dumps(rows, indent=1))
     return 0

@@ -13,9 +13,10 @@ fp32 and stores its partial tile to an fp32 workspace; a per-tile counter
 last, so it is deterministic, bit for bit from call to call), casts once, stores the tile and
 resets the counter to 0 for the next call. No program ever waits for another (the
 interpreter runs them one after another). The counters live with the device and stream
-(:func:`_split_counters`; made once per stream outside CUDA-graph capture; a call captured
-before any split-K call on its stream ran uncaptured falls back to ``split_k = 1``, which is
-correct, only slower). Split rows come from the measured rows of ``iris_fw/tuning/gemm.json``
+(:func:`_split_counters`: calls on one stream run one after another, two streams never share
+them); a call captured in a CUDA graph on a stream that has none yet gets its own, zeroed by a
+memset node of the graph (about a microsecond per replay: run one split-K call on the capture
+stream before capturing to use the stream's). Split rows come from the measured rows of ``iris_fw/tuning/gemm.json``
 (``max_m`` / ``max_n`` / ``max_k`` bounds); the patterns' kernels do not split, so
 :func:`default_config` gives them only rows without a split.
 """
@@ -314,16 +315,18 @@ def _matmul_kernel(a, b, c, partials, counters, M, N, K, stride_am, stride_ak, s
 _COUNTERS: dict = {}
 
 
-def _split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """Zeroed int32 tile counters for a split-K call of ``tiles`` tiles on ``device``'s current
-    stream; None during CUDA-graph capture when the stream has none large enough yet (they
-    cannot be made there: the caller runs without split)."""
+    stream. During CUDA-graph capture, when the capture stream has none large enough yet,
+    counters of this call only: zeroed by a memset captured with it (memory of the graph's
+    pool, kept by the graph), since what would be cached could not be zeroed before the
+    graph's first replay."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
     key = (device, stream)
     counters = _COUNTERS.get(key)
     if counters is None or counters.numel() < tiles:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
+            return torch.zeros(tiles, dtype=torch.int32, device=device)
         counters = _COUNTERS[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
     return counters
 
@@ -354,10 +357,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     partials = counters = out  # unused without a split
     if split > 1:
         counters = _split_counters(a.device, tiles)
-        if counters is None:
-            split, counters = 1, out
-        else:
-            partials = torch.empty(tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
+        partials = torch.empty(tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
     a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
     b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
     nprog = persistent_programs(a.device, tiles * split)

@@ -4,7 +4,8 @@ block sizes, warps, stages — against cuBLAS (``torch.matmul``) at ``M x N x K`
 M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672), bf16, one GPU.
 
 Each candidate and cuBLAS run as CUDA graphs of ``--calls`` back-to-back calls (the host's
-launch time left out: what a decode step's graph replays), over ``B`` copies totalling at least
+launch time left out: what a decode step's graph replays; captured on a stream that ran the
+call before, so split-K uses the stream's counters, no memset node), over ``B`` copies totalling at least
 256 MiB (no call finds its ``B`` in L2), replays interleaved round by round in rotating order
 (:func:`iris_fw.bench.harness`'s rule: every method in the same stretch of clocks); the median
 per call is reported. Every candidate's result is checked against torch's first (a wrong one

@@ -129,31 +129,38 @@ def test_tile_order_from_the_table(monkeypatch):
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
-def test_split_k_graph_replay_fresh_inputs():
-    """A split-K matmul captured once, replayed with fresh inputs each time (the counters reset
-    inside the graph)."""
+@pytest.mark.parametrize("warm_stream", [True, False], ids=["stream_counters", "graph_counters"])
+def test_split_k_graph_replay_fresh_inputs(warm_stream):
+    """A split-K matmul captured once (twice in the graph), replayed with fresh inputs each
+    time: on a stream that ran split-K before (its counters, reset by each call) or on a fresh
+    capture stream (the graph's own counters, zeroed by a captured memset)."""
     dev = torch.device("cuda")
     m, n, k = 40, 200, 1000
     a = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
     b = torch.empty(k, n, dtype=torch.bfloat16, device=dev)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    out2 = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     cfg = _config(4)
     s = torch.cuda.Stream(device=dev)
     s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):  # the capture stream's counters are made outside the capture
-        matmul(a.normal_(), b.normal_(), out=out, config=cfg)
+    if warm_stream:
+        with torch.cuda.stream(s):  # the capture stream's counters are made outside the capture
+            matmul(a.normal_(), b.normal_(), out=out, config=cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
         matmul(a, b, out=out, config=cfg)
+        matmul(a, b, out=out2, config=cfg)
     for seed in range(3):
         g = torch.Generator(device=dev).manual_seed(seed)
         a.copy_(torch.randn(m, k, generator=g, device=dev) / k ** 0.5)
         b.copy_(torch.randn(k, n, generator=g, device=dev))
         out.fill_(float("nan"))
+        out2.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         _check(out, a, b, torch.bfloat16, f"graph replay {seed}")
+        assert torch.equal(out, out2), "two captured calls differ"
 
 
 def test_tune_script_smoke(tmp_path):

@@ -296,6 +296,9 @@ def ring_open(trace, TRACE: tl.constexpr, heap_bases, rank):
     (the host path counts in memory itself)."""
     zero = tl.full((), 0, tl.int64)
     if TRACE == GLOBALTIMER or TRACE == MEMREALTIME:
+        # the counter's last store (one thread's, by an event or ring_close before) is seen by
+        # every thread: all of them must carry the same count
+        tl.debug_barrier()
         base = trace.to(tl.int64).to(tl.pointer_type(tl.int64))
         capacity = tl.load(base + H_CAPACITY)
         rings = tl.load(base + H_RINGS)

@@ -15,8 +15,9 @@
 #   fd      scripts/tune_flash_decode.py: split count (items per program) x block_n x warps vs
 #           torch SDPA at B 1, 2, 4, 8, 16 x S 4K, 16K, 64K; flash_decode_tuning_row.json.
 #   trace   scripts/trace_overhead.py at W = 1 (8192^3 bf16, gemm_all_scatter and all_gather_gemm,
-#           every schedule, untraced vs traced interleaved), the two-role schedules also with
-#           16 communication programs (the default split gives them one at W = 1).
+#           every schedule, untraced vs traced interleaved; cases print as they finish).
+#           TRACE_EXTRA="--comm-sms 16" also times the two-role schedules with 16 communication
+#           programs (the default split gives them one at W = 1).
 #   groups  scripts/tune_gemm.py --groups: GROUP_M 1, 4, 8, 16 at 256x8192x8192 and
 #           8192x8192x8192 (time vs cuBLAS); with `ncu` on the machine also the L2 hit rate
 #           (lts__t_sector_hit_rate.pct) of each GROUP_M's kernel at 8192^3; gemm_tile_order.json = the
@@ -69,7 +70,7 @@ for step in $STEPS; do
         { grep -E "^\||tuning row|^\[128" "$OUT/fd.log"; grep -E "WRONG|Error" "$OUT/fd.log" | head -10; } | tee -a "$SUMMARY" ;;
     trace)
         timeout -k 10 $(limit ${TRACE_TIMEOUT:-140}) python3 scripts/trace_overhead.py --patterns gemm_all_scatter all_gather_gemm \
-            --iters 10 --rounds 3 --no-collectives --comm-sms 16 --out "$OUT/trace" > "$OUT/trace.log" 2>&1
+            --iters 10 --rounds 3 --no-collectives ${TRACE_EXTRA:-} --out "$OUT/trace" > "$OUT/trace.log" 2>&1
         r=$?; rc=$(( rc | r )); echo "rc $r"
         grep -E "overhead|events" "$OUT/trace.log" | grep -v "^\[rank" | cut -c1-220 | tee -a "$SUMMARY"
         rm -rf "$OUT/trace/traces" ;;  # the traces themselves are large; overhead.json stays

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32 on one GPU (H100 or H200): the local kernels against the libraries, every
 # measurement interleaved with its baseline in the same run, card named. The whole run stays
-# within BUDGET seconds (default 500: under 9 minutes with the install): each step gets the
+# within BUDGET seconds (default 480: under 9 minutes with the install): each step gets the
 # smaller of its own limit and what is left, and is skipped below 30 s.
 # Steps (STEPS, default "info gemm fd trace groups tests"); logs in $OUT (default ./gpu-out),
 # packed to at most 8 files (summary.md, the tuning snippets, logs.tgz):
@@ -26,7 +26,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 STEPS=${STEPS:-info gemm fd trace groups tests}
-BUDGET=${BUDGET:-500}
+BUDGET=${BUDGET:-480}
 START=$(date +%s)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 IRIS_FW_WAIT_TIMEOUT=${IRIS_FW_WAIT_TIMEOUT:-20}

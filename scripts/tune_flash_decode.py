@@ -167,8 +167,8 @@ def table_row(rows: list[dict]) -> list:
         score = {}
         for r in mine:
             score.setdefault(r["method"], []).append((r, math.log(r["us"] / best[r["tokens"]])))
-        complete = {m: v for m, v in score.items() if len(v) == len(best)}
-        method = min(complete, key=lambda m: sum(x for _, x in complete[m]))
+        complete = {m: v for m, v in score.items() if len(v) == len(best)} or score
+        method = min(complete, key=lambda m: sum(x for _, x in complete[m]) / len(complete[m]))
         r = complete[method][0][0]
         chosen[batch] = (r["units"], r["tune"])
     batches = sorted(chosen)

@@ -258,6 +258,9 @@ def main(argv=None) -> int:
                                 "cublas_us": ref, "pct_of_cublas": 100 * ref / r["us"] if r.get("us") else None,
                                 "current": r["config"] == current})
             timed = {lab: r for lab, r in meta.items() if r.get("us") and not r.get("wrong")}
+            if not timed:
+                log(f"| {m}x{opts.n}x{k} | {ref:.1f} | no configuration ran right | | |")
+                continue
             win = min(timed, key=lambda lab: timed[lab]["us"])
             best[(m, opts.n, k)] = (timed[win]["config"], timed[win]["us"], ref)
             cur = timed.get(label(current))

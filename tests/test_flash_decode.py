@@ -494,3 +494,25 @@ def _by_units_rank(ctx):
 
 def test_tuning_by_units(iris_pool):
     iris_pool(1).run(_by_units_rank)
+
+
+@pytest.mark.extended
+def test_tune_script_smoke(tmp_path):
+    """scripts/tune_flash_decode.py (the GPU sweep behind the by_units rows) runs end to end on
+    one CPU rank and writes a row the table accepts."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from iris_fw import flash_decode as fd
+
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "tune_flash_decode.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = json.loads((tmp_path / "flash_decode_tuning_row.json").read_text())["row"]
+    bound, cfg = row
+    assert bound == 128 and fd.Tuning(**cfg)
+    assert (tmp_path / "flash_decode_tune.jsonl").read_text().strip()

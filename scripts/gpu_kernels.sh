@@ -3,12 +3,14 @@
 # measurement interleaved with its baseline in the same run, card named. The whole run stays
 # within BUDGET seconds (default 480: under 9 minutes with the install): each step gets the
 # smaller of its own limit and what is left, and is skipped below 30 s.
-# Steps (STEPS, default "info gemm fd trace groups tests"); logs in $OUT (default ./gpu-out),
+# Steps (STEPS, default "info gemm fd trace tests groups"); logs in $OUT (default ./gpu-out),
 # packed to at most 8 files (summary.md, the tuning snippets, logs.tgz):
 #   info    machine, versions, `ncu` present or not.
 #   tests   tests/test_gemm.py (split-K against float64 at ragged shapes, graph replay with fresh
-#           inputs) and the flash-decode by_units test on the GPU (last: the sweeps check their
-#           candidates against torch themselves).
+#           inputs), the flash-decode by_units test, and the trace tests whose events come from
+#           the compiled recording path (op events at W = 2, traced graph replay: two ranks on
+#           the GPU under CUDA MPS, scripts/mps.sh) — last: the sweeps check their candidates
+#           against torch themselves; before groups, the least urgent.
 #   gemm    scripts/tune_gemm.py: split-K / block / warps / stages candidates vs cuBLAS at
 #           M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672 (CUDA graphs, interleaved);
 #           gemm_tuning_rows.json = the best per shape as rows of iris_fw/tuning/gemm.json.
@@ -25,7 +27,7 @@
 #   STEPS="gemm fd" OUT=/tmp/out bash scripts/gpu_kernels.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
-STEPS=${STEPS:-info gemm fd trace groups tests}
+STEPS=${STEPS:-info gemm fd trace tests groups}
 BUDGET=${BUDGET:-480}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -56,9 +58,19 @@ for step in $STEPS; do
             echo "ncu: $(command -v ncu || echo absent)"
         } 2>&1 | tee -a "$SUMMARY" ;;
     tests)
-        timeout $(limit ${TESTS_TIMEOUT:-90}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 tests/test_gemm.py \
+        timeout $(limit ${TESTS_TIMEOUT:-60}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 tests/test_gemm.py \
             tests/test_flash_decode.py::test_tuning_by_units > "$OUT/tests.log" 2>&1
-        r=$?; rc=$(( rc | r )); { echo "rc $r: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-250 | head; } | tee -a "$SUMMARY" ;;
+        r=$?; rc=$(( rc | r )); { echo "rc $r: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
+        # two ranks sharing the GPU run at the same time only under MPS
+        if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
+            export IRIS_FW_SHARE_GPUS=1
+            . scripts/mps.sh
+            mps_start > "$OUT/mps-start.txt" 2>&1
+        fi
+        timeout $(limit ${TRACE_TESTS_TIMEOUT:-90}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 \
+            tests/test_trace.py -k "test_op_events and not every or traced_graph_replay" > "$OUT/tests_trace.log" 2>&1
+        r=$?; rc=$(( rc | r )); { echo "trace tests rc $r: $(tail -1 "$OUT/tests_trace.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_trace.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
+        declare -f mps_stop > /dev/null && mps_stop ;;
     gemm)
         timeout -k 10 $(limit ${GEMM_TIMEOUT:-170}) python3 scripts/tune_gemm.py --rounds ${GEMM_ROUNDS:-10} --out "$OUT" \
             > "$OUT/gemm.log" 2>&1

@@ -133,7 +133,8 @@ class Tuning:
             fields = dict(fields)
             unknown = set(fields) - set(UNIT_OVERRIDES)
             if unknown or not isinstance(bound, int) or bound < 1:
-                raise ValueError(f"flash_decode tuning: a by_units entry is [max units >= 1, {{{', '.join(UNIT_OVERRIDES)}}}], "
+                fields_text = ", ".join(UNIT_OVERRIDES)
+                raise ValueError(f"flash_decode tuning: a by_units entry is [max units >= 1, {{{fields_text}}}], "
                                  f"got {[bound, fields]!r}")
             entries.append((bound, tuple(sorted(fields.items()))))
         object.__setattr__(self, "by_units", tuple(entries))

@@ -16,9 +16,9 @@ interpreter runs them one after another). The counters live with the device and 
 (:func:`_split_counters`: calls on one stream run one after another, two streams never share
 them); a call captured in a CUDA graph on a stream that has none yet gets its own, zeroed by a
 memset node of the graph (about a microsecond per replay: run one split-K call on the capture
-stream before capturing to use the stream's). Split rows come from the measured rows of ``iris_fw/tuning/gemm.json``
-(``max_m`` / ``max_n`` / ``max_k`` bounds); the patterns' kernels do not split, so
-:func:`default_config` gives them only rows without a split.
+stream before capturing to use the stream's). Split rows come from the measured rows of
+``iris_fw/tuning/gemm.json`` (``max_m`` / ``max_n`` / ``max_k`` bounds); the patterns' kernels
+do not split, so :func:`default_config` gives them only rows without a split.
 """
 
 from __future__ import annotations

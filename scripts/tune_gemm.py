@@ -227,8 +227,10 @@ def main(argv=None) -> int:
         # the tile order of the estimated (large) configurations: least geometric mean of time
         # over each shape's best, across the shapes above 256 rows (the few-row rows carry their own)
         large = [r for r in records if r["m"] > 256] or records
-        best = {(r["m"], r["n"], r["k"]): min(x["us"] for x in large if (x["m"], x["n"], x["k"]) == (r["m"], r["n"], r["k"]))
-                for r in large}
+        best = {}
+        for r in large:
+            key = (r["m"], r["n"], r["k"])
+            best[key] = min(best.get(key, r["us"]), r["us"])
         score = {}
         for r in large:
             score.setdefault(r["group_m"], []).append(math.log(r["us"] / best[(r["m"], r["n"], r["k"])]))

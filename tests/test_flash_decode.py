@@ -486,7 +486,8 @@ def _by_units_rank(ctx):
     o1, lse1 = (t.clone() for t in plan.unpack(plan.partial(q, k, v)))
     o2, lse2 = plan.unpack(more.partial(q, k, v))
     ctx.synchronize()
-    assert torch.allclose(o1.cpu(), o2.cpu(), atol=1e-5, rtol=1e-5) and torch.allclose(lse1.cpu(), lse2.cpu(), atol=1e-5)
+    assert torch.allclose(o1.cpu(), o2.cpu(), atol=1e-5, rtol=1e-5)
+    assert torch.allclose(lse1.cpu(), lse2.cpu(), atol=1e-5)
     with pytest.raises(ValueError, match="by_units"):
         fd.Tuning(**{**base.__dict__, "by_units": [[4, {"max_rows": 32}]]})
     return more.n_split

@@ -70,7 +70,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -105,9 +105,18 @@ _LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must 
 # ---- tuning (data) --------------------------------------------------------------------------------
 
 
+#: Fields a row's ``by_units`` entries may override (the split count and the tile, not the
+#: query-head tiling that decides the unit count).
+UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits")
+
+
 @dataclass(frozen=True)
 class Tuning:
-    """One row of ``iris_fw/tuning/flash_decode.json`` (see its ``_doc``)."""
+    """One row of ``iris_fw/tuning/flash_decode.json`` (see its ``_doc``). ``by_units``:
+    ``((max_units, {field: value}), …)`` — for a call of at most ``max_units`` work units
+    (batch x kv heads x head tiles; the first bound that holds) the fields of
+    :data:`UNIT_OVERRIDES` given there replace the row's (small batches: more splits per unit,
+    another tile); :meth:`for_units` applies them."""
 
     block_n: int
     num_warps: int
@@ -116,6 +125,27 @@ class Tuning:
     items_per_program: int
     max_splits: int
     max_rows: int
+    by_units: tuple = ()
+
+    def __post_init__(self):
+        entries = []
+        for bound, fields in self.by_units:
+            fields = dict(fields)
+            unknown = set(fields) - set(UNIT_OVERRIDES)
+            if unknown or not isinstance(bound, int) or bound < 1:
+                fields_text = ", ".join(UNIT_OVERRIDES)
+                raise ValueError(f"flash_decode tuning: a by_units entry is [max units >= 1, {{{fields_text}}}], "
+                                 f"got {[bound, fields]!r}")
+            entries.append((bound, tuple(sorted(fields.items()))))
+        object.__setattr__(self, "by_units", tuple(entries))
+
+    def for_units(self, units: int) -> "Tuning":
+        """This row for a call of ``units`` work units: the first ``by_units`` entry whose bound
+        holds applied (without ``by_units``)."""
+        for bound, fields in self.by_units:
+            if units <= bound:
+                return replace(self, by_units=(), **dict(fields))
+        return replace(self, by_units=())
 
 
 @functools.lru_cache(maxsize=None)
@@ -520,6 +550,7 @@ class FlashDecode:
         g = call.q_heads // call.kv_heads
         self.rows = min(max(MIN_DOT, triton.next_power_of_2(g)), max(MIN_DOT, tune.max_rows))
         self.units = call.batch * call.kv_heads * triton.cdiv(g, self.rows)
+        tune = self.tune = tune.for_units(self.units)  # the split count and tile for this many units
         slots = devinfo.num_sms(dev) * tune.programs_per_sm
         self.n_split = max(1, min(tune.max_splits, slots * tune.items_per_program // max(self.units, 1)))
         self.nprog = max(1, min(self.units * self.n_split, slots))

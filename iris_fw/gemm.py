@@ -1,13 +1,31 @@
 """The Triton GEMM every GEMM-based pattern is built on: tile configurations, operand
 preparation (TMA descriptors where the layout allows them), and :func:`matmul`, the same
 tile loop as a plain local GEMM (the "GEMM alone" of the benchmarks).
+
+**Split-K** (:attr:`GemmConfig.split_k` > 1, :func:`matmul` only): few-row products
+(decode: ``M`` ≤ :data:`SPLIT_K_MAX_M` rows) have too few output tiles to fill the SMs, so
+each tile's K loop is cut into ``split_k`` contiguous ranges of whole ``BK`` steps, one work
+item each (``tiles x split_k`` items over the persistent grid; a tile's splits are adjacent
+items, so they run at the same time on neighbouring programs). Each split accumulates in
+fp32 and stores its partial tile to an fp32 workspace; a per-tile counter
+(``atomic_add``, acq_rel) tells the split that finishes *last* — it sums the tile's
+``split_k`` partials in split order (0, 1, …: the result does not depend on which split came
+last, so it is deterministic, bit for bit from call to call), casts once, stores the tile and
+resets the counter to 0 for the next call. No program ever waits for another (the
+interpreter runs them one after another). The counters live with the device and stream
+(:func:`_split_counters`: calls on one stream run one after another, two streams never share
+them); a call captured in a CUDA graph on a stream that has none yet gets its own, zeroed by a
+memset node of the graph (about a microsecond per replay: run one split-K call on the capture
+stream before capturing to use the stream's). Split rows come from the measured rows of
+``iris_fw/tuning/gemm.json`` (``max_m`` / ``max_n`` / ``max_k`` bounds); the patterns' kernels
+do not split, so :func:`default_config` gives them only rows without a split.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import NamedTuple
 
@@ -42,9 +60,14 @@ class GemmCfg(NamedTuple):
     EXACT: bool
 
 
+#: Rows up to which measured split-K rows apply (few-row products: decode, small prefill).
+SPLIT_K_MAX_M = 256
+
+
 @dataclass(frozen=True)
 class GemmConfig:
-    """Tile shape and launch options of the Triton GEMM."""
+    """Tile shape and launch options of the Triton GEMM. ``split_k``: K ranges per output tile
+    (1: none; more: :func:`matmul` only, see the module's docstring)."""
 
     block_m: int
     block_n: int
@@ -52,6 +75,7 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    split_k: int = 1
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -64,6 +88,8 @@ class GemmConfig:
             raise ArgumentError(f"GemmConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ArgumentError(f"GemmConfig.num_stages must be a positive int, got {self.num_stages!r}")
+        if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k < 1:
+            raise ArgumentError(f"GemmConfig.split_k must be a positive int, got {self.split_k!r}")
 
 
 #: The CPU interpreter: small tiles, so tiny test shapes still have several tiles.
@@ -84,10 +110,11 @@ HOPPER_TILES = ((HOPPER_LARGE, 1.0), (HOPPER_SMALL, 0.95))
 
 
 def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
-                   programs: int | None = None) -> GemmConfig:
+                   programs: int | None = None, split: bool = False) -> GemmConfig:
     """The tile configuration for a local ``[m, k] @ [k, n]`` product computed by ``programs``
     persistent programs (default: one per SM). A measured row of ``iris_fw/tuning/gemm.json``
-    for ``m`` rows on this device comes first (:func:`measured_config`).
+    for the shape on this device comes first (:func:`measured_config`; rows with ``split_k`` >
+    1 only with ``split``: :func:`matmul`'s kernel splits K, the patterns' kernels do not).
 
     16-bit inputs on GPUs: of :data:`HOPPER_TILES`, the one with the least estimated time,
     waves x tile time, where waves = ceil(tiles / programs) counts a partly filled last wave
@@ -98,7 +125,7 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         return CPU_CONFIG
     if dtype == torch.float32:
         return FP32_CONFIG
-    measured = measured_config(m, device)
+    measured = measured_config(m, device, n=n, k=k, split=split)
     if measured is not None:
         return measured
     if programs is None:
@@ -109,21 +136,44 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         return triton.cdiv(tiles, programs) * cfg.block_m * cfg.block_n / efficiency
 
-    return min(HOPPER_TILES, key=estimate)[0]
+    cfg = min(HOPPER_TILES, key=estimate)[0]
+    group_m = measured_group_m(device)
+    return cfg if group_m is None else replace(cfg, group_m=group_m)
 
 
 @functools.lru_cache(maxsize=None)
 def _measured_rows(device_name: str) -> tuple:
+    """``((max_m, max_n, max_k), GemmConfig)`` rows of the device (None: no bound)."""
     table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
-    return tuple((row["max_m"], GemmConfig(**row["config"])) for row in table["devices"].get(device_name, []))
+    return tuple(((row["max_m"], row.get("max_n"), row.get("max_k")), GemmConfig(**row["config"]))
+                 for row in table["devices"].get(device_name, []))
 
 
-def measured_config(m: int, device: torch.device) -> GemmConfig | None:
-    """The measured tile configuration for a 16-bit product of ``m`` rows on ``device``
+@functools.lru_cache(maxsize=None)
+def _tile_orders() -> dict:
+    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
+    return {name: row["group_m"] for name, row in table.get("tile_order", {}).items() if not name.startswith("_")}
+
+
+def measured_group_m(device: torch.device) -> int | None:
+    """The measured tile order (``GROUP_M``: tile rows visited together, sharing ``B``'s
+    columns in L2) of the estimated configurations on ``device`` (``tile_order`` of
+    ``iris_fw/tuning/gemm.json``, chosen by time and L2 hit rate), or None (their own)."""
+    orders = _tile_orders()
+    return orders.get(info(device).name) if orders else None
+
+
+def measured_config(m: int, device: torch.device, n: int | None = None, k: int | None = None,
+                    split: bool = False) -> GemmConfig | None:
+    """The measured tile configuration for a 16-bit ``[m, k] @ [k, n]`` product on ``device``
     (``iris_fw/tuning/gemm.json``: few-row products, where the estimate of
-    :func:`default_config` does not hold), or None."""
-    for max_m, cfg in _measured_rows(info(device).name):
-        if m <= max_m:
+    :func:`default_config` does not hold), or None: the first row whose bounds hold (``max_m``;
+    ``max_n`` / ``max_k`` where the row has them and ``n`` / ``k`` are given). Rows with
+    ``split_k`` > 1 count only with ``split``."""
+    for (max_m, max_n, max_k), cfg in _measured_rows(info(device).name):
+        if cfg.split_k > 1 and not split:
+            continue
+        if m <= max_m and (max_n is None or n is None or n <= max_n) and (max_k is None or k is None or k <= max_k):
             return cfg
     return None
 
@@ -209,23 +259,86 @@ def plan_operands(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, *, a_tma: b
 
 
 @triton.jit
-def _matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                   A_DESC: tl.constexpr, B_DESC: tl.constexpr, EXACT: tl.constexpr, NPROG: tl.constexpr):
+def _split_tile(a, b, c, partials, counters, tile, split, pm, pn, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                stride_cm, stride_cn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, A_DESC: tl.constexpr,
+                B_DESC: tl.constexpr, EXACT: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Split ``split`` of output tile ``tile``: its K range's fp32 partial into ``partials``
+    (``[tiles, SPLIT_K, BM, BN]``); the tile's last split to finish sums the partials in split
+    order, stores the tile and resets the tile's counter."""
+    steps = tl.cdiv(K, BK)
+    per = tl.cdiv(steps, SPLIT_K)
+    first = split * per
+    acc = tiles.matmul_tile_k(a, b, pm * BM, pn * BN, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                              first, tl.minimum(first + per, steps), BM, BN, BK, A_DESC, B_DESC, EXACT)
+    r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    slots = partials + tile.to(tl.int64) * (SPLIT_K * BM * BN)
+    tl.store(slots + split * (BM * BN) + r, acc)
+    # every thread's partial stored before the count (release); the last sees them all (acquire)
+    tl.debug_barrier()
+    done = tl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()
+    if done == SPLIT_K - 1:
+        total = tl.zeros((BM, BN), dtype=tl.float32)
+        for j in range(0, SPLIT_K):  # split order: the same sum whichever split came last
+            total += tl.load(slots + j * (BM * BN) + r, cache_modifier=".cg")
+        tl.store(counters + tile, 0)
+        tiles.store_block(c, total, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN)
+
+
+@triton.jit
+def _matmul_kernel(a, b, c, partials, counters, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                   stride_cn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   A_DESC: tl.constexpr, B_DESC: tl.constexpr, EXACT: tl.constexpr, NPROG: tl.constexpr,
+                   SPLIT_K: tl.constexpr = 1):
+    """``c[M, N] = a[M, K] @ b[K, N]``, persistent over the ``tiles x SPLIT_K`` work items (item
+    ``tile * SPLIT_K + split``). ``SPLIT_K`` 1: each tile whole (``partials`` and ``counters``
+    unused); more: :func:`_split_tile` (fp32 ``partials [tiles, SPLIT_K, BM, BN]``, int32
+    ``counters [tiles]`` zero between calls)."""
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
-    for tile in range(tl.program_id(0), tiles_m * tiles_n, NPROG):
-        pm, pn = tiles.grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-        acc = tiles.matmul_tile(a, b, pm * BM, pn * BN, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                BM, BN, BK, A_DESC, B_DESC, EXACT)
-        tiles.store_block(c, acc, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN)
+    for item in range(tl.program_id(0), tiles_m * tiles_n * SPLIT_K, NPROG):
+        if SPLIT_K == 1:
+            pm, pn = tiles.grouped_tile(item, tiles_m, tiles_n, GROUP_M)
+            acc = tiles.matmul_tile(a, b, pm * BM, pn * BN, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                    BM, BN, BK, A_DESC, B_DESC, EXACT)
+            tiles.store_block(c, acc, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN)
+        else:
+            tile = item // SPLIT_K
+            pm, pn = tiles.grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            _split_tile(a, b, c, partials, counters, tile, item % SPLIT_K, pm, pn, M, N, K, stride_am, stride_ak,
+                        stride_bk, stride_bn, stride_cm, stride_cn, BM, BN, BK, A_DESC, B_DESC, EXACT, SPLIT_K)
+
+
+#: Split-K tile counters by (device, stream): int32, zero between calls (the last split of a
+#: tile resets its counter), grown as needed. Calls on one stream run one after another, so
+#: they share one array; calls on two streams never share one.
+_COUNTERS: dict = {}
+
+
+def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 tile counters for a split-K call of ``tiles`` tiles on ``device``'s current
+    stream. During CUDA-graph capture, when the capture stream has none large enough yet,
+    counters of this call only: zeroed by a memset captured with it (memory of the graph's
+    pool, kept by the graph), since what would be cached could not be zeroed before the
+    graph's first replay."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    counters = _COUNTERS.get(key)
+    if counters is None or counters.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.zeros(tiles, dtype=torch.int32, device=device)
+        counters = _COUNTERS[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return counters
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
            config: GemmConfig | None = None) -> torch.Tensor:
     """``a[M, K] @ b[K, N]`` with the patterns' Triton GEMM (persistent, TMA where possible).
 
-    fp16 / bf16 / fp32; the result has ``a``'s dtype. ``out``: an ``[M, N]`` tensor to write.
+    fp16 / bf16 / fp32; the result has ``a``'s dtype, accumulated in fp32. ``out``: an
+    ``[M, N]`` tensor to write. ``config``: default :func:`default_config` (split-K rows of the
+    tuning table included); ``config.split_k`` > 1 splits K (module docstring), capped at the
+    ``BK`` steps of K.
     """
     a, b = check_operands(a, b, a.device if isinstance(a, torch.Tensor) else None)
     M, K = a.shape
@@ -238,12 +351,19 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             raise ArgumentError(f"out must have shape [M, N] = {[M, N]}, got {list(out.shape)}")
     if M == 0 or N == 0:
         return out
-    cfg = config or default_config(M, N, K, a.dtype, a.device)
+    cfg = config or default_config(M, N, K, a.dtype, a.device, split=True)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
+    partials = counters = out  # unused without a split
+    if split > 1:
+        counters = _split_counters(a.device, tiles)
+        partials = torch.empty(tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
     a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
     b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
-    nprog = persistent_programs(a.device, triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n))
+    nprog = persistent_programs(a.device, tiles * split)
     _matmul_kernel[(nprog,)](
-        a_src, b_src, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, A_DESC=a_desc, B_DESC=b_desc,
-        EXACT=exact(a.dtype), NPROG=nprog, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        a_src, b_src, out, partials, counters, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        out.stride(0), out.stride(1), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
+        A_DESC=a_desc, B_DESC=b_desc, EXACT=exact(a.dtype), NPROG=nprog, SPLIT_K=split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -86,6 +86,20 @@ def matmul_tile(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, st
 
 
 @triton.jit
+def matmul_tile_k(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_first, k_last,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  A_DESC: tl.constexpr, B_DESC: tl.constexpr, EXACT: tl.constexpr):
+    """Like :func:`matmul_tile` over the ``BK`` steps ``k_first … k_last - 1`` of K only (a
+    split-K range; an empty range gives zeros)."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(k_first, k_last):
+        x = load_block(a, off_m, k * BK, M, K, stride_am, stride_ak, BM, BK, A_DESC)
+        y = load_block(b, k * BK, off_n, K, N, stride_bk, stride_bn, BK, BN, B_DESC)
+        acc = dot(x, y, acc, EXACT)
+    return acc
+
+
+@triton.jit
 def matmul_tile_rows(a_rows, b, off_n, N, K, stride_ak, stride_bk, stride_bn, row_ok,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      B_DESC: tl.constexpr, EXACT: tl.constexpr):

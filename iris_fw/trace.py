@@ -276,6 +276,106 @@ def event(trace, TRACE: tl.constexpr, start, end, kind, role, item=-1, peer=-1, 
         _device_event(trace, TRACE, start, end, kind, role, item, peer, nbytes, aux)
 
 
+# ---- recording from hot loops: the ring's state in registers --------------------------------------
+#
+# record_end reads the region's header and the ring's counter from memory for every event and
+# stores the counter back: two dependent global round trips per event. After an acquire (which
+# invalidates the SM's L1) both go to L2, ~0.3 us each on H100/H200 — more than a tile's share
+# of time in a program that only waits for flags and forwards tiles (gemm_all_scatter's single
+# communication program at W = 1 records ~2 events per tile: +88-94 % before this). Loops that
+# record per tile open the ring once (ring_open: header and counter read), carry the count in a
+# register (record_at returns it advanced; its store of the record needs no load), and store it
+# back once (ring_close). No other recording of the program may happen between open and close.
+
+
+@triton.jit
+def ring_open(trace, TRACE: tl.constexpr, heap_bases, rank):
+    """``(state, count)``: this program's ring (``state``: ring address, capacity, rank bits of
+    the record's meta word, the record's program/SM word, this rank's heap base — for the wait
+    events' flag offsets) and its event count, read once. Interpreter and ``TRACE`` 0: zeros
+    (the host path counts in memory itself)."""
+    zero = tl.full((), 0, tl.int64)
+    if TRACE == GLOBALTIMER or TRACE == MEMREALTIME:
+        # the counter's last store (one thread's, by an event or ring_close before) is seen by
+        # every thread: all of them must carry the same count
+        tl.debug_barrier()
+        base = trace.to(tl.int64).to(tl.pointer_type(tl.int64))
+        capacity = tl.load(base + H_CAPACITY)
+        rings = tl.load(base + H_RINGS)
+        rank_bits = tl.load(base + H_RANK) << 32
+        prog = program_index().to(tl.int64)
+        inside = prog < rings
+        ring = tl.where(inside, trace.to(tl.int64) + 8 * (HEADER_WORDS + prog * (RING_HEADER + capacity * EVENT_WORDS)),
+                        zero)
+        count = tl.load(ring.to(tl.pointer_type(tl.int64)), mask=inside, other=0)
+        where = prog | ((sm_id(TRACE) + 1) << 32)
+        state = (ring, capacity, rank_bits, where, tl.load(heap_bases + rank).to(tl.int64))
+    elif TRACE == HOST:
+        count = zero
+        state = (zero, zero, zero, zero, tl.load(heap_bases + rank).to(tl.int64))
+    else:
+        count = zero
+        state = (zero, zero, zero, zero, zero)
+    return state, count
+
+
+@triton.jit
+def record_at(trace, TRACE: tl.constexpr, state, count, start, kind, role, item=-1, peer=-1, nbytes=0, aux=-1):
+    """:func:`record_end` from a loop holding the ring open (:func:`ring_open`): returns the
+    advanced count (carry it to the next event and to :func:`ring_close`)."""
+    new = count
+    if TRACE == HOST:
+        _host_event(trace, start, None, kind, role, item, peer, nbytes, aux, tl.program_id(0), tl.program_id(1),
+                    tl.program_id(2), tl.num_programs(0), tl.num_programs(1))
+    elif TRACE:
+        tl.debug_barrier()  # every warp has finished the event's work
+        end = now(TRACE)
+        ring = state[0]
+        if ring != 0:
+            w = tl.arange(0, EVENT_WORDS)
+            meta = as_i64(kind) | (as_i64(role) << 16) | state[2]
+            record = tl.where(w == 0, as_i64(start), tl.where(w == 1, end, tl.where(
+                w == 2, meta, tl.where(w == 3, state[3], tl.where(w == 4, as_i64(item), tl.where(
+                    w == 5, as_i64(peer), tl.where(w == 6, as_i64(nbytes), as_i64(aux))))))))
+            slot = RING_HEADER + (count % state[1]) * EVENT_WORDS
+            tl.store(ring.to(tl.pointer_type(tl.int64)) + slot + w, record)
+        else:
+            tl.atomic_add(trace.to(tl.int64).to(tl.pointer_type(tl.int64)) + H_LOST, 1, sem="relaxed")
+        new = count + 1
+    return new
+
+
+@triton.jit
+def record_wait_at(trace, TRACE: tl.constexpr, state, count, start, kind, flag, rank, item=-1):
+    """:func:`record_wait` from a loop holding the ring open: the flag's heap offset from the
+    heap base read at :func:`ring_open`."""
+    new = count
+    if TRACE:
+        new = record_at(trace, TRACE, state, count, start, kind, WAIT, item, rank, 0, flag.to(tl.int64) - state[4])
+    return new
+
+
+@triton.jit
+def record_move_at(trace, TRACE: tl.constexpr, state, count, start, kind, peer, nbytes, item=-1):
+    """:func:`record_move` from a loop holding the ring open."""
+    new = count
+    if TRACE:
+        moved = tl.full((), 0, tl.int64) + nbytes
+        new = record_at(trace, TRACE, state, count, start, kind, tl.where(moved != 0, COMMUNICATE, COMPUTE), item,
+                        peer, moved)
+    return new
+
+
+@triton.jit
+def ring_close(TRACE: tl.constexpr, state, count):
+    """Store the count carried since :func:`ring_open` back (compiled kernels)."""
+    if TRACE == GLOBALTIMER or TRACE == MEMREALTIME:
+        ring = state[0]
+        if ring != 0:
+            tl.debug_barrier()  # the count's last load and every record store came first
+            tl.store(ring.to(tl.pointer_type(tl.int64)), count)
+
+
 @triton.jit
 def _device_event(trace, TRACE: tl.constexpr, start, end, kind, role, item, peer, nbytes, aux):
     """The record written by the program (compiled kernels): a vector store of its words, then

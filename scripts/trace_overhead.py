@@ -10,7 +10,8 @@ kernel time.
     python3 scripts/trace_overhead.py --quick              # CPU smoke run (interpreter; no timing value)
 
 Options: ``--shape M N K`` (global, default 8192 8192 8192), ``--patterns``, ``--schedulers``,
-``--iters`` (interleaved calls per round, 20), ``--rounds`` (5), ``--out DIR`` (default $OUT or
+``--iters`` (interleaved calls per round, 20), ``--rounds`` (5), ``--comm-sms N …`` (the two-role
+schedules also with N communication programs), ``--out DIR`` (default $OUT or
 ./trace-overhead: ``overhead.json`` with every number, one trace of each case).
 """
 
@@ -43,6 +44,9 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-collectives", action="store_true")
+    p.add_argument("--comm-sms", type=int, nargs="*", default=[],
+                   help="also time the two-role schedules (producer_consumer, wg_specialized) with these "
+                        "communication programs (the default split gives one at W = 1)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, one round (CPU smoke run)")
     p.add_argument("--out", default=os.environ.get("OUT") or "trace-overhead")
     return p.parse_args(argv)
@@ -125,6 +129,10 @@ def main(argv=None) -> int:
                     continue
                 name = f"{pattern}/{scheduler}"
                 results["cases"][name] = time_case(ctx, name, lambda: op(a, b), opts, log)
+                for comm in opts.comm_sms if scheduler in ("producer_consumer", "wg_specialized") else ():
+                    op2 = ops.plan(pattern, a, b, scheduler=scheduler, comm_sms=comm)
+                    name2 = f"{name} comm_sms={comm}"
+                    results["cases"][name2] = time_case(ctx, name2, lambda op2=op2: op2(a, b), opts, log)
         if w > 1 and not opts.no_collectives:
             sizes = dict.fromkeys((c, 1024 if (cpu or opts.quick) else n) for c, n in COLLECTIVES)
             for collective, n in sizes:

@@ -462,3 +462,58 @@ def test_kernels_compile(tmp_path, target):
     """Triton's interpreter accepts code the compilers reject: compile the kernels for sm_90 and
     (extended) gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
     compile_in_child(tmp_path, "test_flash_decode", "_compile_all", target, len(_COMPILE_JOBS))
+
+
+def _by_units_rank(ctx):
+    """A tuning row's ``by_units`` entry (more splits and another tile for few units) changes
+    the local kernel's split count and tile, not its values."""
+    from iris_fw import flash_decode as fd
+
+    g = torch.Generator().manual_seed(fresh_seed(ctx))
+    dev = ctx.device
+    q = torch.randn(1, 4, 16, generator=g).to(dev)
+    k, v = (torch.randn(1, 77, 2, 16, generator=g).to(dev) for _ in range(2))  # 2 units
+    plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
+    base = plan.tune
+    tune = fd.Tuning(**{**base.__dict__, "by_units": [[plan.units, {"items_per_program": 4 * base.items_per_program,
+                                                                    "max_splits": 4 * base.max_splits,
+                                                                    "block_n": 2 * base.block_n}]]})
+    more = fd.FlashDecode(plan.group, fd.DecodeCall(**plan.call.__dict__), tune)
+    assert more.n_split > plan.n_split and more.tune.block_n == 2 * base.block_n, (more, plan)
+    assert fd.FlashDecode(plan.group, fd.DecodeCall(**plan.call.__dict__),
+                          fd.Tuning(**{**tune.__dict__, "by_units": [[plan.units - 1, {"block_n": 64}]]})
+                          ).tune.block_n == base.block_n  # a bound that does not hold changes nothing
+    o1, lse1 = (t.clone() for t in plan.unpack(plan.partial(q, k, v)))
+    o2, lse2 = plan.unpack(more.partial(q, k, v))
+    ctx.synchronize()
+    assert torch.allclose(o1.cpu(), o2.cpu(), atol=1e-5, rtol=1e-5)
+    assert torch.allclose(lse1.cpu(), lse2.cpu(), atol=1e-5)
+    with pytest.raises(ValueError, match="by_units"):
+        fd.Tuning(**{**base.__dict__, "by_units": [[4, {"max_rows": 32}]]})
+    return more.n_split
+
+
+def test_tuning_by_units(iris_pool):
+    iris_pool(1).run(_by_units_rank)
+
+
+@pytest.mark.extended
+def test_tune_script_smoke(tmp_path):
+    """scripts/tune_flash_decode.py (the GPU sweep behind the by_units rows) runs end to end on
+    one CPU rank and writes a row the table accepts."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from iris_fw import flash_decode as fd
+
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "tune_flash_decode.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = json.loads((tmp_path / "flash_decode_tuning_row.json").read_text())["row"]
+    bound, cfg = row
+    assert bound == 128 and fd.Tuning(**cfg)
+    assert (tmp_path / "flash_decode_tune.jsonl").read_text().strip()

@@ -275,7 +275,7 @@ def test_default_config_counts_waves(monkeypatch):
     import iris_fw.gemm
     from iris_fw.gemm import CPU_CONFIG, FP32_CONFIG, HOPPER_LARGE, HOPPER_SMALL, default_config
 
-    monkeypatch.setattr(iris_fw.gemm, "measured_config", lambda m, device: None)
+    monkeypatch.setattr(iris_fw.gemm, "measured_config", lambda *args, **kwargs: None)
 
     gpu, bf16 = torch.device("cuda"), torch.bfloat16
     expected = {(8192, 7168, 8192): HOPPER_LARGE, (4096, 2048, 8192): HOPPER_LARGE, (1024, 2048, 8192): HOPPER_SMALL,

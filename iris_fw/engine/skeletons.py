@@ -209,6 +209,26 @@ def deliver_end(trace, TRACE: tl.constexpr, start, kind, args, item, STEP: tl.co
 
 
 @triton.jit
+def deliver_end_at(trace, TRACE: tl.constexpr, ring, count, start, kind, args, item, STEP: tl.constexpr,
+                   CFG: tl.constexpr, TRAFFIC: tl.constexpr):
+    """:func:`deliver_end` from a loop holding the trace ring open (:func:`iris_fw.trace.ring_open`);
+    returns the advanced event count."""
+    if TRACE:
+        peer, nbytes = TRAFFIC(args, item, STEP, CFG)
+        count = tr.record_move_at(trace, TRACE, ring, count, start, kind, peer, nbytes, item)
+    return count
+
+
+@triton.jit
+def traced_acquire_at(flags, item, target, rank, heap_bases, trace, TRACE: tl.constexpr, ring, count):
+    """:func:`traced_acquire` from a loop holding the trace ring open: ``(ok, count)``."""
+    t = tr.record_start(trace, TRACE)
+    ok = acquire(flags, item, target, rank, heap_bases)
+    count = tr.record_wait_at(trace, TRACE, ring, count, t, tr.ACQUIRE, flags + item, rank, item)
+    return ok, count
+
+
+@triton.jit
 def traced_acquire(flags, item, target, rank, heap_bases, trace, TRACE: tl.constexpr):
     """:func:`acquire`, recorded as a wait (``acquire``, item = the item waited for); traced kernels
     only (``TRACE`` set)."""
@@ -233,36 +253,43 @@ def produce_role(args, first, count, step, flags, epoch, rank, heap_bases,
                  PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr,
                  COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, trace, TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
     """Items ``first, first+step, …`` below ``count``: fetch chunks (communicate-first) or
-    produce and stash tiles (compute-first); with ``SYNC``, release each one."""
+    produce and stash tiles (compute-first); with ``SYNC``, release each one. Traced, the ring
+    stays open over the loop (one event per item, no counter round trip)."""
+    if TRACE:
+        ring, events = tr.ring_open(trace, TRACE, heap_bases, rank)
     for item in range(first, count, step):
         if TRACE:
             t = tr.record_start(trace, TRACE)
         if COMM_FIRST:
             FETCH(args, item, CFG)
             if TRACE:
-                deliver_end(trace, TRACE, t, tr.FETCH, args, item, 0, CFG, TRAFFIC)
+                events = deliver_end_at(trace, TRACE, ring, events, t, tr.FETCH, args, item, 0, CFG, TRAFFIC)
         else:
             STASH(args, item, PRODUCE(args, item, CFG, False), CFG)
             if TRACE:
-                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, item)
+                events = tr.record_at(trace, TRACE, ring, events, t, tr.PRODUCE, tr.COMPUTE, item)
         if SYNC:
             release(flags, item, epoch, rank, heap_bases)
+    if TRACE:
+        tr.ring_close(TRACE, ring, events)
 
 
 @triton.jit
 def consume_tile(args, tile, flags, target, rank, heap_bases,
                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
                  CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, trace, TRACE: tl.constexpr,
-                 TRAFFIC: tl.constexpr):
+                 TRAFFIC: tl.constexpr, ring, events):
     """The consumer's work on one tile: compute from staged operands and deliver it
     (communicate-first), or reload a stashed tile and send it (compute-first). With ``SYNC`` it
-    first acquires the item it depends on, and skips the tile if that wait gave up. Returns 1,
-    or 0 if the acquire gave up."""
+    first acquires the item it depends on, and skips the tile if that wait gave up. Returns
+    ``(ok, events)``: 1, or 0 if the acquire gave up; traced, the event count of the ring the
+    caller holds open (``ring``, ``events``: :func:`iris_fw.trace.ring_open`; untraced 0)."""
     ok = 1
     if COMM_FIRST:
         if SYNC:
             if TRACE:
-                ok = traced_acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases, trace, TRACE)
+                ok, events = traced_acquire_at(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases, trace,
+                                               TRACE, ring, events)
             else:
                 ok = acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases)
         if ok:
@@ -270,15 +297,15 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
                 t = tr.record_start(trace, TRACE)
             value = PRODUCE(args, tile, CFG, True)
             if TRACE:
-                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
+                events = tr.record_at(trace, TRACE, ring, events, t, tr.PRODUCE, tr.COMPUTE, tile)
                 t = tr.record_start(trace, TRACE)
             CONSUME(args, tile, value, CFG, False)
             if TRACE:
-                tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
+                events = tr.record_at(trace, TRACE, ring, events, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
     else:
         if SYNC:
             if TRACE:
-                ok = traced_acquire(flags, tile, target, rank, heap_bases, trace, TRACE)
+                ok, events = traced_acquire_at(flags, tile, target, rank, heap_bases, trace, TRACE, ring, events)
             else:
                 ok = acquire(flags, tile, target, rank, heap_bases)
         if ok:
@@ -286,8 +313,8 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
                 t = tr.record_start(trace, TRACE)
             CONSUME(args, tile, RELOAD(args, tile, CFG), CFG, True)
             if TRACE:
-                deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
-    return ok
+                events = deliver_end_at(trace, TRACE, ring, events, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+    return ok, events
 
 
 @triton.jit
@@ -300,18 +327,21 @@ def consume_role(args, first, num_tiles, step, st, flags, epoch, target, rank, h
     the program stops: no later tile is waited for or sent (the queue's tickets are still drawn,
     so the next call's tiles are numbered right)."""
     ok = 1
+    # traced: the ring stays open over the loop (events counted in a register)
+    ring, events = tr.ring_open(trace, TRACE, heap_bases, rank)
     if QUEUE:
         tile = next_tile(st, epoch, num_tiles, NPROG)
         while tile < num_tiles:
             if ok:
-                ok = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS,
-                                  CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+                ok, events = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD,
+                                          DEPENDS, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC, ring, events)
             tile = next_tile(st, epoch, num_tiles, NPROG)
     else:
         for tile in range(first, num_tiles, step):
             if ok:
-                ok = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS,
-                                  CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+                ok, events = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD,
+                                          DEPENDS, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC, ring, events)
+    tr.ring_close(TRACE, ring, events)
 
 
 @triton.jit

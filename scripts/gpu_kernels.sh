@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Issue 32 on one GPU (H100 or H200): the local kernels against the libraries, every
+# measurement interleaved with its baseline in the same run, card named. The whole run stays
+# within BUDGET seconds (default 480: under 9 minutes with the install): each step gets the
+# smaller of its own limit and what is left, and is skipped below 30 s.
+# Steps (STEPS, default "info gemm fd trace tests groups"); logs in $OUT (default ./gpu-out),
+# packed to at most 8 files (summary.md, the tuning snippets, logs.tgz):
+#   info    machine, versions, `ncu` present or not.
+#   tests   tests/test_gemm.py (split-K against float64 at ragged shapes, graph replay with fresh
+#           inputs), the flash-decode by_units test, and the trace tests whose events come from
+#           the compiled recording path (op events at W = 2, traced graph replay: two ranks on
+#           the GPU under CUDA MPS, scripts/mps.sh) — last: the sweeps check their candidates
+#           against torch themselves; before groups, the least urgent.
+#   gemm    scripts/tune_gemm.py: split-K / block / warps / stages candidates vs cuBLAS at
+#           M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672 (CUDA graphs, interleaved);
+#           gemm_tuning_rows.json = the best per shape as rows of iris_fw/tuning/gemm.json.
+#   fd      scripts/tune_flash_decode.py: split count (items per program) x block_n x warps vs
+#           torch SDPA at B 1, 2, 4, 8, 16 x S 4K, 16K, 64K; flash_decode_tuning_row.json.
+#   trace   scripts/trace_overhead.py at W = 1 (8192^3 bf16, gemm_all_scatter and all_gather_gemm,
+#           every schedule, untraced vs traced interleaved; cases print as they finish).
+#           TRACE_EXTRA="--comm-sms 16" also times the two-role schedules with 16 communication
+#           programs (the default split gives them one at W = 1).
+#   groups  scripts/tune_gemm.py --groups: GROUP_M 1, 4, 8, 16 at 256x8192x8192 and
+#           8192x8192x8192 (time vs cuBLAS); with `ncu` on the machine also the L2 hit rate
+#           (lts__t_sector_hit_rate.pct) of each GROUP_M's kernel at 8192^3; gemm_tile_order.json = the
+#           'tile_order' entry of iris_fw/tuning/gemm.json (GROUP_M of the larger shapes).
+#   STEPS="gemm fd" OUT=/tmp/out bash scripts/gpu_kernels.sh
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+STEPS=${STEPS:-info gemm fd trace tests groups}
+BUDGET=${BUDGET:-480}
+START=$(date +%s)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 IRIS_FW_WAIT_TIMEOUT=${IRIS_FW_WAIT_TIMEOUT:-20}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+rm -f "$OUT/install.log"
+SUMMARY="$OUT/summary.md"
+rc=0
+limit() {  # the step's limit: the smaller of $1 and the budget left
+    local left=$(( BUDGET - ($(date +%s) - START) ))
+    echo $(( left < $1 ? left : $1 ))
+}
+for step in $STEPS; do
+    echo "== $step ($(date -u +%H:%M:%S), $(( $(date +%s) - START )) s into the run)" | tee -a "$SUMMARY"
+    t0=$(date +%s)
+    if [ "$step" != info ] && [ "$(limit 600)" -lt 30 ]; then
+        echo "skipped: less than 30 s of the ${BUDGET} s budget left" | tee -a "$SUMMARY"; continue
+    fi
+    case $step in
+    info)
+        {
+            date -u +%Y-%m-%dT%H:%MZ
+            nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
+            python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+            git rev-parse --short HEAD 2>/dev/null
+            echo "ncu: $(command -v ncu || echo absent)"
+        } 2>&1 | tee -a "$SUMMARY" ;;
+    tests)
+        timeout $(limit ${TESTS_TIMEOUT:-60}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 tests/test_gemm.py \
+            tests/test_flash_decode.py::test_tuning_by_units > "$OUT/tests.log" 2>&1
+        r=$?; rc=$(( rc | r )); { echo "rc $r: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
+        # two ranks sharing the GPU run at the same time only under MPS
+        if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
+            export IRIS_FW_SHARE_GPUS=1
+            . scripts/mps.sh
+            mps_start > "$OUT/mps-start.txt" 2>&1
+        fi
+        timeout $(limit ${TRACE_TESTS_TIMEOUT:-90}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 \
+            tests/test_trace.py -k "test_op_events and not every or traced_graph_replay" > "$OUT/tests_trace.log" 2>&1
+        r=$?; rc=$(( rc | r )); { echo "trace tests rc $r: $(tail -1 "$OUT/tests_trace.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_trace.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
+        declare -f mps_stop > /dev/null && mps_stop ;;
+    gemm)
+        timeout -k 10 $(limit ${GEMM_TIMEOUT:-170}) python3 scripts/tune_gemm.py --rounds ${GEMM_ROUNDS:-10} --out "$OUT" \
+            > "$OUT/gemm.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r"
+        { grep -E "^\|" "$OUT/gemm.log"; grep -E "WRONG|Error" "$OUT/gemm.log" | head -10; } | tee -a "$SUMMARY" ;;
+    fd)
+        timeout -k 10 $(limit ${FD_TIMEOUT:-130}) python3 scripts/tune_flash_decode.py --out "$OUT" > "$OUT/fd.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r"
+        { grep -E "^\||tuning row|^\[128" "$OUT/fd.log"; grep -E "WRONG|Error" "$OUT/fd.log" | head -10; } | tee -a "$SUMMARY" ;;
+    trace)
+        timeout -k 10 $(limit ${TRACE_TIMEOUT:-140}) python3 scripts/trace_overhead.py --patterns gemm_all_scatter all_gather_gemm \
+            --iters 10 --rounds 3 --no-collectives ${TRACE_EXTRA:-} --out "$OUT/trace" > "$OUT/trace.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r"
+        grep -E "overhead|events" "$OUT/trace.log" | grep -v "^\[rank" | cut -c1-220 | tee -a "$SUMMARY"
+        rm -rf "$OUT/trace/traces" ;;  # the traces themselves are large; overhead.json stays
+    groups)
+        timeout -k 10 $(limit ${GROUPS_TIMEOUT:-60}) python3 scripts/tune_gemm.py --groups --rounds 10 --out "$OUT" \
+            > "$OUT/groups.log" 2>&1
+        r=$?; rc=$(( rc | r )); grep -E "^\||tile order|group_m" "$OUT/groups.log" | tee -a "$SUMMARY"
+        if command -v ncu > /dev/null; then
+            for spec in 8192,8192,8192; do
+                for g in 1 4 8 16; do
+                    [ "$(limit 60)" -lt 20 ] && { echo "ncu: budget spent" | tee -a "$SUMMARY"; break 2; }
+                    # one call of the configuration at GROUP_M g, profiled (the matmul kernel only)
+                    timeout $(limit 40) ncu --kernel-name regex:_matmul_kernel --launch-count 1 --launch-skip 2 \
+                        --metrics lts__t_sector_hit_rate.pct,gpu__time_duration.sum --csv \
+                        python3 -c "
+import torch, iris_fw
+from dataclasses import replace
+from iris_fw.gemm import default_config, matmul
+m, n, k = $spec
+a = torch.randn(m, k, device='cuda', dtype=torch.bfloat16); b = torch.randn(k, n, device='cuda', dtype=torch.bfloat16)
+cfg = replace(default_config(m, n, k, a.dtype, a.device, split=True), group_m=$g)
+for _ in range(4): matmul(a, b, config=cfg)
+torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
+                    echo "ncu $spec GROUP_M $g: $(grep -E "lts__t_sector_hit_rate|gpu__time_duration" "$OUT/ncu_${spec//,/x}_g$g.csv" \
+                        | awk -F'","' '{print $(NF-2)"="$NF}' | tr -d '"' | tr '\n' ' ')" | tee -a "$SUMMARY"
+                done
+            done
+        else
+            echo "ncu absent: no L2 hit rates (time only)" | tee -a "$SUMMARY"
+        fi ;;
+    *) echo "unknown step $step"; rc=1 ;;
+    esac
+    echo "   ($(( $(date +%s) - t0 )) s)" | tee -a "$SUMMARY"
+done
+# at most 8 files come back: summary and tuning snippets stay outside, the rest packed
+keep="summary.md gemm_tuning_rows.json flash_decode_tuning_row.json gemm_tile_order.json"
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz $(for f in $keep; do echo --exclude=./$f; done) ./* \
+    && find . -mindepth 1 ! -name logs.tgz $(for f in $keep; do echo ! -name $f; done) -delete)
+ls -la "$OUT"
+exit $rc

@@ -1,0 +1,285 @@
+"""The few-row GEMM sweep behind ``iris_fw/tuning/gemm.json``'s split-K rows (issue 32): the
+Triton GEMM (:func:`iris_fw.gemm.matmul`) under candidate configurations — split count,
+block sizes, warps, stages — against cuBLAS (``torch.matmul``) at ``M x N x K`` (default
+M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672), bf16, one GPU.
+
+Each candidate and cuBLAS run as CUDA graphs of ``--calls`` back-to-back calls (the host's
+launch time left out: what a decode step's graph replays; captured on a stream that ran the
+call before, so split-K uses the stream's counters, no memset node), over ``B`` copies totalling at least
+256 MiB (no call finds its ``B`` in L2), replays interleaved round by round in rotating order
+(:func:`iris_fw.bench.harness`'s rule: every method in the same stretch of clocks); the median
+per call is reported. Every candidate's result is checked against torch's first (a wrong one
+is reported and never chosen). Writes ``gemm_tune.jsonl`` (every measurement) and
+``gemm_tuning_rows.json`` (the best configuration per shape as rows of the tuning table:
+paste them under the device's name) into ``--out``; prints a table.
+
+``--groups``: instead, the tile order — GROUP_M 1, 4, 8, 16 — of the best measured (or
+default) configuration at the given shapes (``--shapes M,N,K ...``), same protocol.
+
+    python3 scripts/tune_gemm.py --out $OUT                       # the split-K sweep
+    python3 scripts/tune_gemm.py --groups --shapes 256,8192,8192 8192,8192,8192
+    python3 scripts/tune_gemm.py --quick                          # CPU smoke run (interpreter)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, replace
+
+import iris_fw  # noqa: F401  (first: interpreter on CPU-only machines)
+import torch
+from iris_fw import devinfo
+from iris_fw.gemm import GemmConfig, default_config, matmul
+
+MS = (16, 64, 256)
+N = 8192
+KS = (4096, 8192, 14336, 28672)
+#: Bytes of B copies a shape rotates through at least (beyond L2).
+ROTATE_BYTES = 256 << 20
+#: GROUP_M values of the tile-order sweep.
+GROUPS = (1, 4, 8, 16)
+
+
+def candidates(m: int) -> list[GemmConfig]:
+    """The configurations tried at ``m`` rows (bf16, Hopper-sized tiles): block shapes that
+    fit the rows, each with 1, 2, 3 or 4 splits of K."""
+    if m <= 16:
+        shapes = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 64, 4, 6),
+                  (16, 256, 64, 4, 4)]
+        splits = (1, 2, 4)
+    elif m <= 64:
+        shapes = [(64, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 128, 64, 4, 5), (64, 128, 128, 4, 3),
+                  (64, 256, 64, 8, 3)]
+        splits = (1, 2, 4)
+    else:
+        shapes = [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (256, 64, 64, 8, 4), (256, 128, 64, 8, 3),
+                  (64, 128, 64, 4, 4)]
+        splits = (1, 2, 3, 4)
+    group = 1 if m <= 64 else 8
+    return [GemmConfig(bm, bn, bk, group, w, st, split_k=s) for bm, bn, bk, w, st in shapes for s in splits]
+
+
+def label(cfg: GemmConfig) -> str:
+    return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
+            f"/k{cfg.split_k}")
+
+
+class Shape:
+    """``a [m, k]`` and rotated ``b [k, n]`` copies, bf16; the reference of copy 0."""
+
+    def __init__(self, m, n, k, dev, quick):
+        self.m, self.n, self.k, self.dev = m, n, k, dev
+        g = torch.Generator(device=dev).manual_seed(m * 131 + n * 7 + k)
+        self.a = (torch.randn(m, k, generator=g, device=dev) / math.sqrt(k)).to(torch.bfloat16)
+        copies = 1 if quick else max(1, math.ceil(ROTATE_BYTES / (k * n * 2)))
+        self.bs = [torch.randn(k, n, generator=g, device=dev).to(torch.bfloat16) for _ in range(copies)]
+        self.out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+        self.ref = (self.a.float() @ self.bs[0].float())
+
+    def check(self, cfg) -> float:
+        """Max error of ``cfg``'s result over max |reference| (bf16 output: ~2^-8)."""
+        got = matmul(self.a, self.bs[0], out=torch.full_like(self.out, float("nan")), config=cfg)
+        return float((got.float() - self.ref).abs().max() / self.ref.abs().max().clamp_min(1e-30))
+
+    def call(self, cfg):
+        a, bs, out = self.a, self.bs, self.out
+        if cfg == "cublas":
+            return lambda i: torch.matmul(a, bs[i % len(bs)], out=out)
+        return lambda i: matmul(a, bs[i % len(bs)], out=out, config=cfg)
+
+
+def graph_of(fn, calls: int, dev):
+    """A replayable callable running ``fn(0..calls-1)``: a CUDA graph on GPUs (made on a side
+    stream after one eager run: split-K's counters exist before the capture), else the calls."""
+    if dev.type != "cuda":
+        return lambda: [fn(i) for i in range(calls)]
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        for i in range(calls):
+            fn(i)
+    return graph.replay
+
+
+def interleaved(replays: dict, rounds: int, calls: int, dev) -> dict:
+    """Median µs per call of each replay, the replays interleaved in rotating order."""
+    names = list(replays)
+    for name in names:  # warm-up
+        replays[name]()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        if dev.type == "cuda":
+            marks = []
+            for name in order:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                replays[name]()
+                end.record()
+                marks.append((name, start, end))
+            torch.cuda.synchronize()
+            for name, start, end in marks:
+                times[name].append(start.elapsed_time(end) * 1000.0 / calls)
+        else:
+            for name in order:
+                t0 = time.perf_counter()
+                replays[name]()
+                times[name].append((time.perf_counter() - t0) * 1e6 / calls)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def sweep(shape: Shape, configs: list, opts, log) -> dict:
+    """``{label: {"config", "us", "err"}}`` plus ``"cublas"`` at one shape (interleaved)."""
+    dev = shape.dev
+    replays, meta = {}, {}
+    for cfg in dict.fromkeys(configs):
+        name = label(cfg)
+        try:
+            err = shape.check(cfg)
+            if not err <= 2 ** -6:
+                log(f"  {name}: WRONG (max error {err:.3g} of max |ref|): not a candidate")
+                meta[name] = {"config": cfg, "err": err, "wrong": True}
+                continue
+            replays[name] = graph_of(shape.call(cfg), opts.calls, dev)
+            meta[name] = {"config": cfg, "err": err}
+        except Exception as exc:  # a configuration that does not fit (shared memory, registers)
+            log(f"  {name}: {type(exc).__name__}: {str(exc)[:160]}")
+    replays["cublas"] = graph_of(shape.call("cublas"), opts.calls, dev)
+    times = interleaved(replays, opts.rounds, opts.calls, dev)
+    for name, us in times.items():
+        meta.setdefault(name, {})["us"] = us
+    return meta
+
+
+def table_rows(best: dict, device_name: str) -> list[dict]:
+    """The tuning table's rows (``iris_fw/tuning/gemm.json``) from the best configuration per
+    ``(m, n, k)``: per ``m`` (ascending; ``max_m`` = m) one row per ``k`` (``max_k`` = k, the
+    largest ``k`` without a bound), split rows bounded by the measured ``n``."""
+    rows = []
+    for m in sorted({m for m, _, _ in best}):
+        ks = sorted(k for mm, _, k in best if mm == m)
+        for k in ks:
+            (n,) = {nn for mm, nn, kk in best if (mm, kk) == (m, k)} or {None}
+            cfg, us, ref = best[(m, n, k)]
+            row = {"max_m": m}
+            if cfg.split_k > 1:
+                row["max_n"] = n
+            if k != ks[-1]:
+                row["max_k"] = k
+            row["config"] = asdict(cfg)
+            row["measured"] = (f"{device_name} {time.strftime('%Y-%m-%d', time.gmtime())}: {m}x{n}x{k} "
+                               f"{us:.1f} us, cuBLAS {ref:.1f} us ({100 * ref / us:.1f}%)")
+            rows.append(row)
+    return rows
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ms", type=int, nargs="+", default=list(MS))
+    p.add_argument("--n", type=int, default=N)
+    p.add_argument("--ks", type=int, nargs="+", default=list(KS))
+    p.add_argument("--calls", type=int, default=10, help="calls per graph replay")
+    p.add_argument("--rounds", type=int, default=15, help="interleaved replays of each method")
+    p.add_argument("--groups", action="store_true", help="the GROUP_M sweep instead (at --shapes)")
+    p.add_argument("--shapes", nargs="+", default=["256,8192,8192", "8192,8192,8192"], help="M,N,K for --groups")
+    p.add_argument("--quick", action="store_true", help="tiny shapes, 2 rounds (CPU smoke run)")
+    p.add_argument("--out", default=os.environ.get("OUT") or "gemm-tune")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    opts = parse(sys.argv[1:] if argv is None else argv)
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if opts.quick:
+        opts.ms, opts.n, opts.ks, opts.calls, opts.rounds = [5, 20], 40, [48], 1, 1
+        opts.shapes = ["20,40,48"]
+    os.makedirs(opts.out, exist_ok=True)
+    name = devinfo.info(dev).name
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    log(f"device {name}, torch {torch.__version__}; {opts.calls} calls per replay, {opts.rounds} rounds")
+    records = []
+    if opts.groups:
+        log("| M x N x K | config | GROUP_M | us | % of cuBLAS |\n|---|---|---:|---:|---:|")
+        for spec in opts.shapes:
+            m, n, k = (int(x) for x in spec.split(","))
+            shape = Shape(m, n, k, dev, opts.quick)
+            base = default_config(m, n, k, torch.bfloat16, dev, split=True)
+            meta = sweep(shape, [replace(base, group_m=g) for g in GROUPS], opts, log)
+            ref = meta["cublas"]["us"]
+            for lab, r in meta.items():
+                if lab != "cublas" and "us" in r:
+                    records.append({"m": m, "n": n, "k": k, "config": lab, "group_m": r["config"].group_m,
+                                    "us": r["us"], "cublas_us": ref, "pct_of_cublas": 100 * ref / r["us"]})
+                    log(f"| {m}x{n}x{k} | {lab} | {r['config'].group_m} | {r['us']:.1f} | {100 * ref / r['us']:.1f} |")
+        with open(os.path.join(opts.out, "gemm_groups.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        # the tile order of the estimated (large) configurations: least geometric mean of time
+        # over each shape's best, across the shapes above 256 rows (the few-row rows carry their own)
+        large = [r for r in records if r["m"] > 256] or records
+        best = {}
+        for r in large:
+            key = (r["m"], r["n"], r["k"])
+            best[key] = min(best.get(key, r["us"]), r["us"])
+        score = {}
+        for r in large:
+            score.setdefault(r["group_m"], []).append(math.log(r["us"] / best[(r["m"], r["n"], r["k"])]))
+        group = min(score, key=lambda g: sum(score[g]))
+        text = "; ".join(f"{r['m']}x{r['n']}x{r['k']} {r['us']:.1f} us (cuBLAS {r['cublas_us']:.1f})"
+                         for r in large if r["group_m"] == group)
+        order = {name: {"group_m": group, "measured": f"{time.strftime('%Y-%m-%d', time.gmtime())}, "
+                                                       f"scripts/tune_gemm.py --groups: {text}"}}
+        with open(os.path.join(opts.out, "gemm_tile_order.json"), "w") as f:
+            json.dump(order, f, indent=1)
+        log(f"tile order for {name!r} (iris_fw/tuning/gemm.json 'tile_order'; add ncu's L2 hit rates):\n"
+            + json.dumps(order))
+        return 0
+    best = {}
+    summary = ["| M x N x K | cuBLAS us | current us (config) | best us (config) | best % of cuBLAS |",
+               "|---|---:|---|---|---:|"]
+    for m in opts.ms:
+        for k in opts.ks:
+            shape = Shape(m, opts.n, k, dev, opts.quick)
+            current = default_config(m, opts.n, k, torch.bfloat16, dev, split=True)
+            configs = [current, replace(current, split_k=2)] if opts.quick else [current] + candidates(m)
+            meta = sweep(shape, configs, opts, log)
+            ref = meta.pop("cublas")["us"]
+            for lab, r in meta.items():
+                records.append({"m": m, "n": opts.n, "k": k, "config": lab, "split_k": r["config"].split_k,
+                                "us": r.get("us"), "err": r.get("err"), "wrong": r.get("wrong", False),
+                                "cublas_us": ref, "pct_of_cublas": 100 * ref / r["us"] if r.get("us") else None,
+                                "current": r["config"] == current})
+            timed = {lab: r for lab, r in meta.items() if r.get("us") and not r.get("wrong")}
+            if not timed:
+                log(f"| {m}x{opts.n}x{k} | {ref:.1f} | no configuration ran right | | |")
+                continue
+            win = min(timed, key=lambda lab: timed[lab]["us"])
+            best[(m, opts.n, k)] = (timed[win]["config"], timed[win]["us"], ref)
+            cur = timed.get(label(current))
+            cur_text = f"{cur['us']:.1f} ({label(current)})" if cur else "n/a"
+            line = (f"| {m}x{opts.n}x{k} | {ref:.1f} | {cur_text} | {timed[win]['us']:.1f} ({win}) | "
+                    f"{100 * ref / timed[win]['us']:.1f} |")
+            summary.append(line)
+            log(line)
+            with open(os.path.join(opts.out, "gemm_tune.jsonl"), "w") as f:  # every shape so far
+                f.writelines(json.dumps(r) + "\n" for r in records)
+            with open(os.path.join(opts.out, "gemm_tuning_rows.json"), "w") as f:  # (a cut-short run keeps them)
+                json.dump({name: table_rows(best, name)}, f, indent=1)
+    rows = table_rows(best, name)
+    log("\n".join(summary))
+    log(f"tuning rows for {name!r} (iris_fw/tuning/gemm.json):\n" + json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -480,11 +480,12 @@ def _src_slot_rank(ctx):
     if r == 1:
         scatter = made._scatter
 
-        def late(*args, **kw):
-            time.sleep(1.0)
-            return scatter(*args, **kw)
+        class Late:
+            def launch_on(self, *args):
+                time.sleep(1.0)
+                return scatter.launch_on(*args)
 
-        made._scatter = late
+        made._scatter = Late()
     d = moe_dispatch(x, idx, wt, experts, **kwargs)
     ctx.synchronize()
     slot = d.handle.src_slot.cpu()

@@ -112,6 +112,8 @@ STAT_DROPPED, STAT_BAD = 0, 1
 ROW_BLOCK = 1024
 #: Warps of the MoE kernels.
 NUM_WARPS = 4
+#: Elements of a counter array one program zeroes or marks at a time.
+RESET_BLOCK = 1024
 #: Added to every tile counter of a fused expert GEMM's plan once a dispatch's counts are final
 #: (larger than any tile's row count): see :func:`_finish_tiles`.
 TILES_FINAL = 1 << 24
@@ -124,6 +126,7 @@ _RELAXED = tl.constexpr("relaxed")
 _RELEASE = tl.constexpr("release")
 _SYS = tl.constexpr("sys")
 _TILES_FINAL = tl.constexpr(TILES_FINAL)
+_RESET_BLOCK = tl.constexpr(RESET_BLOCK)
 
 
 # ---- tuning (data) --------------------------------------------------------------------------------
@@ -247,10 +250,9 @@ def _finish_tiles(arrived, L: tl.constexpr, NT: tl.constexpr, TILE_ROWS: tl.cons
     :data:`TILES_FINAL` to every local tile counter (release): a waiting GEMM tile then knows
     the call's counts are final and reads its row count from them (partial and empty tiles)."""
     if TILE_ROWS > 0:
-        BLOCK: tl.constexpr = 1024
-        offs = tl.arange(0, BLOCK)
+        offs = tl.arange(0, _RESET_BLOCK)
         tl.debug_barrier()
-        for i in range(0, L * NT, BLOCK):
+        for i in range(0, L * NT, _RESET_BLOCK):
             tl.atomic_add(arrived + i + offs, _TILES_FINAL, mask=i + offs < L * NT, sem=_RELEASE, scope=_SYS)
 
 
@@ -665,6 +667,12 @@ class MoePlan:
         self.states = {name: torch.zeros(1, dtype=i64, device=dev) for name in ("dispatch", "scatter", "combine")}
         # combine validations seen (expert_out signatures)
         self.combine_keys: set = set()
+        # the fused expert GEMMs' state on this plan (iris_fw.moe_gemm): the dispatch GEMMs by (N, weight
+        # dtype, device, schedule) and the validated keys; the GEMM -> combine buffers and validated keys
+        self.gemm_states: dict = {}
+        self.gemm_keys: set = set()
+        self.gemm_combine = None
+        self.gemm_combine_keys: set = set()
         quant = dict(QUANT=c.quant, GROUP=FP8_GROUP)
         block = min(ROW_BLOCK, triton.next_power_of_2(H))
         nl = max(2, triton.next_power_of_2(L))

@@ -33,8 +33,9 @@ on the current one, forked and joined by events (:class:`iris_fw.engine.schedule
 the ``producer_consumer`` scheduler's mechanism): GEMM tiles run while later rows are still on
 their way. The dispatch gets ``dispatch_programs`` programs and the GEMM the rest of the SMs,
 so both grids are resident together and no GEMM program spins on an SM a dispatch program needs.
-``"sequential"``: one stream, the dispatch then the GEMM (the GEMM still skips empty tiles).
-``"auto"``: ``producer_consumer`` on CUDA devices, ``sequential`` elsewhere (CPU ranks run
+``"bulk_sync"``: one stream, the dispatch kernel then the GEMM kernel, as the ``bulk_sync``
+scheduler runs its kernels (the GEMM still skips empty tiles).
+``"auto"``: ``producer_consumer`` on CUDA devices, ``bulk_sync`` elsewhere (CPU ranks run
 launches one after another anyway). Tiles and programs are data:
 ``iris_fw/tuning/moe_gemm.json``.
 
@@ -90,9 +91,10 @@ __all__ = ["SCHEDULES", "DispatchedGemm", "moe_dispatch_gemm", "moe_gemm_combine
            "tile_config"]
 
 #: ``schedule=`` values (``"auto"`` picks ``producer_consumer`` on CUDA devices).
-SCHEDULES = ("producer_consumer", "sequential")
+SCHEDULES = ("producer_consumer", "bulk_sync")
 
 _TILES_FINAL = tl.constexpr(moe.TILES_FINAL)
+_RESET_BLOCK = tl.constexpr(moe.RESET_BLOCK)
 
 
 @functools.lru_cache(maxsize=None)
@@ -194,16 +196,16 @@ def _dispatch_gemm_kernel(recv_x, recv_scales, weight, y, arrived, recv_counts, 
                 r = tl.arange(0, BM)
                 ok = (r < rows)[:, None]
                 slot = (le * C + mb * BM + r).to(tl.int64)[:, None]
-                acc = _rows_dot(recv_x + slot * H, recv_scales + slot * NG, ok, weight + le * stride_wl, nb * BN,
+                le64 = le.to(tl.int64)
+                acc = _rows_dot(recv_x + slot * H, recv_scales + slot * NG, ok, weight + le64 * stride_wl, nb * BN,
                                 N, H, 1, stride_wk, stride_wn, BM, BN, BK, QUANT, NG, GROUP, EXACT)
                 cols = nb * BN + tl.arange(0, BN)
-                dst = y + le * stride_yl + (mb * BM + r).to(tl.int64)[:, None] * stride_yc + cols[None, :]
+                dst = y + le64 * stride_yl + (mb * BM + r).to(tl.int64)[:, None] * stride_yc + cols[None, :]
                 tl.store(dst, acc.to(y.dtype.element_ty), mask=ok & (cols[None, :] < N))
     if tc.last_program(state, nprog, epoch):
-        BLOCK: tl.constexpr = 1024
-        offs = tl.arange(0, BLOCK)
-        for i in range(0, L * NT, BLOCK):
-            tl.store(arrived + i + offs, tl.zeros([BLOCK], tl.int32), mask=i + offs < L * NT)
+        offs = tl.arange(0, _RESET_BLOCK)
+        for i in range(0, L * NT, _RESET_BLOCK):
+            tl.store(arrived + i + offs, tl.zeros([_RESET_BLOCK], tl.int32), mask=i + offs < L * NT)
 
 
 @triton.jit
@@ -231,9 +233,10 @@ def _gemm_combine_kernel(h, weight, recv_src, recv_counts, comb, slots, epochs, 
             r = tl.arange(0, BM)
             ok = r < rows
             slot = (le * C + mb * BM + r).to(tl.int64)
-            rows_h = h + le * stride_hl + (mb * BM + r).to(tl.int64)[:, None] * stride_hc
+            le64 = le.to(tl.int64)
+            rows_h = h + le64 * stride_hl + (mb * BM + r).to(tl.int64)[:, None] * stride_hc
             acc = _rows_dot(rows_h, rows_h, ok[:, None],
-                            weight + le * stride_wl, nb * BN, H, I, 1, stride_wk, stride_wn, BM, BN, BK, False, 1,
+                            weight + le64 * stride_wl, nb * BN, H, I, 1, stride_wk, stride_wn, BM, BN, BK, False, 1,
                             1, EXACT)
             meta = tl.load(recv_src + slot, mask=ok, other=0)
             src = meta // (TMAX * K)
@@ -329,7 +332,7 @@ def _resolve_schedule(device: torch.device, schedule) -> str:
     if not isinstance(schedule, str) or schedule not in ("auto", *SCHEDULES):
         raise ArgumentError(f"moe_dispatch_gemm: schedule must be 'auto' or one of {SCHEDULES}, got {schedule!r}")
     if schedule == "auto":
-        return "producer_consumer" if device.type == "cuda" else "sequential"
+        return "producer_consumer" if device.type == "cuda" else "bulk_sync"
     return schedule
 
 
@@ -341,7 +344,7 @@ def moe_dispatch_gemm(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: tor
     GEMM (collective): ``weight [L, H, N]`` (x's dtype) → :class:`DispatchedGemm` ``(y [L, C,
     N], x [L, C, H], counts [L], handle, scales)`` with ``y[l, s] = x[l, s] @ weight[l]`` for
     the received rows, each tile computed as soon as its rows have arrived. ``schedule``:
-    ``"producer_consumer"``, ``"sequential"`` or ``"auto"``; ``out``: a ``[L, C, N]`` tensor of
+    ``"producer_consumer"``, ``"bulk_sync"`` or ``"auto"``; ``out``: a ``[L, C, N]`` tensor of
     x's dtype for ``y`` (default: the plan's buffer). See the module docstring."""
     ctx = _context.resolve(ctx)
     ctx._check_open()
@@ -351,8 +354,7 @@ def moe_dispatch_gemm(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: tor
     made = moe.plan(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank=max_tokens_per_rank,
                     capacity=capacity, dtype=dtype, mode=mode, ctx=ctx, tile_rows=cfg.block_m, programs=programs)
     c = made.call
-    states = made.__dict__.setdefault("gemm_states", {})
-    keys = made.__dict__.setdefault("gemm_keys", set())
+    states, keys = made.gemm_states, made.gemm_keys
     what = "moe_dispatch_gemm"
     n = weight.shape[2] if isinstance(weight, torch.Tensor) and weight.dim() == 3 else None
     key = (n, getattr(weight, "dtype", None), getattr(weight, "device", None), sched)
@@ -422,7 +424,7 @@ def moe_gemm_combine(h: torch.Tensor, weight: torch.Tensor, handle: moe.MoeHandl
                                 f"{type(handle).__name__}")
     made = handle.plan
     c, ctx = made.call, made.ctx
-    keys = made.__dict__.setdefault("gemm_combine_keys", set())
+    keys = made.gemm_combine_keys
     i_dim = h.shape[2] if isinstance(h, torch.Tensor) and h.dim() == 3 else None
     key = (i_dim, getattr(h, "dtype", None), getattr(weight, "dtype", None))
 
@@ -448,9 +450,9 @@ def moe_gemm_combine(h: torch.Tensor, weight: torch.Tensor, handle: moe.MoeHandl
 
     _collective_check(made, keys, key, "iris_fw.moe_gemm_combine",
                       {"I (h.shape[2])": i_dim, "h dtype": key[1], "weight dtype": key[2]}, check, what)
-    st = made.__dict__.get("gemm_combine")
+    st = made.gemm_combine
     if st is None:
-        st = made.__dict__["gemm_combine"] = _CombineState(made)
+        st = made.gemm_combine = _CombineState(made)
     launch = st.launchers.get(key)
     if launch is None:
         cfg = tile_config(ctx.device)

@@ -87,6 +87,9 @@ from . import tiles
 from .engine.launcher import KernelLauncher
 from .errors import ArgumentError, ArgumentTypeError
 
+#: Channels per fp8 scale group (the dispatch's; ``block_k`` divides it).
+FP8_GROUP = moe.FP8_GROUP
+
 __all__ = ["SCHEDULES", "DispatchedGemm", "moe_dispatch_gemm", "moe_gemm_combine", "moe_gemm_reference",
            "tile_config"]
 
@@ -114,15 +117,19 @@ class TileConfig:
     dispatch_programs: int
 
 
-def tile_config(device: torch.device) -> TileConfig:
+def tile_config(device: torch.device, mean_rows: float | None = None) -> TileConfig:
     """The tiles for ``device``: its name's entry of ``iris_fw/tuning/moe_gemm.json``, else its
-    type's default."""
+    type's default; ``block_m`` by ``mean_rows`` (rows per expert of a full, uniformly routed
+    call; None: the last row)."""
     data = _table()
     dev = devinfo.info(device)
-    row = data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"]
+    row = dict(data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"])
+    by_load = row.pop("block_m")
+    row["block_m"] = next((bm for bound, bm in by_load
+                           if bound is None or (mean_rows is not None and mean_rows <= bound)), by_load[-1][1])
     cfg = TileConfig(**row)
-    if moe.FP8_GROUP % cfg.block_k:
-        raise ValueError(f"iris_fw/tuning/moe_gemm.json: block_k {cfg.block_k} must divide {moe.FP8_GROUP}")
+    if FP8_GROUP % cfg.block_k:
+        raise ValueError(f"iris_fw/tuning/moe_gemm.json: block_k {cfg.block_k} must divide {FP8_GROUP}")
     return cfg
 
 
@@ -328,6 +335,15 @@ class _GemmState:
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+def _mean_rows(ctx, topk_idx, num_experts, max_tokens) -> float | None:
+    """Rows per expert of a full, uniformly routed call (the tile size's key); None where an
+    argument is not what it should be (the plan's validation then reports it on every rank)."""
+    try:
+        return int(max_tokens) * ctx.world_size * int(topk_idx.shape[1]) / int(num_experts)
+    except Exception:  # noqa: BLE001 - reported by the collective validation
+        return None
+
+
 def _resolve_schedule(device: torch.device, schedule) -> str:
     if not isinstance(schedule, str) or schedule not in ("auto", *SCHEDULES):
         raise ArgumentError(f"moe_dispatch_gemm: schedule must be 'auto' or one of {SCHEDULES}, got {schedule!r}")
@@ -349,7 +365,7 @@ def moe_dispatch_gemm(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: tor
     ctx = _context.resolve(ctx)
     ctx._check_open()
     sched = _resolve_schedule(ctx.device, schedule)
-    cfg = tile_config(ctx.device)
+    cfg = tile_config(ctx.device, _mean_rows(ctx, topk_idx, num_experts, max_tokens_per_rank))
     programs = cfg.dispatch_programs if sched == "producer_consumer" else 0
     made = moe.plan(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank=max_tokens_per_rank,
                     capacity=capacity, dtype=dtype, mode=mode, ctx=ctx, tile_rows=cfg.block_m, programs=programs)
@@ -455,7 +471,7 @@ def moe_gemm_combine(h: torch.Tensor, weight: torch.Tensor, handle: moe.MoeHandl
         st = made.gemm_combine = _CombineState(made)
     launch = st.launchers.get(key)
     if launch is None:
-        cfg = tile_config(ctx.device)
+        cfg = tile_config(ctx.device, c.max_tokens * c.world * c.topk / c.num_experts)
         work = triton.cdiv(c.capacity, cfg.block_m) * c.local_experts * triton.cdiv(c.hidden, cfg.block_n)
         programs = devinfo.persistent_programs(ctx.device, work)
         st.epochs[key] = torch.zeros(programs, dtype=torch.int64, device=ctx.device)

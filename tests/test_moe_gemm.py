@@ -184,6 +184,24 @@ def test_moe_gemm_all_cases(iris_pool, world_size):
     iris_pool(world_size).run(_cases_rank, list(CASES), calls=2)
 
 
+def test_tile_config_table(monkeypatch):
+    """Tiles are data (iris_fw/tuning/moe_gemm.json): block_m by the mean rows per expert, the first
+    row whose bound holds; block_k must divide an fp8 scale group."""
+    import torch
+
+    from iris_fw import moe_gemm
+
+    cpu = torch.device("cpu")
+    assert moe_gemm.tile_config(cpu, 3).block_m == 16 and moe_gemm.FP8_GROUP % moe_gemm.tile_config(cpu).block_k == 0
+    row = dict(block_n=16, block_k=16, num_warps=4, num_stages=1, dispatch_programs=2)
+    table = {"defaults": {"cpu": dict(row, block_m=[[8, 16], [32, 32], [None, 64]])}, "devices": {}}
+    monkeypatch.setattr(moe_gemm, "_table", lambda: table)
+    assert [moe_gemm.tile_config(cpu, m).block_m for m in (1, 8, 9, 32, 33, None)] == [16, 16, 32, 32, 64, 64]
+    table["defaults"]["cpu"]["block_k"] = 48
+    with pytest.raises(ValueError, match="must divide 128"):
+        moe_gemm.tile_config(cpu)
+
+
 # ---- bad input ------------------------------------------------------------------------------------
 
 

@@ -37,7 +37,8 @@ so both grids are resident together and no GEMM program spins on an SM a dispatc
 scheduler runs its kernels (the GEMM still skips empty tiles).
 ``"auto"``: ``producer_consumer`` on CUDA devices, ``bulk_sync`` elsewhere (CPU ranks run
 launches one after another anyway). Tiles and programs are data:
-``iris_fw/tuning/moe_gemm.json``.
+``iris_fw/tuning/moe_gemm.json`` (``block_m`` by the mean rows per expert of a full call,
+:func:`tile_config`).
 
 **GEMM → combine.** ``moe_gemm_combine`` computes each tile of ``h[l] @ weight[l]`` and stores
 its rows straight into their sources' combine buffers (``[T, K, H]`` at the token's owner, slot

@@ -112,12 +112,21 @@ STAT_DROPPED, STAT_BAD = 0, 1
 ROW_BLOCK = 1024
 #: Warps of the MoE kernels.
 NUM_WARPS = 4
+#: Elements of a counter array one program zeroes or marks at a time.
+RESET_BLOCK = 1024
+#: Added to every tile counter of a fused expert GEMM's plan once a dispatch's counts are final
+#: (larger than any tile's row count): see :func:`_finish_tiles`.
+TILES_FINAL = 1 << 24
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_AMAX = tl.constexpr(MIN_AMAX)
 _STAT_DROPPED = tl.constexpr(STAT_DROPPED)
 _STAT_BAD = tl.constexpr(STAT_BAD)
 _RELAXED = tl.constexpr("relaxed")
+_RELEASE = tl.constexpr("release")
+_SYS = tl.constexpr("sys")
+_TILES_FINAL = tl.constexpr(TILES_FINAL)
+_RESET_BLOCK = tl.constexpr(RESET_BLOCK)
 
 
 # ---- tuning (data) --------------------------------------------------------------------------------
@@ -195,39 +204,93 @@ def _publish_counts(counters, recv_counts, stats, bad_acc, L: tl.constexpr, C: t
     tl.store(bad_acc, 0)
 
 
+@triton.jit
+def _dispatch_begin(epochs, slots, rank, world_size, heap_bases):
+    """The opening every dispatch kernel shares: this program's call epoch
+    (:func:`~iris_fw.tilecomm.program_epoch`), its arrival at the entry barrier ``slots`` int64
+    ``[world_size]`` (symmetric) and the bounded wait for every rank's. Returns ``(epoch,
+    live)``: ``live`` 0 if the wait gave up (the token loop then runs no iteration)."""
+    epoch = tc.program_epoch(epochs)
+    tc.arrive(slots, epoch, rank, world_size, heap_bases)
+    live = tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
+    return epoch, live
+
+
+@triton.jit
+def _routing_row(topk_idx, topk_weights, weights, t64, stride_it, stride_wt, E: tl.constexpr, K: tl.constexpr,
+                 KP: tl.constexpr):
+    """Token ``t64``'s routing row, read by every dispatch kernel's token loop: ``(e, w, bad)``
+    with ``e [KP]`` int32 its expert ids (-1: none, an invalid id, or a lane past ``K``), ``w
+    [KP]`` fp32 its weights (also copied to ``weights[t64] [K]`` for the combine) and ``bad``
+    the number of invalid ids (outside ``[-1, E)``: counted, skipped)."""
+    ks = tl.arange(0, KP)
+    km = ks < K
+    e = tl.load(topk_idx + t64 * stride_it + ks, mask=km, other=-1).to(tl.int32)
+    ok = (e >= 0) & (e < E)
+    bad = tl.sum(((~ok) & (e != -1) & km).to(tl.int32), axis=0)
+    w = tl.load(topk_weights + t64 * stride_wt + ks, mask=km, other=0.0).to(tl.float32)
+    tl.store(weights + t64 * K + ks, w, mask=km)
+    return tl.where(ok, e, -1), w, bad
+
+
+@triton.jit
+def _signal_tile(arrived, le, slot, rank, dst, heap_bases, NT: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """``TILE_ROWS > 0`` (a fused expert GEMM waits on the rows): after row ``slot`` of local
+    expert ``le`` was written on ``dst``, count it in ``dst``'s ``arrived [L, NT]`` int32
+    (symmetric) at the tile ``slot // TILE_ROWS``, with release order (every thread's row stores
+    first): a full tile is ready when its count reaches ``TILE_ROWS``."""
+    if TILE_ROWS > 0:
+        tl.debug_barrier()
+        dv.atomic_add(arrived + le * NT + slot // TILE_ROWS, 1, rank, dst, heap_bases, sem=_RELEASE)
+
+
+@triton.jit
+def _finish_tiles(arrived, L: tl.constexpr, NT: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """``TILE_ROWS > 0``: after the counts of the call were published, add
+    :data:`TILES_FINAL` to every local tile counter (release): a waiting GEMM tile then knows
+    the call's counts are final and reads its row count from them (partial and empty tiles)."""
+    if TILE_ROWS > 0:
+        offs = tl.arange(0, _RESET_BLOCK)
+        tl.debug_barrier()
+        for i in range(0, L * NT, _RESET_BLOCK):
+            tl.atomic_add(arrived + i + offs, _TILES_FINAL, mask=i + offs < L * NT, sem=_RELEASE, scope=_SYS)
+
+
 # ---- kernels --------------------------------------------------------------------------------------
 
 
 @triton.jit
 def _dispatch_ll_kernel(x, topk_idx, topk_weights, recv_x, recv_scales, recv_src, counters, src_slot, weights,
-                        recv_counts, stats, bad_acc, slots, epochs, state,
+                        recv_counts, stats, bad_acc, slots, epochs, state, arrived,
                         tokens, stride_xt, stride_it, stride_wt, rank, world_size, heap_bases,
-                        H: tl.constexpr, K: tl.constexpr, E: tl.constexpr, L: tl.constexpr, C: tl.constexpr,
-                        TMAX: tl.constexpr, BH: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
-                        NL: tl.constexpr):
+                        H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, L: tl.constexpr,
+                        C: tl.constexpr, TMAX: tl.constexpr, BH: tl.constexpr, QUANT: tl.constexpr,
+                        GROUP: tl.constexpr, NL: tl.constexpr, NT: tl.constexpr, TILE_ROWS: tl.constexpr):
     """Low-latency dispatch: each (token, k) row straight into its expert's slot.
 
     ``x [tokens, H]`` (rows ``stride_xt`` apart), ``topk_idx [tokens, K]``, ``topk_weights
     [tokens, K]`` (rows ``stride_it``/``stride_wt`` apart). Symmetric: ``recv_x [L, C, H]``,
     ``recv_scales [L, C, NG]`` fp32 (``QUANT``), ``recv_src [L, C]`` int32 (``(src_rank * TMAX +
     t) * K + k`` per received row), ``counters [L]`` int32, ``slots`` int64 ``[2, world_size]``
-    (entry, done). Local: ``src_slot [TMAX, K]`` int32 (the slot each of this rank's rows got, -1
-    none), ``weights [TMAX, K]`` fp32 (a copy for the combine), ``recv_counts [L]`` int32,
-    ``stats [2]`` int32, ``bad_acc [1]`` int32, ``epochs [programs]``, ``state [1]`` int64."""
+    (entry, done), ``arrived [L, NT]`` int32 (``TILE_ROWS > 0``: rows per GEMM tile, see
+    :func:`_signal_tile`). Local: ``src_slot [TMAX, K]`` int32 (the slot each of this rank's rows
+    got, -1 none), ``weights [TMAX, K]`` fp32 (a copy for the combine), ``recv_counts [L]``
+    int32, ``stats [2]`` int32, ``bad_acc [1]`` int32, ``epochs [programs]``, ``state [1]``
+    int64."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     NG: tl.constexpr = (H + GROUP - 1) // GROUP
-    epoch = tc.program_epoch(epochs)
-    tc.arrive(slots, epoch, rank, world_size, heap_bases)
-    live = tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
+    epoch, live = _dispatch_begin(epochs, slots, rank, world_size, heap_bases)
+    ks = tl.arange(0, KP)
     bad = 0
     for t in range(pid, tokens * live, nprog):
         t64 = tl.cast(t, tl.int64)
+        erow, wrow, nbad = _routing_row(topk_idx, topk_weights, weights, t64, stride_it, stride_wt, E, K, KP)
+        bad += nbad
         for k in range(0, K):
-            e = tl.load(topk_idx + t64 * stride_it + k).to(tl.int32)
-            tl.store(weights + t64 * K + k, tl.load(topk_weights + t64 * stride_wt + k).to(tl.float32))
+            e = tl.sum(tl.where(ks == k, erow, 0), axis=0)
             slot = -1
-            if (e >= 0) & (e < E):
+            if e >= 0:
                 dst = e // L
                 le = e % L
                 got = dv.atomic_add(counters + le, 1, rank, dst, heap_bases, sem=_RELAXED)
@@ -237,8 +300,7 @@ def _dispatch_ll_kernel(x, topk_idx, topk_weights, recv_x, recv_scales, recv_src
                     _push_row(x + t64 * stride_xt, recv_x + row * H, recv_scales + row * NG, rank, dst, heap_bases,
                               H, BH, QUANT, GROUP)
                     dv.store(recv_src + row, (rank * TMAX + t) * K + k, rank, dst, heap_bases)
-            elif e != -1:
-                bad += 1
+                    _signal_tile(arrived, le, got, rank, dst, heap_bases, NT, TILE_ROWS)
             tl.store(src_slot + t64 * K + k, slot)
     if bad > 0:
         tl.atomic_add(bad_acc, bad, sem="relaxed")
@@ -246,6 +308,7 @@ def _dispatch_ll_kernel(x, topk_idx, topk_weights, recv_x, recv_scales, recv_src
         tc.arrive(slots + world_size, epoch, rank, world_size, heap_bases)
         if tc.wait_arrivals(slots + world_size, epoch, rank, world_size, heap_bases):
             _publish_counts(counters, recv_counts, stats, bad_acc, L, C, NL)
+            _finish_tiles(arrived, L, NT, TILE_ROWS)
 
 
 @triton.jit
@@ -264,22 +327,16 @@ def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_i
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     NG: tl.constexpr = (H + GROUP - 1) // GROUP
-    epoch = tc.program_epoch(epochs)
-    tc.arrive(slots, epoch, rank, world_size, heap_bases)
-    live = tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
+    epoch, live = _dispatch_begin(epochs, slots, rank, world_size, heap_bases)
     ks = tl.arange(0, KP)
     km = ks < K
     bad = 0
     for t in range(pid, tokens * live, nprog):
         t64 = tl.cast(t, tl.int64)
-        e = tl.load(topk_idx + t64 * stride_it + ks, mask=km, other=-1).to(tl.int32)
-        ok = (e >= 0) & (e < E)
-        bad += tl.sum(((~ok) & (e != -1) & km).to(tl.int32), axis=0)
-        e = tl.where(ok, e, -1)
-        wrow = tl.load(topk_weights + t64 * stride_wt + ks, mask=km, other=0.0).to(tl.float32)
-        tl.store(weights + t64 * K + ks, wrow, mask=km)
+        e, wrow, nbad = _routing_row(topk_idx, topk_weights, weights, t64, stride_it, stride_wt, E, K, KP)
+        bad += nbad
         tl.store(src_slot + t64 * K + ks, tl.full([KP], -1, tl.int32), mask=km & (e < 0))
-        dst_of = tl.where(ok, e // L, -1)
+        dst_of = tl.where(e >= 0, e // L, -1)
         for i in range(0, world_size):
             p = (rank + i) % world_size
             at = (rank * TMAX + t64)
@@ -299,18 +356,19 @@ def _dispatch_pack_kernel(x, topk_idx, topk_weights, pack_x, pack_scales, pack_i
 
 @triton.jit
 def _dispatch_scatter_kernel(pack_x, pack_scales, pack_idx, pack_tokens, recv_x, recv_scales, recv_src, counters,
-                             src_slot, tok_slot, recv_counts, stats, bad_acc, slots, epochs, state, rank,
+                             src_slot, tok_slot, recv_counts, stats, bad_acc, slots, epochs, state, arrived, rank,
                              world_size, heap_bases,
                              H: tl.constexpr, K: tl.constexpr, L: tl.constexpr, C: tl.constexpr, TMAX: tl.constexpr,
                              BH: tl.constexpr, QUANT: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-                             NL: tl.constexpr):
+                             NL: tl.constexpr, NT: tl.constexpr, TILE_ROWS: tl.constexpr):
     """Throughput dispatch, step 2 (local, after step 1 on this rank): every packed row of
     every source rank into its local experts' slots (a local atomic per row), its slot (or -1:
     dropped) written into the source's ``src_slot [TMAX, K]`` (symmetric) and into the local
     ``tok_slot [world_size, TMAX, K]`` (the combine's map). The last program publishes the
     counts, then makes the *done* barrier on ``slots`` int64 ``[world_size]`` (symmetric): when
     the launch ends, every peer's scatter has ended too, so this rank's ``src_slot`` (written by
-    the peers) is complete. No other waits (the pack's done barrier came before)."""
+    the peers) is complete. No other waits (the pack's done barrier came before). ``arrived [L,
+    NT]``, ``TILE_ROWS``: as in :func:`_dispatch_ll_kernel` (local signals)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = tc.program_epoch(epochs)
@@ -331,10 +389,12 @@ def _dispatch_scatter_kernel(pack_x, pack_scales, pack_idx, pack_tokens, recv_x,
                         _copy_row(pack_x + at * H, recv_x + row * H, pack_scales + at * NG, recv_scales + row * NG,
                                   H, BH, QUANT, NG, NGP)
                         tl.store(recv_src + row, (p * TMAX + t) * K + k)
+                        _signal_tile(arrived, le, got, rank, rank, heap_bases, NT, TILE_ROWS)
                     tl.store(tok_slot + at * K + k, slot)
                     dv.store(src_slot + t * K + k, slot, rank, p, heap_bases)
     if tc.last_program(state, nprog, epoch):
         _publish_counts(counters, recv_counts, stats, bad_acc, L, C, NL)
+        _finish_tiles(arrived, L, NT, TILE_ROWS)
         tc.arrive(slots, epoch, rank, world_size, heap_bases)
         tc.wait_arrivals(slots, epoch, rank, world_size, heap_bases)
 
@@ -412,6 +472,11 @@ class MoeCall:
     dtype: torch.dtype
     mode: str
     world: int
+    #: rows of a fused expert GEMM's tile (:mod:`iris_fw.moe_gemm`): the dispatch counts the rows
+    #: of each tile as they arrive; 0: a plain dispatch
+    tile_rows: int = 0
+    #: at most this many programs for the dispatch kernels (0: one per SM, as the work allows)
+    programs: int = 0
 
     @property
     def local_experts(self) -> int:
@@ -429,7 +494,8 @@ class MoeCall:
         return {"hidden size (x.shape[1])": self.hidden, "topk (topk_idx.shape[1])": self.topk,
                 "x dtype": self.x_dtype, "topk_idx dtype": self.idx_dtype, "topk_weights dtype": self.weights_dtype,
                 "num_experts": self.num_experts, "max_tokens_per_rank": self.max_tokens, "capacity": self.capacity,
-                "dtype": self.dtype, "mode": self.mode, "device type": device_type}
+                "dtype": self.dtype, "mode": self.mode, "device type": device_type,
+                "fused GEMM tile rows": self.tile_rows, "dispatch programs": self.programs}
 
 
 class Dispatched(NamedTuple):
@@ -514,7 +580,8 @@ def check_tokens(ctx, x, topk_idx, topk_weights, max_tokens: int) -> int:
     return tokens
 
 
-def check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode) -> MoeCall:
+def check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,
+               tile_rows: int = 0, programs: int = 0) -> MoeCall:
     """Validate one rank's dispatch arguments locally; the :class:`MoeCall` they describe."""
     for t, name in ((x, "x"), (topk_idx, "topk_idx"), (topk_weights, "topk_weights")):
         _check_tensor(ctx, t, name, 2)
@@ -549,7 +616,7 @@ def check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank,
         raise ArgumentError(f"moe_dispatch: topk_idx holds expert ids outside [-1, {num_experts}) (num_experts = "
                             f"{num_experts}; -1 means no expert), e.g. {int(topk_idx[where[0], where[1]])} at {where}")
     return MoeCall(hidden, topk_idx.shape[1], x.dtype, topk_idx.dtype, topk_weights.dtype, num_experts, max_tokens,
-                   cap, dtype, mode, world)
+                   cap, dtype, mode, world, tile_rows, programs)
 
 
 class MoePlan:
@@ -575,6 +642,9 @@ class MoePlan:
         self.comb = ctx.zeros(T, K if c.mode == "low_latency" else W, H, dtype=c.x_dtype)
         self.src_slot = ctx.zeros(T, K, dtype=i32)
         self.slots = ctx.zeros(5, W, dtype=i64)  # dispatch entry, done; combine entry, done; scatter done
+        self.tiles = triton.cdiv(C, c.tile_rows) if c.tile_rows else 1
+        # rows arrived per fused-GEMM tile (peers add to it); a plain dispatch passes counters instead (unused)
+        self.arrived = ctx.zeros(L, self.tiles, dtype=i32) if c.tile_rows else self.counters
         self.dispatch_slots, self.combine_slots, self.scatter_slots = self.slots[0], self.slots[2], self.slots[4]
         if c.mode == "throughput":
             self.pack_x = ctx.zeros(W, T, H, dtype=c.dtype)
@@ -588,29 +658,37 @@ class MoePlan:
         self.recv_counts = torch.zeros(L, dtype=i32, device=dev)
         self.stats = torch.zeros(2, dtype=i32, device=dev)
         self.bad_acc = torch.zeros(1, dtype=i32, device=dev)
-        self.nprog = devinfo.persistent_programs(dev, T)
-        self.nprog_scatter = devinfo.persistent_programs(dev, W * T)
+        cap = c.programs or W * T
+        self.nprog = devinfo.persistent_programs(dev, min(T, cap))
+        self.nprog_scatter = devinfo.persistent_programs(dev, min(W * T, cap))
         self.nprog_combine = devinfo.persistent_programs(dev, L * C if c.mode == "low_latency" else W * T)
         self.epochs = {name: torch.zeros(n, dtype=i64, device=dev) for name, n in
                        (("dispatch", self.nprog), ("scatter", self.nprog_scatter), ("combine", self.nprog_combine))}
         self.states = {name: torch.zeros(1, dtype=i64, device=dev) for name in ("dispatch", "scatter", "combine")}
         # combine validations seen (expert_out signatures)
         self.combine_keys: set = set()
+        # the fused expert GEMMs' state on this plan (iris_fw.moe_gemm): the dispatch GEMMs by (N, weight
+        # dtype, device, schedule) and the validated keys; the GEMM -> combine buffers and validated keys
+        self.gemm_states: dict = {}
+        self.gemm_keys: set = set()
+        self.gemm_combine = None
+        self.gemm_combine_keys: set = set()
         quant = dict(QUANT=c.quant, GROUP=FP8_GROUP)
         block = min(ROW_BLOCK, triton.next_power_of_2(H))
         nl = max(2, triton.next_power_of_2(L))
         kp = max(2, triton.next_power_of_2(K))
         common = dict(H=H, K=K, TMAX=T, BH=block)
+        signal = dict(NT=self.tiles, TILE_ROWS=c.tile_rows)
         opts = dict(num_warps=NUM_WARPS)
         if c.mode == "low_latency":
             self._dispatch = KernelLauncher(_dispatch_ll_kernel, (self.nprog,), constexprs=dict(
-                **common, E=c.num_experts, L=L, C=C, NL=nl, **quant), **opts)
+                **common, KP=kp, E=c.num_experts, L=L, C=C, NL=nl, **quant, **signal), **opts)
         else:
             self._pack = KernelLauncher(_dispatch_pack_kernel, (self.nprog,), constexprs=dict(
                 **common, KP=kp, E=c.num_experts, L=L, **quant), **opts)
             self._scatter = KernelLauncher(_dispatch_scatter_kernel, (self.nprog_scatter,), constexprs=dict(
-                **common, L=L, C=C, QUANT=c.quant, NG=c.groups, NGP=max(2, triton.next_power_of_2(c.groups)), NL=nl),
-                **opts)
+                **common, L=L, C=C, QUANT=c.quant, NG=c.groups, NGP=max(2, triton.next_power_of_2(c.groups)), NL=nl,
+                **signal), **opts)
         if c.mode == "low_latency":
             self._push = KernelLauncher(_combine_push_kernel, (self.nprog_combine,),
                                         constexprs=dict(**common, L=L, C=C), **opts)
@@ -623,26 +701,29 @@ class MoePlan:
                 H=H, K=K, KP=kp, L=L, TMAX=T, WP=max(2, triton.next_power_of_2(W)), BH=block), **opts)
 
     # ---- dispatch -------------------------------------------------------------------------------
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 stream=None) -> Dispatched:
+        """Launch the dispatch on ``stream`` (a ``torch.cuda.Stream``; None: the current one)."""
         c, ctx = self.call, self.ctx
         tokens = x.shape[0]
         scales = self.recv_scales if c.quant else self.recv_x
         if c.mode == "low_latency":
-            self._dispatch(x, topk_idx, topk_weights, self.recv_x, scales, self.recv_src, self.counters, self.src_slot,
+            self._dispatch.launch_on(stream, x, topk_idx, topk_weights, self.recv_x, scales, self.recv_src, self.counters, self.src_slot,
                            self.weights, self.recv_counts, self.stats, self.bad_acc, self.dispatch_slots,
-                           self.epochs["dispatch"], self.states["dispatch"], tokens, x.stride(0), topk_idx.stride(0),
-                           topk_weights.stride(0), ctx.rank, ctx.world_size, ctx.heap_bases)
+                           self.epochs["dispatch"], self.states["dispatch"], self.arrived, tokens, x.stride(0),
+                           topk_idx.stride(0), topk_weights.stride(0), ctx.rank, ctx.world_size, ctx.heap_bases)
         else:
             pack_scales = self.pack_scales if c.quant else self.pack_x
-            self._pack(x, topk_idx, topk_weights, self.pack_x, pack_scales, self.pack_idx, self.pack_w,
+            self._pack.launch_on(stream, x, topk_idx, topk_weights, self.pack_x, pack_scales, self.pack_idx, self.pack_w,
                        self.pack_tokens, self.src_slot, self.weights, self.bad_acc, self.dispatch_slots,
                        self.epochs["dispatch"],
                        self.states["dispatch"], tokens, x.stride(0), topk_idx.stride(0), topk_weights.stride(0),
                        ctx.rank, ctx.world_size, ctx.heap_bases)
-            self._scatter(self.pack_x, pack_scales, self.pack_idx, self.pack_tokens, self.recv_x, scales,
+            self._scatter.launch_on(stream, self.pack_x, pack_scales, self.pack_idx, self.pack_tokens, self.recv_x, scales,
                           self.recv_src, self.counters, self.src_slot, self.tok_slot, self.recv_counts, self.stats,
                           self.bad_acc, self.scatter_slots,
-                          self.epochs["scatter"], self.states["scatter"], ctx.rank, ctx.world_size, ctx.heap_bases)
+                          self.epochs["scatter"], self.states["scatter"], self.arrived, ctx.rank, ctx.world_size,
+                          ctx.heap_bases)
         self.generation += 1
         handle = MoeHandle(self, self.generation, tokens, self.recv_counts, self.recv_src, self.src_slot[:tokens],
                            self.weights[:tokens], self.stats)
@@ -729,7 +810,8 @@ class MoePlan:
                 f"{c.x_dtype}->{c.dtype} programs={self.nprog}>")
 
 
-def _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode):
+def _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode, tile_rows=0,
+         programs=0):
     """The cache key of a call: only what every rank of a correct program agrees on — never the
     token count ``T`` or the row strides, which differ per rank and per call (a key holding them
     would send one rank into the validation exchange while a peer hits its cache and launches).
@@ -738,7 +820,7 @@ def _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, 
         return None
     return ("moe", x.shape[1], x.dtype, x.device, topk_idx.shape[1], topk_idx.dtype, topk_idx.device,
             topk_weights.shape[1], topk_weights.dtype, topk_weights.device, num_experts, max_tokens_per_rank,
-            capacity, dtype, mode)
+            capacity, dtype, mode, tile_rows, programs)
 
 
 def _abort_peers(ctx, what: str, exc: BaseException) -> None:
@@ -750,16 +832,19 @@ def _abort_peers(ctx, what: str, exc: BaseException) -> None:
 
 def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
          max_tokens_per_rank: int, capacity: int | None = None, dtype: torch.dtype | None = None,
-         ctx: Any = None, mode: str = "auto") -> MoePlan:
+         ctx: Any = None, mode: str = "auto", tile_rows: int = 0, programs: int = 0) -> MoePlan:
     """The :class:`MoePlan` :func:`moe_dispatch` runs for such arguments (collective on a cache
     miss: validated across ranks, then allocated). On a hit only this call's token-count checks
-    run (:func:`check_tokens`): one failing aborts the peers' waits, then raises."""
+    run (:func:`check_tokens`): one failing aborts the peers' waits, then raises. ``tile_rows``
+    and ``programs`` (internal, :mod:`iris_fw.moe_gemm`): the fused expert GEMM's tile rows (0:
+    none) and a cap on the dispatch kernels' programs (0: none)."""
     from .ccl import api
 
     ctx = _context.resolve(ctx)
     ctx._check_open()
     g = api._group(ctx, None)
-    key = _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode)
+    key = _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode, tile_rows,
+               programs)
     try:
         found = g.calls.get(key) if key is not None else None
     except TypeError:  # an unhashable argument: the full checks report it
@@ -773,7 +858,8 @@ def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, nu
         return found
     call, error, fields = None, None, {}
     try:
-        call = check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode)
+        call = check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,
+                          tile_rows, programs)
         fields = call.fields(ctx.device.type, True)
     except Exception as exc:  # every rank must hear of it, or they would wait for this one
         error = exc

@@ -10,9 +10,12 @@ rank's result as a new tensor::
     o = iris_fw.ops.flash_decode(q, k_local, v_local)         # decode attention over a sequence split by rank
     d = iris_fw.ops.moe_dispatch(x, topk_idx, topk_w, E, max_tokens_per_rank=T)  # tokens -> experts' rows [E/W, C, H]
     y = iris_fw.ops.moe_combine(expert_out, d.handle)         # experts' rows -> [T, H], top-k weighted, token order
+    g = iris_fw.ops.moe_dispatch_gemm(x, topk_idx, topk_w, w1, E, max_tokens_per_rank=T)  # + [E/W, C, H] @ w1 [E/W, H, N]
+    y = iris_fw.ops.moe_gemm_combine(h, w2, g.handle)         # h [E/W, C, N] @ w2 [E/W, N, H] straight back -> [T, H]
 
 ``moe_dispatch``/``moe_combine`` (:mod:`iris_fw.moe`) are expert-parallel exchanges with their
-own modes. ``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers, ``"fused"`` (one kernel
+own modes; ``moe_dispatch_gemm``/``moe_gemm_combine`` (:mod:`iris_fw.moe_gemm`) fuse them with
+the experts' grouped GEMMs. ``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers, ``"fused"`` (one kernel
 that combines across ranks) and ``"bulk_sync"``; the GEMM schedulers below are the engine's.
 
 ``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
@@ -41,12 +44,13 @@ from .engine.op import Op
 from .flash_decode import flash_decode
 from .gemm import GemmConfig, matmul
 from .moe import moe_combine, moe_dispatch
+from .moe_gemm import moe_dispatch_gemm, moe_gemm_combine
 
 if TYPE_CHECKING:
     from .context import Context
 
 __all__ = ["Op", "all_gather_gemm", "flash_decode", "gemm_all_reduce", "gemm_all_scatter", "gemm_reduce_scatter",
-           "matmul", "moe_combine", "moe_dispatch", "plan"]
+           "matmul", "moe_combine", "moe_dispatch", "moe_dispatch_gemm", "moe_gemm_combine", "plan"]
 
 
 def plan(pattern: str, *inputs: Any, ctx: Context | None = None, scheduler: str = "auto", config: Any = None,

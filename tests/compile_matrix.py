@@ -271,6 +271,13 @@ def _launch_everything(ctx, torch) -> None:
             d = moe_dispatch(xm, idx, torch.rand(3, 2, device=dev), 2 * ctx.world_size, max_tokens_per_rank=4,
                              dtype=fp8, mode=mode)
             moe_combine(torch.zeros(d.x.shape, dtype=torch.bfloat16, device=dev), d.handle)
+            # the fused expert GEMMs (signalling dispatch variants, the tile-gated GEMM, GEMM -> combine)
+            from iris_fw.ops import moe_dispatch_gemm, moe_gemm_combine
+
+            g = moe_dispatch_gemm(xm, idx, torch.rand(3, 2, device=dev),
+                                  torch.randn(2, 40, 24, device=dev, dtype=torch.bfloat16), 2 * ctx.world_size,
+                                  max_tokens_per_rank=4, dtype=fp8, mode=mode)
+            moe_gemm_combine(g.y, torch.randn(2, 24, 40, device=dev, dtype=torch.bfloat16), g.handle)
     with ctx.trace(None):  # traced variants (TRACE=1), and the session's clock synchronization
         ccl.all_reduce(x.clone())
         ops.plan("gemm_all_scatter", a, a, scheduler="fused_sequential")(a, a)

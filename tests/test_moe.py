@@ -480,11 +480,12 @@ def _src_slot_rank(ctx):
     if r == 1:
         scatter = made._scatter
 
-        def late(*args, **kw):
-            time.sleep(1.0)
-            return scatter(*args, **kw)
+        class Late:
+            def launch_on(self, *args):
+                time.sleep(1.0)
+                return scatter.launch_on(*args)
 
-        made._scatter = late
+        made._scatter = Late()
     d = moe_dispatch(x, idx, wt, experts, **kwargs)
     ctx.synchronize()
     slot = d.handle.src_slot.cpu()
@@ -580,8 +581,11 @@ def test_bench_rows(iris_pool, on_gpu):
         pytest.skip("the GPU run is `iris-fw bench moe` (docs/moe.md)")
     rows = iris_pool(1).run(_bench_rank)[0]
     timed = [r for r in rows if "eager_us" in r]
-    assert {(r["method"], r["dtype"]) for r in timed} == {(m, d) for m in ("low_latency", "throughput", "torch_local")
-                                                          for d in ("fp8",)}, rows
-    assert all(r["ok"] is True and r["dropped"] == 0 for r in timed if r["method"] != "torch_local"), rows
+    gemm = ("dispatch_then_gemm", "dispatch_gemm_fused", "layer_unfused", "layer_fused")
+    assert {(r["method"], r["dtype"]) for r in timed} == {(m, d) for m in ("low_latency", "throughput", "torch_local",
+                                                                         *gemm) for d in ("fp8",)}, rows
+    assert all(r["ok"] is True and r["dropped"] == 0 for r in timed if "ok" in r), rows
+    assert {r["method"] for r in timed if "ok" in r} == {"low_latency", "throughput", "layer_fused"}, rows
+    assert all(r["speedup"] > 0 for r in timed if r["method"] in ("dispatch_gemm_fused", "layer_fused")), rows
     skipped = {r["method"]: r["skipped"] for r in rows if "skipped" in r}
     assert "NCCL" in skipped["torch_a2a"], skipped

@@ -16,9 +16,18 @@ graph of :data:`~iris_fw.bench.ccl.GRAPH_CALLS` pairs:
   weighted ``index_add_`` (needs NCCL: skipped with a reason where it is not, e.g. ranks sharing
   one GPU);
 * ``torch_local`` — that baseline's local torch work alone (sort by expert, gather the rows,
-  weighted ``index_add_`` back): the part one GPU can run without NCCL.
+  weighted ``index_add_`` back): the part one GPU can run without NCCL;
+* the experts' GEMMs (:data:`FFN`: each expert ``[H, N]`` then ``[N, H]``, weights random,
+  bf16): ``dispatch_then_gemm`` (``moe_dispatch``, then torch's grouped GEMM ``torch.bmm`` over
+  ``[L, C, H] @ [L, H, N]``; fp8 rows dequantized first) beside ``dispatch_gemm_fused``
+  (:func:`~iris_fw.moe_gemm.moe_dispatch_gemm`: each tile starts as its rows arrive), and the
+  whole layer ``layer_unfused`` (dispatch, bmm, SiLU, bmm, ``moe_combine``) beside
+  ``layer_fused`` (``moe_dispatch_gemm``, SiLU, :func:`~iris_fw.moe_gemm.moe_gemm_combine`), all
+  in ``mode="auto"``; the fused rows carry ``speedup`` (the unfused time over theirs, graph
+  times where there are, else eager).
 
-Before timing, each iris-fw method is checked: the combine of the identity experts must be
+Before timing, each iris-fw method is checked (``layer_fused`` against ``layer_unfused``'s output
+for the same tokens, where neither dropped a row): the combine of the identity experts must be
 ``sum_k w[t, k] * x[t]`` over the rows not dropped (float64; fp8: of the dequantized rows), and
 the drops are reported (``dropped``: rows past capacity at this rank; prefill points use a capacity
 of :data:`PREFILL_CAPACITY_FACTOR` times the mean load). ``bytes_per_rank``: the bytes of rows a
@@ -36,6 +45,7 @@ import torch
 import iris_fw
 
 from .. import moe
+from ..moe_gemm import moe_dispatch_gemm, moe_gemm_combine
 from ..hookspecs import hookimpl
 from .ccl import GRAPH_CALLS, _attempt, _capture, _nccl_reason
 from .harness import measure_interleaved
@@ -44,6 +54,15 @@ from .harness import measure_interleaved
 SHAPES = {"dsv3_decode": (7168, 256, 8, 128), "dsv3_prefill": (7168, 256, 8, 4096),
           "mixtral_decode": (4096, 8, 2, 128), "mixtral_prefill": (4096, 8, 2, 4096)}
 QUICK = ("dsv3_decode", "mixtral_decode")
+#: The experts' intermediate size N by shape family (DeepSeek-V3's routed experts: 2048; Mixtral: 14336);
+#: the CPU smoke run's: :data:`CPU_FFN`.
+FFN = {"dsv3": 2048, "mixtral": 14336}
+CPU_FFN = 24
+#: Fused method -> the unfused method it is compared with (its row's ``speedup``).
+FUSED = {"dispatch_gemm_fused": "dispatch_then_gemm", "layer_fused": "layer_unfused"}
+GEMM_METHODS = ("dispatch_then_gemm", "dispatch_gemm_fused", "layer_unfused", "layer_fused")
+#: Bound of the layer_fused check, in units of the largest |output| of the unfused layer.
+LAYER_TOL = 2 ** -5
 #: The CPU smoke run's shape (experts per rank, not total).
 CPU_SHAPE = ("cpu", 48, 2, 2, 4)
 #: Capacity of prefill points: this many times the mean rows per expert (decode: no drops).
@@ -71,6 +90,13 @@ class _Point:
                                      capacity=self.capacity, dtype=dtype, mode=mode, ctx=ctx) for mode in moe.MODES}
         plan = self.plans["low_latency"]
         self.expert_out = torch.zeros(plan.recv_x.shape, dtype=torch.bfloat16, device=dev)
+        self.ffn = CPU_FFN if dev.type == "cpu" else FFN[name.split("_")[0]]
+        local = experts // w
+        self.w1 = (torch.randn(local, hidden, self.ffn, generator=gen) / hidden ** 0.5).to(torch.bfloat16).to(dev)
+        self.w2 = (torch.randn(local, self.ffn, hidden, generator=gen) / self.ffn ** 0.5).to(torch.bfloat16).to(dev)
+        self.y = torch.empty(local, plan.call.capacity, self.ffn, dtype=torch.bfloat16, device=dev)
+        self.eo = torch.empty(plan.recv_x.shape, dtype=torch.bfloat16, device=dev)
+        self.layer_out = torch.empty_like(self.x)
         self.bytes = tokens * topk * (hidden * (1 if dtype is not None else 2) + (4 * plan.call.groups if dtype else 0))
 
     def method(self, name):
@@ -81,6 +107,8 @@ class _Point:
                 d = plan.dispatch(x, idx, w)
                 plan.combine(eo, d.handle, out)
             return call
+        if name in GEMM_METHODS:
+            return getattr(self, "_" + name)
         if name == "torch_local":
             return self._torch_local
         if name == "torch_a2a":
@@ -109,6 +137,53 @@ class _Point:
         wsum = (self.w.double().cpu() * kept).sum(1, keepdim=True)
         tol = 2 ** -7 * want.abs() + step * wsum * x.abs().amax(1, keepdim=True) + 1e-6
         return float(err.max()) if err.numel() else 0.0, bool((err <= tol).all()), int(d.handle.stats()["dropped"])
+
+    def _dispatch(self):
+        return moe.moe_dispatch(self.x, self.idx, self.w, self.experts, max_tokens_per_rank=self.tokens,
+                                capacity=self.capacity, dtype=self.dtype, ctx=self.ctx)
+
+    def _rows(self, d):
+        """The received rows in bf16 (fp8: dequantized) for torch's GEMM."""
+        if d.scales is None:
+            return d.x
+        scale = d.scales.repeat_interleave(moe.FP8_GROUP, dim=2)[:, :, :self.hidden]
+        return (d.x.float() * scale).to(torch.bfloat16)
+
+    def _dispatch_then_gemm(self, i):
+        torch.bmm(self._rows(self._dispatch()), self.w1, out=self.y)
+
+    def _fused_dispatch(self):
+        return moe_dispatch_gemm(self.x, self.idx, self.w, self.w1, self.experts, max_tokens_per_rank=self.tokens,
+                                 capacity=self.capacity, dtype=self.dtype, ctx=self.ctx)
+
+    def _dispatch_gemm_fused(self, i):
+        self._fused_dispatch()
+
+    def _layer_unfused(self, i):
+        d = self._dispatch()
+        torch.bmm(self._rows(d), self.w1, out=self.y)
+        torch.bmm(torch.nn.functional.silu(self.y), self.w2, out=self.eo)
+        moe.moe_combine(self.eo, d.handle, out=self.out)
+        return d
+
+    def _layer_fused(self, i):
+        g = self._fused_dispatch()
+        moe_gemm_combine(torch.nn.functional.silu(g.y), self.w2, g.handle, out=self.layer_out)
+        return g
+
+    def check_layer(self) -> tuple[float, bool, int]:
+        """``layer_fused`` against ``layer_unfused`` on the same tokens (rows past capacity may
+        differ between two dispatches: compared only where neither dropped one)."""
+        d = self._layer_unfused(0)
+        self.ctx.synchronize()
+        want, dropped = self.out.double().cpu(), int(d.handle.stats()["dropped"])
+        g = self._layer_fused(0)
+        self.ctx.synchronize()
+        dropped = max(dropped, int(g.handle.stats()["dropped"]))
+        got = self.layer_out.double().cpu()
+        err = float((got - want).abs().max()) if got.numel() else 0.0
+        ok = err <= LAYER_TOL * (float(want.abs().max()) if want.numel() else 0.0) + 1e-3
+        return err, bool(ok) or dropped > 0, dropped
 
     def _torch_local(self, i):
         """Sort rows by expert, gather, weighted index_add back (the local torch work)."""
@@ -147,7 +222,8 @@ class MoeBench:
     name = "moe"
     description = ("MoE dispatch + combine (DeepSeek-V3-like and Mixtral-like shapes, decode and prefill, bf16 and "
                    "fp8): iris-fw low_latency and throughput beside torch.distributed all_to_all_single with the host "
-                   "split exchange and the local torch work alone, eager and in CUDA graphs")
+                   "split exchange and the local torch work alone; the fused expert GEMMs beside dispatch then "
+                   "grouped GEMM; eager and in CUDA graphs")
     plot = [{"x": "tokens_per_rank", "y": "graph_us", "series": "method", "facet": "shape", "logy": True,
              "xlabel": "tokens per rank", "ylabel": f"us per dispatch+combine (graph of {GRAPH_CALLS})"}]
 
@@ -173,8 +249,9 @@ class MoeBench:
         for (name, hidden, experts, topk, tokens), (dname, dtype) in itertools.product(shapes, dtypes.items()):
             point = _Point(ctx, name, hidden, experts, topk, tokens, dtype)
             methods = [*moe.MODES, "torch_local"] + ([] if "torch_a2a" in skipped or dtype is not None
-                                                     else ["torch_a2a"])
+                                                     else ["torch_a2a"]) + list(GEMM_METHODS)
             checks = {m: point.check(m) for m in moe.MODES}
+            checks["layer_fused"] = point.check_layer()
             fns = {}
             for m in methods:
                 f = point.method(m)
@@ -185,6 +262,7 @@ class MoeBench:
                         fns[(m, "graph")] = holder["g"]
             times = measure_interleaved(ctx, fns, opts.iters, opts.warmup)
             parts = []
+            best = {m: times.get((m, "graph"), times.get((m, "eager"))) for m in methods}
             for m in methods:
                 eager, graph = times.get((m, "eager")), times.get((m, "graph"))
                 graph = None if graph is None else graph / GRAPH_CALLS
@@ -193,8 +271,13 @@ class MoeBench:
                        "bytes_per_rank": point.bytes, "capacity": point.plans["low_latency"].call.capacity}
                 if m in checks:
                     row["max_err"], row["ok"], row["dropped"] = checks[m]
+                if m in FUSED and best.get(m) and best.get(FUSED[m]):
+                    row["speedup"] = best[FUSED[m]] / best[m]
+                if m in GEMM_METHODS:
+                    row["ffn"] = point.ffn
                 rows.append({k: v for k, v in row.items() if v is not None})
                 parts.append(f"{m} {eager:.1f}" + (f"/{graph:.1f}" if graph is not None else "")
+                             + (f" (x{row['speedup']:.2f})" if "speedup" in row else "")
                              + (" WRONG" if row.get("ok") is False else ""))
             opts.log(f"  {name} {dname} T {tokens} (us eager{'/graph' if gpu else ''}): " + ", ".join(parts))
             del point, fns

@@ -18,7 +18,7 @@ import torch
 from . import bootstrap as _bootstrap
 from . import calls as _calls
 from . import env
-from . import interpreting
+from .interpreter import interpreting
 from . import device as dev
 from . import watchdog as _watchdog
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
@@ -131,7 +131,7 @@ def check_reports(label: str, reports: list, error: BaseException | None = None,
     ``ranks``: the ranks' names in messages (default ``0 … len-1``). Otherwise raises
     :class:`~iris_fw.engine.contract.CollectiveMismatch` naming the ranks and the argument that
     differ. Shared by :meth:`Context.agree` and the groups of :mod:`iris_fw.ccl`."""
-    from .engine.contract import CollectiveMismatch
+    from .errors import CollectiveMismatch
 
     ranks = list(range(len(reports))) if ranks is None else list(ranks)
     failed = [(r, why) for r, (why, _) in zip(ranks, reports) if why]

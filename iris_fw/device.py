@@ -95,7 +95,8 @@ def _pointer_checks() -> bool:
     """Whether translation checks its pointers: always under Triton's interpreter (CPU ranks),
     on GPUs when ``IRIS_FW_DEBUG`` is on when this module is imported (kernels compile with
     it; the constant is part of every kernel's cache key)."""
-    from . import env, interpreting
+    from . import env
+    from .interpreter import interpreting
 
     return interpreting() or env.get("IRIS_FW_DEBUG")
 

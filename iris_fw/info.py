@@ -80,7 +80,7 @@ def mps(have_gpus: bool) -> str:
 
 def interpreter() -> tuple[bool, str]:
     """Whether Triton kernels run under the CPU interpreter in this process, and why."""
-    from . import interpreting
+    from .interpreter import interpreting
 
     names, no_gpu = gpus()
     from . import env

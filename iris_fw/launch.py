@@ -27,7 +27,9 @@ import sys
 import threading
 import time
 
-from . import _choose_interpreter, env, interpreting
+from . import env
+from .interpreter import choose as _choose_interpreter
+from .interpreter import interpreting
 from .errors import ArgumentError, EnvironmentVariableError, bad_type
 
 #: Signals the launcher forwards to every rank (SIGHUP: the terminal or ssh session that ran it went away).

@@ -25,7 +25,7 @@ tile's push and its reduction are full-block, unmasked, coalesced moves.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import triton
@@ -49,6 +49,8 @@ class GemmAllReduceConfig(GemmConfig):
     ``two_shot``)."""
 
     algorithm: str = "one_shot"
+    #: the all-reduce algorithms this op fuses (read through the registry: ``pattern.Config.ALGORITHMS``)
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ALGORITHMS
 
     def __post_init__(self):
         super().__post_init__()

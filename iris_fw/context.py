@@ -15,7 +15,7 @@ from typing import Any, Sequence, Union
 
 import torch
 
-from . import bootstrap as _bootstrap
+from . import bootstrap_base as _bootstrap
 from . import calls as _calls
 from . import env
 from .interpreter import interpreting
@@ -26,7 +26,7 @@ from .errors import (ArgumentError, ArgumentTypeError, ContextClosed, HeapOutOfM
                      PeerFailure, SymmetryError, WaitTimeout, bad_type)
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
-from .transport import Transport
+from .transport_base import Transport
 
 #: What a factory's ``device=`` accepts (it must name this rank's device).
 DeviceLike = Union[torch.device, str, int, None]
@@ -435,7 +435,7 @@ class Context:
         # accumulates nothing
         _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
         _created.append(weakref.ref(self))
-        from .tracing import start_env_trace
+        from .trace_session import start_env_trace
 
         start_env_trace(self)  # IRIS_FW_TRACE=path traces the context's whole life
 
@@ -444,7 +444,7 @@ class Context:
         """Free the heap and unmap peers. Collective; calling it again does nothing."""
         if self._closed:
             return
-        from .tracing import end_env_trace
+        from .trace_session import end_env_trace
 
         end_env_trace(self)
         self._closed = True
@@ -662,7 +662,7 @@ class Context:
         trace (plots, summaries); ``kinds``: names of user event kinds (``{iris_fw.trace.USER + i:
         "name"}``); ``path=None`` writes no file (the session's ``trace`` / ``merged`` hold the
         events). See :mod:`iris_fw.tracing` and docs/tracing.md."""
-        from .tracing import TraceSession
+        from .trace_session import TraceSession
 
         self._check_open()
         return TraceSession(self, path, events_per_program=events_per_program, label=label, kinds=kinds)

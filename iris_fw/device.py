@@ -126,7 +126,7 @@ def set_nvshmem_calls(mode: int) -> None:
     """Compile the primitives with NVSHMEM calls: ``mode`` 0 (none), 1 (peers not mapped here)
     or 2 (every peer). Kernels compiled under another mode raise Triton's "global variable
     changed" error at their next launch, so this is set once per process, before kernels
-    compile. Host-side; called by :mod:`iris_fw.nvshmem`."""
+    compile. Host-side; called by :mod:`iris_fw.transports.nvshmem.library`."""
     global NVSHMEM_CALLS
     if mode not in (0, 1, 2):
         raise ValueError(f"NVSHMEM call mode must be 0, 1 or 2, got {mode!r}")

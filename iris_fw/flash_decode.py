@@ -81,7 +81,7 @@ import triton.language as tl
 from . import context as _context
 from . import devinfo
 from . import tilecomm as tc
-from . import tiles
+from . import gemm_tiles as tiles
 from . import trace as tr
 from .ccl import algorithm as al
 from .ccl import api

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import tiles
+from . import gemm_tiles as tiles
 from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
 from .errors import ArgumentError

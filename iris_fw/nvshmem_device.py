@@ -11,7 +11,7 @@ NVSHMEM (the default, and the ``nvshmem`` transport within one node) are unchang
   (exercises the call path on one node).
 
 The calls come from NVSHMEM's device bitcode (``libnvshmem_device*.bc``), linked into kernels and
-initialised per loaded module by :mod:`iris_fw.nvshmem`; the symbols are the standard typed RMA
+initialised per loaded module by :mod:`iris_fw.transports.nvshmem.library`; the symbols are the standard typed RMA
 and AMO entry points (``nvshmem_uint32_g``, ``nvshmem_uint64_atomic_fetch_add``, …). Every pointer
 passed is the caller's own symmetric address: NVSHMEM translates it for the target PE itself
 (the PE is the rank).

@@ -279,7 +279,7 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     then takes its runtime arguments but ``trace`` (:class:`TracedLaunch`) and, under a trace
     session, launches the traced variant into the configuration's trace buffer, named ``label``
     (default ``"ccl <key[0]> <key[1]>"``: the algorithm and dtype) in traces; a kernel without
-    them runs untraced. ``tracer``: the session (:class:`iris_fw.tracing.Tracer`) to trace in,
+    them runs untraced. ``tracer``: the session (:class:`iris_fw.trace_session.Tracer`) to trace in,
     ``None`` for the untraced variant; default the context's open session, if any."""
     sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
     width = buffers[0][1].itemsize if fill is not None and buffers else 0

@@ -2,7 +2,7 @@
 process group or MPI.
 
 A bootstrap moves small Python objects between ranks at set-up time (all-gather, broadcast,
-barrier; contract: :class:`iris_fw.bootstrap.Bootstrap`). This one is chosen when
+barrier; contract: :class:`iris_fw.bootstrap_base.Bootstrap`). This one is chosen when
 ``IRIS_FW_EXAMPLE_FILESTORE`` names the store's file — a path every rank can reach and that no
 earlier job used — and takes ``RANK`` and ``WORLD_SIZE`` from the environment (as
 ``iris-fw launch`` and torchrun set them). Its ``priority`` puts it before the built-ins, so the
@@ -15,7 +15,7 @@ import datetime
 import os
 import pickle
 
-from iris_fw.bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
+from iris_fw.bootstrap_base import DEFAULT_TIMEOUT_S, Bootstrap
 from iris_fw.errors import IrisError
 
 VARIABLE = "IRIS_FW_EXAMPLE_FILESTORE"

@@ -181,7 +181,7 @@ class AllReduceConfig:
 
 def _clock_code(_semantic=None):
     """iris-fw's ``TRACE`` constexpr for the target compiling the kernel (as
-    :func:`iris_fw.tracing.clock_mode` chooses it for a context's device): ``s_memrealtime`` for
+    :func:`iris_fw.trace_session.clock_mode` chooses it for a context's device): ``s_memrealtime`` for
     AMD targets, ``%globaltimer`` for NVIDIA ones, the host clock under Triton's interpreter. A
     builtin, so that the compile target — not the machine — decides (a kernel compiled for
     gfx942 on an NVIDIA host reads the AMD clock)."""

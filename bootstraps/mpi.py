@@ -63,7 +63,7 @@ class MpiBootstrap(Bootstrap):
     def detected_because(cls, environ):
         return "MPI launcher variables: " + ", ".join(v for v in _MPI_VARS if v in environ)
 
-    def __init__(self, arrival_timeout: float | None = None):
+    def __init__(self, *, arrival_timeout: float | None = None):
         from iris_fw.watchdog import arrival_timeout as default_arrival, liveness_timeout, process_info
 
         # MPI_Init and COMM_WORLD.Dup wait in C for every rank of the job, without a bound: a

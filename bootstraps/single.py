@@ -11,7 +11,7 @@ class SingleBootstrap(Bootstrap):
     name = "single"
     priority = 1000
 
-    def __init__(self):
+    def __init__(self, *, arrival_timeout: float | None = None):  # one rank: nobody to wait for
         self.rank, self.world_size = 0, 1
         self.local_rank, self.local_world_size = 0, 1
 

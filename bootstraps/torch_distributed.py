@@ -55,7 +55,7 @@ class TorchBootstrap(Bootstrap):
             return "torch.distributed is initialized"
         return "torchrun's variables: " + ", ".join(v for v in (*_TORCHRUN_VARS, *_TORCH_ENV_VARS) if v in environ)
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, arrival_timeout: float | None = None):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, *, arrival_timeout: float | None = None):
         import torch.distributed as dist
 
         self._dist = dist

@@ -36,9 +36,19 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 class Bootstrap(ABC):
-    """Base class. Subclasses set ``name`` and ``priority`` and implement the collectives.
+    """Base class of every bootstrap: the contract :func:`iris_fw.init` and the watchdog rely on.
 
-    After construction: ``rank``, ``world_size``, ``local_rank``, ``local_world_size``.
+    * Class attributes: ``name`` (the registry name) and ``priority`` (lower is asked first by
+      :func:`choose`); class methods :meth:`available`, :meth:`detect`, :meth:`detected_because`.
+    * The constructor: ``cls(arrival_timeout=None)`` (keyword). ``arrival_timeout``: seconds the
+      ranks wait for each other at set-up before naming those that did not arrive (None: the
+      bootstrap's own bound). After construction: ``rank``, ``world_size``, ``local_rank``,
+      ``local_world_size``.
+    * The collectives :meth:`all_gather`, :meth:`broadcast`, :meth:`barrier`, and :meth:`abort`,
+      :meth:`close`.
+    * The liveness interface: :meth:`attach_liveness` (the rank's watchdog attaches itself;
+      waiting collectives then poll it, see :meth:`_poll`) and :meth:`known_processes` (every
+      rank's process description when the bootstrap learnt it at arrival).
     """
 
     name: ClassVar[str]
@@ -47,11 +57,13 @@ class Bootstrap(ABC):
 
     rank: int
     world_size: int
-    #: The rank's watchdog (:class:`iris_fw.watchdog.Watchdog`), set by it: collectives that
-    #: wait poll it, so a lost peer ends the wait.
+    local_rank: int
+    local_world_size: int
+    #: The rank's watchdog once attached (:meth:`attach_liveness`): collectives that wait poll it,
+    #: so a lost peer ends the wait.
     liveness = None
     #: Every rank's :func:`iris_fw.watchdog.process_info`, when the bootstrap learnt it at
-    #: arrival (else the watchdog all-gathers it).
+    #: arrival (see :meth:`known_processes`).
     processes = None
     #: Seconds the collective now waiting may take before it raises :class:`~iris_fw.WaitTimeout`
     #: (set by the context around its host exchanges, see :mod:`iris_fw.calls`; None: unbounded
@@ -60,6 +72,25 @@ class Bootstrap(ABC):
     #: Called with the collective's name between polls (set with ``deadline_s``): raises to end
     #: the wait (a peer that is in another call, or failed).
     interrupt: Callable[[str], None] | None = None
+
+    @abstractmethod
+    def __init__(self, *, arrival_timeout: float | None = None) -> None:
+        """Join the job: set ``rank``, ``world_size``, ``local_rank``, ``local_world_size``,
+        waiting at most ``arrival_timeout`` seconds (None: the bootstrap's own bound) for the
+        other ranks to arrive."""
+
+    # ---- the liveness interface ---------------------------------------------------------------
+    def attach_liveness(self, liveness) -> None:
+        """Called once by the rank's watchdog (:class:`iris_fw.watchdog.Watchdog`): from now on
+        waiting collectives ask ``liveness.check(what)`` between polls and
+        ``liveness.confirm(seconds)`` after a failure, so a lost peer ends the wait with a
+        :class:`~iris_fw.PeerFailure` naming it."""
+        self.liveness = liveness
+
+    def known_processes(self) -> list | None:
+        """Every rank's :func:`iris_fw.watchdog.process_info` (indexed by rank) when this
+        bootstrap learnt it at arrival, else None (the watchdog all-gathers it)."""
+        return self.processes
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -6,9 +6,7 @@ tile loop as a plain local GEMM (the "GEMM alone" of the benchmarks).
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import NamedTuple
 
 import torch
@@ -17,6 +15,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import gemm_tiles as tiles
+from . import tuning
 from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
 from .errors import ArgumentError
@@ -114,8 +113,8 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
 
 @functools.lru_cache(maxsize=None)
 def _measured_rows(device_name: str) -> tuple:
-    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
-    return tuple((row["max_m"], GemmConfig(**row["config"])) for row in table["devices"].get(device_name, []))
+    rows = tuning.load("gemm")["devices"].get(device_name, [])  # measured rows only: no defaults
+    return tuple((max_m, GemmConfig(**config)) for max_m, config in rows)
 
 
 def measured_config(m: int, device: torch.device) -> GemmConfig | None:

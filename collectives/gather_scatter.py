@@ -118,25 +118,9 @@ def _reduce_scatter_push_kernel(src, dst, recv, slots, counters, n, stride, rank
     epoch = tc.program_epoch(counters)
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    buf = recv + (epoch % 2) * world_size * CAP
+    buf, ok = tc.push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP, trace, TRACE,
+                               src_stride=stride)
     if TRACE:
-        t0 = tr.record_start(trace, TRACE)
-    for t in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        for i in range(0, world_size):
-            p = (rank + i) % world_size
-            dv.store(buf + rank * CAP + offs, tl.load(src + p * stride + offs, mask=mask), rank, p, heap_bases,
-                     mask=mask)
-    tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    if TRACE:
-        ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
-        tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
-                       tr.strided_share(n, BLOCK, pid, nprog) * (world_size - 1) * ELEM)
-        t0 = tr.record_start(trace, TRACE)
-    ok = tc.wait_arrivals(slots + pid * world_size, epoch, rank, world_size, heap_bases)
-    if TRACE:
-        tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + pid * world_size, rank, heap_bases)
         t0 = tr.record_start(trace, TRACE)
     if ok:
         for t in range(pid, tl.cdiv(n, BLOCK), nprog):

@@ -1,6 +1,6 @@
 """09 · a tensor-parallel MLP compiled with torch.compile, collectives as torch custom ops.
 
-``import iris_fw.ccl.torch_ops`` registers the collectives as ``torch.ops.iris_fw.*``
+``import iris_fw.ccl.custom_ops`` registers the collectives as ``torch.ops.iris_fw.*``
 (functional, with fake implementations), so a model calling them traces with
 ``torch.compile(fullgraph=True)``. The model is Megatron-style: ``w1`` split by columns and
 ``w2`` by rows over the ranks, so each rank computes a partial ``relu(x @ w1_r) @ w2_r``; one
@@ -17,7 +17,7 @@ import iris_fw  # first: switches Triton's interpreter on when there is no GPU
 
 import torch
 
-import iris_fw.ccl.torch_ops  # noqa: F401  (registers torch.ops.iris_fw.*)
+import iris_fw.ccl.custom_ops  # noqa: F401  (registers torch.ops.iris_fw.*)
 
 EPS = 1e-6
 

@@ -11,30 +11,8 @@ kernel is decorated, so import ``iris_fw`` before defining kernels, or set the v
 yourself. Nothing else happens at import.
 """
 
-import os as _os
-
-_TRUE = ("1", "true", "True")
-
-
-def interpreting(environ=_os.environ) -> bool:
-    """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
-    return environ.get("TRITON_INTERPRET", "0") in _TRUE
-
-
-def _choose_interpreter(environ=_os.environ) -> None:
-    if "TRITON_INTERPRET" in environ:
-        return
-    from . import env
-
-    forced = env.get("IRIS_FW_TRANSPORT", environ)
-    if forced == "host_shm":
-        environ["TRITON_INTERPRET"] = "1"
-    elif forced == "auto":
-        import torch
-
-        if not torch.cuda.is_available():
-            environ["TRITON_INTERPRET"] = "1"
-
+from .interpreter import choose as _choose_interpreter
+from .interpreter import interpreting
 
 _choose_interpreter()
 

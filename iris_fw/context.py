@@ -15,10 +15,10 @@ from typing import Any, Sequence, Union
 
 import torch
 
-from . import bootstrap as _bootstrap
+from . import bootstrap_base as _bootstrap
 from . import calls as _calls
 from . import env
-from . import interpreting
+from .interpreter import interpreting
 from . import device as dev
 from . import watchdog as _watchdog
 from ._kernels import _device_barrier_kernel, _wait_probe_kernel
@@ -26,7 +26,7 @@ from .errors import (ArgumentError, ArgumentTypeError, ContextClosed, HeapOutOfM
                      PeerFailure, SymmetryError, WaitTimeout, bad_type)
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
-from .transport import Transport
+from .transport_base import Transport
 
 #: What a factory's ``device=`` accepts (it must name this rank's device).
 DeviceLike = Union[torch.device, str, int, None]
@@ -131,7 +131,7 @@ def check_reports(label: str, reports: list, error: BaseException | None = None,
     ``ranks``: the ranks' names in messages (default ``0 … len-1``). Otherwise raises
     :class:`~iris_fw.engine.contract.CollectiveMismatch` naming the ranks and the argument that
     differ. Shared by :meth:`Context.agree` and the groups of :mod:`iris_fw.ccl`."""
-    from .engine.contract import CollectiveMismatch
+    from .errors import CollectiveMismatch
 
     ranks = list(range(len(reports))) if ranks is None else list(ranks)
     failed = [(r, why) for r, (why, _) in zip(ranks, reports) if why]
@@ -434,14 +434,14 @@ class Context:
         self._at_exit = _AtExit(self)
         atexit.register(self._at_exit)
         _watch_uncaught()
-        #: the open trace session's :class:`~iris_fw.tracing.Tracer` (None when not tracing; see :meth:`trace`)
+        #: the open trace session's :class:`~iris_fw.trace_session.Tracer` (None when not tracing; see :meth:`trace`)
         self.tracer = None
         self.barrier()
         # contexts closed or gone drop out here, so creating and dropping contexts in a loop
         # accumulates nothing
         _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
         _created.append(weakref.ref(self))
-        from .tracing import start_env_trace
+        from .trace_session import start_env_trace
 
         start_env_trace(self)  # IRIS_FW_TRACE=path traces the context's whole life
 
@@ -458,7 +458,7 @@ class Context:
         """Free the heap and unmap peers. Collective; calling it again does nothing."""
         if self._closed:
             return
-        from .tracing import end_env_trace
+        from .trace_session import end_env_trace
 
         end_env_trace(self)
         self._closed = True
@@ -669,14 +669,14 @@ class Context:
     def trace(self, path=None, *, events_per_program: int | None = None, label: str | None = None,
               kinds: dict | None = None):
         """Trace what runs inside ``with ctx.trace("run.json"):`` — every op and collective (their
-        traced kernel variants) and user kernels given :func:`iris_fw.tracing.kernel_args` — into
+        traced kernel variants) and user kernels given :func:`iris_fw.trace_session.kernel_args` — into
         one Chrome-trace / Perfetto JSON per rank (``run.rank<r>.json``) and, on rank 0, a merged
         ``run.json`` with the ranks' clocks aligned. Collective. ``events_per_program``: records
         per program ring (older ones are overwritten, and counted, beyond it); ``label``: names the
         trace (plots, summaries); ``kinds``: names of user event kinds (``{iris_fw.trace.USER + i:
         "name"}``); ``path=None`` writes no file (the session's ``trace`` / ``merged`` hold the
-        events). See :mod:`iris_fw.tracing` and docs/tracing.md."""
-        from .tracing import TraceSession
+        events). See :mod:`iris_fw.trace_session` and docs/tracing.md."""
+        from .trace_session import TraceSession
 
         self._check_open()
         return TraceSession(self, path, events_per_program=events_per_program, label=label, kinds=kinds)

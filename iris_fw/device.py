@@ -95,7 +95,8 @@ def _pointer_checks() -> bool:
     """Whether translation checks its pointers: always under Triton's interpreter (CPU ranks),
     on GPUs when ``IRIS_FW_DEBUG`` is on when this module is imported (kernels compile with
     it; the constant is part of every kernel's cache key)."""
-    from . import env, interpreting
+    from . import env
+    from .interpreter import interpreting
 
     return interpreting() or env.get("IRIS_FW_DEBUG")
 
@@ -125,7 +126,7 @@ def set_nvshmem_calls(mode: int) -> None:
     """Compile the primitives with NVSHMEM calls: ``mode`` 0 (none), 1 (peers not mapped here)
     or 2 (every peer). Kernels compiled under another mode raise Triton's "global variable
     changed" error at their next launch, so this is set once per process, before kernels
-    compile. Host-side; called by :mod:`iris_fw.nvshmem`."""
+    compile. Host-side; called by :mod:`iris_fw.transports.nvshmem.library`."""
     global NVSHMEM_CALLS
     if mode not in (0, 1, 2):
         raise ValueError(f"NVSHMEM call mode must be 0, 1 or 2, got {mode!r}")
@@ -306,41 +307,6 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
 
 
 @triton.jit
-def _atomic_by_call(OP: tl.constexpr, ptr, val, cmp, rank, peer, heap_bases, mask, sem: tl.constexpr,
-                    scope: tl.constexpr, hint: tl.constexpr):
-    """The atomic ``OP`` when ``NVSHMEM_CALLS`` is on (:func:`iris_fw.nvshmem_device.atomic`)."""
-    return _nvd.atomic(OP, ptr, val, cmp, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
-                       mask, sem, scope, NVSHMEM_CALLS, _xchg)
-
-
-@triton.jit
-def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
-               hint: tl.constexpr = None):
-    """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("add", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
-
-
-@triton.jit
-def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
-               hint: tl.constexpr = None):
-    """Atomically subtract ``val``; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("add", ptr, -val, -val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_add(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), -val, mask=mask, sem=sem, scope=scope)
-
-
-@triton.jit
-def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
-               hint: tl.constexpr = None):
-    """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("cas", ptr, val, cmp, rank, peer, heap_bases, None, sem, scope, hint)
-    return tl.atomic_cas(hinted(translate(ptr, rank, peer, heap_bases), hint), cmp, val, sem=sem, scope=scope)
-
-
-@triton.jit
 def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
     """``tl.atomic_xchg``; 32/64-bit floats are exchanged as integers of the same width (an
     exchange only moves bits, and Triton's interpreter has no float exchange)."""
@@ -359,57 +325,116 @@ def _xchg(target, val, mask, sem: tl.constexpr, scope: tl.constexpr):
 
 
 @triton.jit
+def _local_atomic(OP: tl.constexpr, target, val, cmp, mask, sem: tl.constexpr, scope: tl.constexpr):
+    """Triton's atomic ``OP`` (add, cas, xchg, and, or, xor, min, max; ``fetch``: a flag poll)
+    on the translated ``target``; returns the old value."""
+    if OP == "fetch":
+        old = tl.atomic_add(target, 0, sem=sem, scope=scope)
+    elif OP == "add":
+        old = tl.atomic_add(target, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "cas":
+        old = tl.atomic_cas(target, cmp, val, sem=sem, scope=scope)
+    elif OP == "xchg":
+        old = _xchg(target, val, mask, sem, scope)
+    elif OP == "and":
+        old = tl.atomic_and(target, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "or":
+        old = tl.atomic_or(target, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "xor":
+        old = tl.atomic_xor(target, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "min":
+        old = tl.atomic_min(target, val, mask=mask, sem=sem, scope=scope)
+    else:
+        tl.static_assert(OP == "max", "unknown atomic operation")
+        old = tl.atomic_max(target, val, mask=mask, sem=sem, scope=scope)
+    return old
+
+
+@triton.jit
+def _atomic(OP: tl.constexpr, ptr, target, val, cmp, rank, peer, heap_bases, mask, sem: tl.constexpr,
+            scope: tl.constexpr):
+    """The one implementation of every atomic of this module (and of the flag polls and
+    signals): ``target`` is ``ptr`` translated into ``peer``'s heap. With ``NVSHMEM_CALLS`` on,
+    the NVSHMEM seam (:func:`iris_fw.nvshmem_device.atomic`) reaches the peers it serves by call
+    and the others through :func:`_local_atomic`; otherwise Triton's atomic on ``target``."""
+    if NVSHMEM_CALLS:
+        old = _nvd.atomic(OP, ptr, val, cmp, target, rank, peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS,
+                          _local_atomic)
+    else:
+        old = _local_atomic(OP, target, val, cmp, mask, sem, scope)
+    return old
+
+
+@triton.jit
+def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
+    """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("add", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
+
+
+@triton.jit
+def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
+    """Atomically subtract ``val``; returns the old value."""
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("add", ptr, target, -val, -val, rank, peer, heap_bases, mask, sem, scope)
+
+
+@triton.jit
+def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
+               hint: tl.constexpr = None):
+    """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
+    target = hinted(translate(ptr, rank, peer, heap_bases), hint)
+    return _atomic("cas", ptr, target, val, cmp, rank, peer, heap_bases, None, sem, scope)
+
+
+@triton.jit
 def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically exchange with ``val``; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("xchg", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return _xchg(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask, sem, scope)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("xchg", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
 def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic bitwise and; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("and", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_and(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("and", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
 def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
-               hint: tl.constexpr = None):
+              hint: tl.constexpr = None):
     """Atomic bitwise or; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("or", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_or(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("or", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
 def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic bitwise xor; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("xor", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_xor(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("xor", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
 def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic minimum; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("min", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_min(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("min", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
 def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic maximum; returns the old value."""
-    if NVSHMEM_CALLS:
-        return _atomic_by_call("max", ptr, val, val, rank, peer, heap_bases, mask, sem, scope, hint)
-    return tl.atomic_max(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), val, mask=mask, sem=sem, scope=scope)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    return _atomic("max", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 # ---- signalling ---------------------------------------------------------------------------
@@ -424,14 +449,8 @@ def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = _SET, sem
     # All threads of the program reach this point before one of them releases.
     tl.debug_barrier()
     target = translate(flag_ptr, rank, peer, heap_bases)
-    if NVSHMEM_CALLS:
-        OP: tl.constexpr = "xchg" if op == "set" else "add"
-        old = _atomic_by_call(OP, flag_ptr, value, value, rank, peer, heap_bases, None, sem, scope, None)
-    elif op == "set":
-        old = _xchg(target, value, None, sem, scope)
-    else:
-        old = tl.atomic_add(target, value, sem=sem, scope=scope)
-    return old
+    OP: tl.constexpr = "xchg" if op == "set" else "add"
+    return _atomic(OP, flag_ptr, target, value, value, rank, peer, heap_bases, None, sem, scope)
 
 
 @triton.jit
@@ -509,11 +528,7 @@ def gave_up(rank, heap_bases):
 @triton.jit
 def _poll(flag_ptr, target, rank, peer, heap_bases, sem: tl.constexpr, scope: tl.constexpr):
     """One read of the flag a wait polls (``target``: ``flag_ptr`` translated into ``peer``'s heap)."""
-    if NVSHMEM_CALLS:
-        seen = _atomic_by_call("fetch", flag_ptr, 0, 0, rank, peer, heap_bases, None, sem, scope, None)
-    else:
-        seen = tl.atomic_add(target, 0, sem=sem, scope=scope)
-    return seen
+    return _atomic("fetch", flag_ptr, target, 0, 0, rank, peer, heap_bases, None, sem, scope)
 
 
 @triton.jit

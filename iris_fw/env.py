@@ -173,6 +173,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("IRIS_FW_ARRIVAL_TIMEOUT", "seconds", None,
              "Seconds the ranks wait at `iris_fw.init()` for the others to arrive before naming those that did "
              "not (unset: the liveness bound); raise it where ranks start slowly or staggered."),
+    Variable("IRIS_FW_LAUNCHER_SIGNALS", "bool", False,
+             "Set by `iris-fw launch` for its ranks: a rank's watchdog turns the launcher's SIGTERM (a peer died) "
+             "into a `PeerFailure` naming that peer. Unset, the library installs no signal handler."),
     Variable("IRIS_FW_SHM_PREFIX", "prefix", "iris_fw_",
              "Name prefix of `host_shm` segments in /dev/shm (launchers set one per job, so their clean-up "
              "finds the job's segments)."),

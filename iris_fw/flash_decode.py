@@ -68,10 +68,8 @@ baseline's last step) sit beside the op.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass, replace
-from importlib import resources
 from typing import Any
 
 import torch
@@ -81,8 +79,9 @@ import triton.language as tl
 from . import context as _context
 from . import devinfo
 from . import tilecomm as tc
-from . import tiles
+from . import gemm_tiles as tiles
 from . import trace as tr
+from . import tuning as tuning_tables
 from .ccl import algorithm as al
 from .ccl import api
 from .engine.launcher import KernelLauncher
@@ -150,7 +149,7 @@ class Tuning:
 
 @functools.lru_cache(maxsize=None)
 def _table() -> dict:
-    return json.loads(resources.files("iris_fw.tuning").joinpath("flash_decode.json").read_text())
+    return tuning_tables.load("flash_decode")
 
 
 def tuning(device: torch.device, head_dim: int) -> Tuning:

@@ -24,9 +24,7 @@ do not split, so :func:`default_config` gives them only rows without a split.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, replace
-from importlib import resources
 from typing import NamedTuple
 
 import torch
@@ -34,7 +32,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import tiles
+from . import gemm_tiles as tiles
+from . import tuning
 from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
 from .errors import ArgumentError
@@ -143,15 +142,21 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
 
 @functools.lru_cache(maxsize=None)
 def _measured_rows(device_name: str) -> tuple:
-    """``((max_m, max_n, max_k), GemmConfig)`` rows of the device (None: no bound)."""
-    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
-    return tuple(((row["max_m"], row.get("max_n"), row.get("max_k")), GemmConfig(**row["config"]))
-                 for row in table["devices"].get(device_name, []))
+    """``((max_m, max_n, max_k), GemmConfig)`` rows of the device (None: no bound). A row is
+    ``[max_m, config]``; ``config`` may bound ``max_n`` / ``max_k`` too."""
+    rows = tuning.load("gemm")["devices"].get(device_name, [])  # measured rows only: no defaults
+    out = []
+    for max_m, config in rows:
+        config = dict(config)
+        config.pop("measured", None)  # the note of what chose the row
+        bounds = (max_m, config.pop("max_n", None), config.pop("max_k", None))
+        out.append((bounds, GemmConfig(**config)))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)
 def _tile_orders() -> dict:
-    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
+    table = tuning.load("gemm")
     return {name: row["group_m"] for name, row in table.get("tile_order", {}).items() if not name.startswith("_")}
 
 

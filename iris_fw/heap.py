@@ -71,7 +71,7 @@ class SymmetricHeap:
 
     ``wrap(address, nbytes) -> (uint8 tensor, owner)`` makes a tensor over heap memory whose
     ``owner`` lives exactly as long as the tensor's storage (see
-    :meth:`iris_fw.transport.Transport.wrap`).
+    :meth:`iris_fw.transport_base.Transport.wrap`).
     """
 
     def __init__(self, base: int, size: int, start: int, wrap: Callable, on_alloc: Callable | None = None):

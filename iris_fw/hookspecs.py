@@ -29,7 +29,7 @@ def iris_fw_register_transports(registry):
     Fires: once per plugin when the registries are loaded.
 
     :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"transport"``; call
-        ``registry.register(cls)`` with a :class:`~iris_fw.transport.Transport` subclass.
+        ``registry.register(cls)`` with a :class:`~iris_fw.transport_base.Transport` subclass.
         The class's ``name`` is the key users select it by (``init(transport=name)``).
     :return: nothing.
     """
@@ -42,7 +42,7 @@ def iris_fw_register_bootstraps(registry):
     Fires: once per plugin when the registries are loaded.
 
     :param registry: a :class:`~iris_fw.registry.Registry` of kind ``"bootstrap"``; call
-        ``registry.register(cls)`` with a :class:`~iris_fw.bootstrap.Bootstrap` subclass.
+        ``registry.register(cls)`` with a :class:`~iris_fw.bootstrap_base.Bootstrap` subclass.
     :return: nothing.
     """
 

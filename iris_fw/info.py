@@ -80,7 +80,7 @@ def mps(have_gpus: bool) -> str:
 
 def interpreter() -> tuple[bool, str]:
     """Whether Triton kernels run under the CPU interpreter in this process, and why."""
-    from . import interpreting
+    from .interpreter import interpreting
 
     names, no_gpu = gpus()
     from . import env
@@ -101,7 +101,7 @@ def interpreter() -> tuple[bool, str]:
 def choices(registries) -> dict[str, str]:
     """The bootstrap and transport :func:`iris_fw.init` would choose in this environment, and why
     (or the error it would raise)."""
-    from . import bootstrap
+    from . import bootstrap_base as bootstrap
     from .context import transport_choice
 
     out = {}

@@ -27,7 +27,9 @@ import sys
 import threading
 import time
 
-from . import _choose_interpreter, env, interpreting
+from . import env
+from .interpreter import choose as _choose_interpreter
+from .interpreter import interpreting
 from .errors import ArgumentError, EnvironmentVariableError, bad_type
 
 #: Signals the launcher forwards to every rank (SIGHUP: the terminal or ssh session that ran it went away).
@@ -85,6 +87,7 @@ def rank_environ(rank: int, world_size: int, port: int, shm_prefix: str, base: d
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         IRIS_FW_SHM_PREFIX=shm_prefix,
+        IRIS_FW_LAUNCHER_SIGNALS="1",  # the launcher asks for the watchdog's SIGTERM handler (watchdog.py)
     )
     _choose_interpreter(env)
     gpus = gpu_count()

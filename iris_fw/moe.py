@@ -76,9 +76,7 @@ the op.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -89,6 +87,7 @@ from . import context as _context
 from . import device as dv
 from . import devinfo
 from . import tilecomm as tc
+from . import tuning
 from .engine.contract import PatternError, check_tensor
 from .engine.launcher import KernelLauncher
 from .errors import ArgumentError, ArgumentTypeError
@@ -134,20 +133,15 @@ _RESET_BLOCK = tl.constexpr(RESET_BLOCK)
 
 @functools.lru_cache(maxsize=None)
 def _table() -> dict:
-    return json.loads(resources.files("iris_fw.tuning").joinpath("moe.json").read_text())
+    return tuning.load("moe")
 
 
 def auto_mode(device: torch.device, max_tokens_per_rank: int) -> str:
     """The mode ``"auto"`` picks for ``max_tokens_per_rank`` on ``device``: the device name's
     rows of ``iris_fw/tuning/moe.json``, else the device type's defaults; a row
     ``[max tokens per rank (null: any), mode]`` applies up to its bound."""
-    data = _table()
     dev = devinfo.info(device)
-    rows = data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"]
-    for bound, mode in rows:
-        if bound is None or max_tokens_per_rank <= bound:
-            return mode
-    return rows[-1][1]
+    return tuning.bounded(tuning.device_rows(_table(), dev.name, dev.type), max_tokens_per_rank)
 
 
 # ---- device functions -----------------------------------------------------------------------------

@@ -61,7 +61,7 @@ Why not an :mod:`iris_fw.engine` pattern: the engine's communicate-first pattern
 into local staging and release *local* per-chunk flags that a tile waits for; here a tile's rows
 are pushed by every rank, in an order only the device knows (atomic slots), so its readiness is
 a count that the peers raise. The pieces are the engine's: the kernels use
-:mod:`iris_fw.tilecomm` (epochs, barriers, last program), :mod:`iris_fw.tiles` (the tile dot)
+:mod:`iris_fw.tilecomm` (epochs, barriers, last program), :mod:`iris_fw.gemm_tiles` (the tile dot)
 and the engine's launcher and side stream.
 
 :func:`moe_gemm_reference` (float64, from every rank's tokens) sits beside the ops.
@@ -70,9 +70,7 @@ and the engine's launcher and side stream.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -84,7 +82,8 @@ from . import device as dv
 from . import devinfo
 from . import moe
 from . import tilecomm as tc
-from . import tiles
+from . import tuning
+from . import gemm_tiles as tiles
 from .engine.launcher import KernelLauncher
 from .errors import ArgumentError, ArgumentTypeError
 
@@ -103,7 +102,7 @@ _RESET_BLOCK = tl.constexpr(moe.RESET_BLOCK)
 
 @functools.lru_cache(maxsize=None)
 def _table() -> dict:
-    return json.loads(resources.files("iris_fw.tuning").joinpath("moe_gemm.json").read_text())
+    return tuning.load("moe_gemm")
 
 
 @dataclass(frozen=True)

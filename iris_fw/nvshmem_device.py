@@ -11,7 +11,7 @@ NVSHMEM (the default, and the ``nvshmem`` transport within one node) are unchang
   (exercises the call path on one node).
 
 The calls come from NVSHMEM's device bitcode (``libnvshmem_device*.bc``), linked into kernels and
-initialised per loaded module by :mod:`iris_fw.nvshmem`; the symbols are the standard typed RMA
+initialised per loaded module by :mod:`iris_fw.transports.nvshmem.library`; the symbols are the standard typed RMA
 and AMO entry points (``nvshmem_uint32_g``, ``nvshmem_uint64_atomic_fetch_add``, …). Every pointer
 passed is the caller's own symmetric address: NVSHMEM translates it for the target PE itself
 (the PE is the rank).
@@ -366,42 +366,17 @@ def atomic_value(OP: tl.constexpr, ptr, val, cmp, rank, peer, mask, sem: tl.cons
 
 
 @triton.jit
-def _local_atomic(OP: tl.constexpr, target, val, cmp, mask, sem: tl.constexpr, scope: tl.constexpr,
-                  XCHG: tl.constexpr):
-    """The load/store path of :func:`atomic`: Triton's atomic on the translated ``target``
-    (``XCHG`` is :func:`iris_fw.device._xchg`, the exchange that also takes floats)."""
-    if OP == "fetch":
-        old = tl.atomic_add(target, 0, sem=sem, scope=scope)
-    elif OP == "add":
-        old = tl.atomic_add(target, val, mask=mask, sem=sem, scope=scope)
-    elif OP == "cas":
-        old = tl.atomic_cas(target, cmp, val, sem=sem, scope=scope)
-    elif OP == "xchg":
-        old = XCHG(target, val, mask, sem, scope)
-    elif OP == "and":
-        old = tl.atomic_and(target, val, mask=mask, sem=sem, scope=scope)
-    elif OP == "or":
-        old = tl.atomic_or(target, val, mask=mask, sem=sem, scope=scope)
-    elif OP == "xor":
-        old = tl.atomic_xor(target, val, mask=mask, sem=sem, scope=scope)
-    elif OP == "min":
-        old = tl.atomic_min(target, val, mask=mask, sem=sem, scope=scope)
-    else:
-        old = tl.atomic_max(target, val, mask=mask, sem=sem, scope=scope)
-    return old
-
-
-@triton.jit
 def atomic(OP: tl.constexpr, ptr, val, cmp, target, rank, peer, heap_bases, mask, sem: tl.constexpr,
-           scope: tl.constexpr, MODE: tl.constexpr, XCHG: tl.constexpr):
-    """The atomics of :mod:`iris_fw.device` (and its flag polls, ``OP="fetch"``) when
-    ``NVSHMEM_CALLS`` is on: NVSHMEM calls for peers reached by call, Triton's atomic on the
-    translated ``target`` for the others."""
+           scope: tl.constexpr, MODE: tl.constexpr, LOCAL: tl.constexpr):
+    """The NVSHMEM seam of :mod:`iris_fw.device`'s one atomic (``device._atomic``; its flag
+    polls are ``OP="fetch"``) when ``NVSHMEM_CALLS`` is on: NVSHMEM calls for peers reached by
+    call, ``LOCAL`` (``device._local_atomic``: Triton's atomic on the translated ``target``) for
+    the others."""
     if MODE == ALL:
         old = atomic_value(OP, ptr, val, cmp, rank, peer, mask, sem)
     else:
         if by_call(peer, heap_bases, MODE):
             old = atomic_value(OP, ptr, val, cmp, rank, peer, mask, sem)
         else:
-            old = _local_atomic(OP, target, val, cmp, mask, sem, scope, XCHG)
+            old = LOCAL(OP, target, val, cmp, mask, sem, scope)
     return old

@@ -172,10 +172,14 @@ def load_registries(pm: pluggy.PluginManager | None = None) -> Registries:
     regs = Registries(*(Registry(kind) for kind in KINDS))
     dist_names = _provider_names(pm)
     for registry in regs:
-        caller = getattr(pm.hook, _HOOKS[registry.kind])
-        # Call each implementation with its own scoped view so every registration
-        # knows its provider, in the order the plugins were registered.
-        for impl in caller.get_hookimpls():
+        hook = _HOOKS[registry.kind]
+        impls = getattr(pm.hook, hook).get_hookimpls()
+        plugins = [impl.plugin for impl in impls]
+        # Each plugin's hook is called through pluggy (a caller of that plugin alone) with its own
+        # scoped view, so every registration knows its provider; in the order the plugins were
+        # registered.
+        for impl in impls:
             provider = dist_names.get(id(impl.plugin), f"plugin {impl.plugin_name!r}")
-            impl.function(registry=registry.scoped(provider))
+            only = pm.subset_hook_caller(hook, remove_plugins=[p for p in plugins if p is not impl.plugin])
+            only(registry=registry.scoped(provider))
     return regs

@@ -15,7 +15,7 @@ keyword options (``mask=None``, ``OP``)::
     tile_store_all(ptrs, value, rank, world_size, heap_bases, mask=None)
     tile_put_all(src, dst, rank, world_size, heap_bases, mask=None)
     tile_gather(src, dst, stride, rank, world_size, heap_bases, mask=None)
-    tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None)
+    tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None, dst_stride=None)
     tile_broadcast(src, dst, rank, root, heap_bases, mask=None)
     signal_peers(flag, value, rank, world_size, heap_bases)
     arrive(slots, epoch, rank, world_size, heap_bases)
@@ -25,7 +25,7 @@ keyword options (``mask=None``, ``OP``)::
     program_epoch(counters) -> epoch
     tile_reduce_rows(ptrs, stride, world_size, mask=None, OP="sum") -> tile
     widen(x) -> tile;  combine(acc, x, OP) -> tile
-    push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP) -> (buf, 1/0)
+    push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK, CAP, src_stride=None) -> (buf, 1/0)
     lamport_put_all(src, dst, rank, world_size, heap_bases, mask=None)
     lamport_wait(ptrs, where, rank, heap_bases, mask=None, live=1) -> (tile, 1/0)
     lamport_clear(ptrs, mask=None)
@@ -273,14 +273,18 @@ def tile_gather(src, dst, stride, rank, world_size, heap_bases, mask=None):
 
 
 @triton.jit
-def tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None):
+def tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None, dst_stride=None):
     """All-to-all by push: for every rank ``p``, the caller's tile for ``p`` at
     ``src + p * stride`` (any local pointers) goes to ``p``'s slot for the caller,
-    ``dst + rank * stride`` in ``p``'s heap (``dst`` symmetric). ``src``, ``dst``: the
-    ``[BLOCK]`` or ``[BM, BN]`` tile of slot 0; ``stride``: elements between per-rank slots."""
+    ``dst + rank * dst_stride`` in ``p``'s heap (``dst`` symmetric). ``src``, ``dst``: the
+    ``[BLOCK]`` or ``[BM, BN]`` tile of slot 0; ``stride``: elements between per-rank slots of
+    ``src``; ``dst_stride``: of ``dst`` (None: ``stride``)."""
     for i in range(0, world_size):
         p = (rank + i) % world_size
-        dv.store(dst + rank * stride, tl.load(src + p * stride, mask=mask), rank, p, heap_bases, mask=mask)
+        if dst_stride is None:
+            dv.store(dst + rank * stride, tl.load(src + p * stride, mask=mask), rank, p, heap_bases, mask=mask)
+        else:
+            dv.store(dst + rank * dst_stride, tl.load(src + p * stride, mask=mask), rank, p, heap_bases, mask=mask)
 
 
 @triton.jit
@@ -293,11 +297,13 @@ def tile_broadcast(src, dst, rank, root, heap_bases, mask=None):
 
 @triton.jit
 def push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOCK: tl.constexpr,
-                  CAP: tl.constexpr, trace=None, TRACE: tl.constexpr = _NO_TRACE):
-    """One round of a push exchange, the first half of a one-shot all-reduce or a push
-    all-gather: this program pushes its tiles ``t = pid, pid + programs, …`` of ``src[:n]`` (any
-    local pointer) into slot ``rank`` of every rank's receive buffer, arrives, and waits for the
-    same program of every rank (which pushed it exactly the tiles it will read). ``recv``:
+                  CAP: tl.constexpr, trace=None, TRACE: tl.constexpr = _NO_TRACE, src_stride=None):
+    """One round of a push exchange, the first half of a one-shot all-reduce, a push all-gather or
+    a push reduce-scatter: this program pushes its tiles ``t = pid, pid + programs, …`` of
+    ``src[:n]`` (any local pointer) into slot ``rank`` of every rank's receive buffer, arrives, and
+    waits for the same program of every rank (which pushed it exactly the tiles it will read).
+    ``src_stride`` (reduce-scatter): rank ``p`` gets ``src[p * src_stride:][:n]`` instead, the
+    piece meant for it (:func:`tile_all_to_all`); None: every rank gets ``src[:n]``. ``recv``:
     symmetric ``[2, world_size, CAP]``, its half chosen by the parity of ``epoch`` (the call's,
     from :func:`program_epoch`); ``slots``: symmetric int64 ``[programs, world_size]``. Returns
     ``(buf, ok)``: this call's ``[world_size, CAP]`` half, and 1, or 0 if a wait gave up. Traced
@@ -308,7 +314,11 @@ def push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOC
         t0 = tr.record_start(trace, TRACE)
     for t in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs = t * BLOCK + tl.arange(0, BLOCK)
-        tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=offs < n)
+        if src_stride is None:
+            tile_put_all(src + offs, buf + rank * CAP + offs, rank, world_size, heap_bases, mask=offs < n)
+        else:
+            tile_all_to_all(src + offs, buf + offs, src_stride, rank, world_size, heap_bases, mask=offs < n,
+                            dst_stride=CAP)
     arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
     if TRACE:
         ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8

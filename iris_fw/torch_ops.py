@@ -3,7 +3,7 @@ traces under ``torch.compile(fullgraph=True)`` and replays in CUDA graphs.
 
 Importing this module (opt-in: ``import iris_fw.torch_ops``; nothing registers when ``iris_fw``
 or ``iris_fw.ops`` is imported) registers, in the ``iris_fw`` namespace, the collectives of
-:mod:`iris_fw.ccl.torch_ops` and the ops of :mod:`iris_fw.ops`::
+:mod:`iris_fw.ccl.custom_ops` and the ops of :mod:`iris_fw.ops`::
 
     torch.ops.iris_fw.gemm_all_reduce(a, b, bias=None, scheduler="auto") -> Tensor      # [M, N]
     torch.ops.iris_fw.gemm_reduce_scatter(a, b, scheduler="auto") -> Tensor             # [M / W, N]
@@ -28,7 +28,7 @@ import torch
 from . import context as _context
 from . import flash_decode as _fd
 from . import ops as _ops
-from .ccl import torch_ops as _ccl_torch_ops  # noqa: F401  (registers the collectives)
+from .ccl import custom_ops as _ccl_custom_ops  # noqa: F401  (registers the collectives)
 
 
 def _world() -> int:

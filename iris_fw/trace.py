@@ -6,7 +6,7 @@ bytes — into a trace buffer. A leaf module like :mod:`iris_fw.device` (it impo
 default of every iris-fw kernel) makes each call an empty function, so an untraced kernel
 compiles to the code it had without tracing; a traced kernel is a separate compiled variant.
 When on, ``TRACE`` is the code of a clock (:data:`CLOCKS`: 1, 2, 3), as
-:func:`iris_fw.tracing.clock_mode` chooses it from the device:
+:func:`iris_fw.trace_session.clock_mode` chooses it from the device:
 
 * ``"globaltimer"`` — NVIDIA: the ``%globaltimer`` register (ns; its update granularity depends
   on the GPU, 32 ns to 1 us), SM id from ``%smid``;
@@ -16,7 +16,7 @@ When on, ``TRACE`` is the code of a clock (:data:`CLOCKS`: 1, 2, 3), as
   ranks of a host), SM id -1. The interpreter cannot run inline assembly, so this branch calls a
   Python function; the compilers never see it (the branch is pruned for the other values).
 
-**The trace buffer** (``trace``: an int64 address, as :meth:`iris_fw.tracing.Tracer.handle`
+**The trace buffer** (``trace``: an int64 address, as :meth:`iris_fw.trace_session.Tracer.handle`
 returns it; ``None`` when off) is one *region* per kernel: a header of :data:`HEADER_WORDS` int64
 slots (capacity, rings, rank, events of programs beyond the rings) and one ring per program —
 a counter of the events the program ever recorded, then ``capacity`` records of
@@ -32,7 +32,7 @@ of the record, a store of the counter. When a ring is full the oldest records ar
 and the host reports how many were lost (``count - capacity``), never silently.
 
 **Using it in a kernel** (the buffer handle and the constexpr come from the host:
-``trace, TRACE = iris_fw.tracing.kernel_args(ctx, "my_kernel", programs)``)::
+``trace, TRACE = iris_fw.trace_session.kernel_args(ctx, "my_kernel", programs)``)::
 
     @triton.jit
     def my_kernel(x, n, trace, TRACE: tl.constexpr):
@@ -122,7 +122,7 @@ def _host_clock_ns(_semantic=None):
     :func:`now` (it sits in a branch they prune); a compiled kernel calling it is an error."""
     if _semantic is not None:
         raise ValueError("TRACE=3 (the host clock) is for Triton's interpreter; compiled kernels use 1 "
-                         "(globaltimer, NVIDIA) or 2 (memrealtime, AMD): see iris_fw.tracing.clock_mode")
+                         "(globaltimer, NVIDIA) or 2 (memrealtime, AMD): see iris_fw.trace_session.clock_mode")
     return time.monotonic_ns()
 
 

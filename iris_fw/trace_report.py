@@ -1,4 +1,4 @@
-"""Reading iris-fw trace files (:mod:`iris_fw.tracing` writes them): ``iris-fw trace summarize``
+"""Reading iris-fw trace files (:mod:`iris_fw.trace_session` writes them): ``iris-fw trace summarize``
 (busy time per role, idle gaps, waits by flag, lost events) and ``iris-fw trace plot`` (timeline
 PNGs: one row per SM or program, compute and communication coloured, waits hatched; several
 traces on one time axis with ``--compare``). Works on a merged file or on one rank's file.
@@ -53,7 +53,7 @@ class Trace:
 
 
 def load(path: str) -> Trace:
-    """Read a trace file written by :mod:`iris_fw.tracing` (or any Chrome-trace JSON with complete
+    """Read a trace file written by :mod:`iris_fw.trace_session` (or any Chrome-trace JSON with complete
     events)."""
     with open(path) as f:
         data = json.load(f)

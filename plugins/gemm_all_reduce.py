@@ -25,14 +25,14 @@ tile's push and its reduction are full-block, unmasked, coalesced moves.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from iris_fw import device as dv
-from iris_fw import tiles
+from iris_fw import gemm_tiles as tiles
 from iris_fw import tilecomm as tc
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan, check_tensor
@@ -49,6 +49,8 @@ class GemmAllReduceConfig(GemmConfig):
     ``two_shot``)."""
 
     algorithm: str = "one_shot"
+    #: the all-reduce algorithms this op fuses (read through the registry: ``pattern.Config.ALGORITHMS``)
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ALGORITHMS
 
     def __post_init__(self):
         super().__post_init__()

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from iris_fw import device as dv
-from iris_fw import tiles
+from iris_fw import gemm_tiles as tiles
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan
 from iris_fw.engine.launcher import KernelLauncher

@@ -162,7 +162,7 @@ def sweep(shape: Shape, configs: list, opts, log) -> dict:
     return meta
 
 
-def table_rows(best: dict, device_name: str) -> list[dict]:
+def table_rows(best: dict, device_name: str) -> list[list]:
     """The tuning table's rows (``iris_fw/tuning/gemm.json``) from the best configuration per
     ``(m, n, k)``: per ``m`` (ascending; ``max_m`` = m) one row per ``k`` (``max_k`` = k, the
     largest ``k`` without a bound), split rows bounded by the measured ``n``."""
@@ -172,15 +172,14 @@ def table_rows(best: dict, device_name: str) -> list[dict]:
         for k in ks:
             (n,) = {nn for mm, nn, kk in best if (mm, kk) == (m, k)} or {None}
             cfg, us, ref = best[(m, n, k)]
-            row = {"max_m": m}
+            config = asdict(cfg)  # a row: [max_m, config], the config carrying its bounds and its measurement
             if cfg.split_k > 1:
-                row["max_n"] = n
+                config["max_n"] = n
             if k != ks[-1]:
-                row["max_k"] = k
-            row["config"] = asdict(cfg)
-            row["measured"] = (f"{device_name} {time.strftime('%Y-%m-%d', time.gmtime())}: {m}x{n}x{k} "
-                               f"{us:.1f} us, cuBLAS {ref:.1f} us ({100 * ref / us:.1f}%)")
-            rows.append(row)
+                config["max_k"] = k
+            config["measured"] = (f"{device_name} {time.strftime('%Y-%m-%d', time.gmtime())}: {m}x{n}x{k} "
+                                  f"{us:.1f} us, cuBLAS {ref:.1f} us ({100 * ref / us:.1f}%)")
+            rows.append([m, config])
     return rows
 
 

@@ -31,7 +31,7 @@ def _reference(w1, w2, gamma, x, residual, eps):
 
 
 def _mlp_rank(ctx, fused):
-    import iris_fw.ccl.torch_ops  # noqa: F401  (registers torch.ops.iris_fw.*)
+    import iris_fw.ccl.custom_ops  # noqa: F401  (registers torch.ops.iris_fw.*)
 
     torch._dynamo.reset()
     hidden, ffn, eps = 64, 96, 1e-6
@@ -67,7 +67,7 @@ def test_tensor_parallel_mlp_compiles(iris_pool, world_size, fused):
 
 
 def _gather_scatter_rank(ctx):
-    import iris_fw.ccl.torch_ops  # noqa: F401
+    import iris_fw.ccl.custom_ops  # noqa: F401
 
     torch._dynamo.reset()
     w = ctx.world_size
@@ -96,7 +96,7 @@ def test_gather_and_scatter_ops_compile(iris_pool):
 def test_fake_shapes():
     """The fake implementations give the shapes without a context's communication (one-rank
     world given as ranks)."""
-    import iris_fw.ccl.torch_ops  # noqa: F401
+    import iris_fw.ccl.custom_ops  # noqa: F401
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():

@@ -98,16 +98,17 @@ def test_split_rows_of_the_tuning_table(monkeypatch):
 def test_tuning_table_rows_are_valid():
     """Every row of iris_fw/tuning/gemm.json makes a GemmConfig; split rows stay within
     SPLIT_K_MAX_M rows."""
-    import json
-    from importlib import resources
+    from iris_fw import tuning
 
-    table = json.loads(resources.files("iris_fw.tuning").joinpath("gemm.json").read_text())
+    table = tuning.load("gemm")
     for device, rows in table["devices"].items():
-        for row in rows:
-            cfg = GemmConfig(**row["config"])
-            assert set(row) <= {"max_m", "max_n", "max_k", "config", "measured"}, (device, row)
+        for max_m, config in rows:  # [max_m, config]; the config may carry max_n / max_k and its measurement
+            extra = {k: config[k] for k in ("max_n", "max_k", "measured") if k in config}
+            cfg = GemmConfig(**{k: v for k, v in config.items() if k not in extra})
+            assert all(v is None or isinstance(v, (int, str)) for v in extra.values()), (device, config)
             if cfg.split_k > 1:
-                assert row["max_m"] <= gemm.SPLIT_K_MAX_M, (device, row)
+                assert max_m <= gemm.SPLIT_K_MAX_M, (device, config)
+        assert [b for b, _ in gemm._measured_rows(device)] == [(m, c.get("max_n"), c.get("max_k")) for m, c in rows]
     for device, order in table.get("tile_order", {}).items():
         assert isinstance(order["group_m"], int) and order["group_m"] >= 1 and order.get("measured"), (device, order)
 
@@ -177,7 +178,8 @@ def test_tune_script_smoke(tmp_path):
     assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "gemm_tuning_rows.json").read_text())
     (device_rows,) = rows.values()
-    for row in device_rows:
-        GemmConfig(**row["config"])
+    for max_m, config in device_rows:  # the table's row format, bounds and note in the config
+        assert isinstance(max_m, int)
+        GemmConfig(**{k: v for k, v in config.items() if k not in ("max_n", "max_k", "measured")})
     records = [json.loads(line) for line in (tmp_path / "gemm_tune.jsonl").read_text().splitlines()]
     assert records and all(not r["wrong"] for r in records), records

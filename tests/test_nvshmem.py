@@ -2,7 +2,7 @@
 
 CPU (always): availability reasons, the call-mode choice, the unique-id exchange through a real
 bootstrap, the init-attribute layout against NVSHMEM's own host library (when installed), the
-Triton hooks of :class:`iris_fw.nvshmem.DeviceLink`, and, when NVSHMEM's device bitcode is here,
+Triton hooks of :class:`iris_fw.transports.nvshmem.library.DeviceLink`, and, when NVSHMEM's device bitcode is here,
 the test suites' kernels compiled for sm_90 with every peer reached through NVSHMEM calls.
 GPU (``IRIS_FW_TRANSPORT=nvshmem``, run by scripts/gpu_nvshmem.sh): set-up and teardown of the
 transport, heap bases, and the primitive / atomic / signal suites themselves (tests/test_*.py
@@ -20,7 +20,8 @@ import torch
 import iris_fw
 from iris_fw import device as dv
 from iris_fw import env
-from iris_fw import nvshmem as nv
+from iris_fw.transports.nvshmem import library as nv
+from iris_fw.bootstraps.single import SingleBootstrap
 from iris_fw.errors import EnvironmentVariableError, IrisError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -210,7 +211,7 @@ def test_malformed_unique_id_raises():
             return b"short"
 
     with pytest.raises(IrisError, match="malformed NVSHMEM unique id"):
-        nv.init_by_unique_id(Bad(0), iris_fw.bootstrap.SingleBootstrap())
+        nv.init_by_unique_id(Bad(0), SingleBootstrap())
 
 
 def test_init_attributes_layout_with_the_real_library():

@@ -1,4 +1,4 @@
-"""Tracing (iris_fw.trace, iris_fw.tracing, iris-fw trace): device events of user kernels, ops and
+"""Tracing (iris_fw.trace, iris_fw.trace_session, iris-fw trace): device events of user kernels, ops and
 collectives — order, content, peers, bytes, waits and their flags —, overflow counting, tracing
 off (same results, no trace buffer), clock alignment of the merged file, the CLI, IRIS_FW_TRACE,
 and the traced kernels compiled for NVIDIA and AMD targets."""
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 import iris_fw
-from iris_fw import ccl, ops, tracing
+from iris_fw import ccl, ops, trace_session
 from iris_fw import device as dv
 from iris_fw import trace as tr
 
@@ -73,11 +73,11 @@ def _user_rank(ctx, path):
     ctx.barrier()
     with ctx.trace(path, kinds={MY_WORK: "my_work"}) as session:
         ctx.tracer.name(flag, "my flag")
-        trace, TRACE = tracing.kernel_args(ctx, "user", programs)
+        trace, TRACE = trace_session.kernel_args(ctx, "user", programs)
         assert TRACE == tr.CLOCKS.index(iris_fw.devinfo.trace_clock(ctx.device)) + 1 and trace is not None
         _user_kernel[(programs,)](data, flag, programs, ctx.rank, ctx.world_size, ctx.heap_bases, trace, TRACE=TRACE)
     # outside a session: no buffer, TRACE 0, the same kernel runs untraced
-    assert tracing.kernel_args(ctx, "user", programs) == (None, 0) and ctx.tracer is None
+    assert trace_session.kernel_args(ctx, "user", programs) == (None, 0) and ctx.tracer is None
     _user_kernel[(programs,)](data, flag, programs, ctx.rank, ctx.world_size, ctx.heap_bases, None, TRACE=0)
     ctx.barrier()
     left = (ctx.rank - 1) % ctx.world_size
@@ -124,7 +124,7 @@ def _overflow_rank(ctx):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with ctx.trace(None, events_per_program=4) as session:
-            trace, TRACE = tracing.kernel_args(ctx, "many", 2)
+            trace, TRACE = trace_session.kernel_args(ctx, "many", 2)
             _many_events_kernel[(2,)](10, trace, TRACE=TRACE)
             # a launch with more programs than the buffer has rings: the extra program's events
             # are counted, not written anywhere
@@ -401,14 +401,14 @@ def test_alignment_estimator():
     back = rng.uniform(50, 900, 16)
     seen = sent + there + offset
     answered = sent + there + back
-    est, bound, ref, peer_time = tracing.estimate_offset(sent, seen, answered)
+    est, bound, ref, peer_time = trace_session.estimate_offset(sent, seen, answered)
     assert abs(est - offset) <= bound and bound == pytest.approx((there + back).min() / 2)
     samples = [[np.zeros((2, 4, 3)), np.zeros((2, 4, 3))], [np.zeros((2, 4, 3)), np.zeros((2, 4, 3))]]
     for which, (t, drift) in enumerate(((0.0, 0.0), (1e9, 500.0))):
         samples[0][which][1, :, 0] = t + np.arange(4) * 100
         samples[0][which][1, :, 2] = t + np.arange(4) * 100 + 20
         samples[1][which][1, :, 1] = t + np.arange(4) * 100 + 10 + 7 + drift
-    a = tracing.alignments(2, samples)[1]
+    a = trace_session.alignments(2, samples)[1]
     assert a.offsets == (7.0, 507.0) and a.bound == 10.0
     assert np.allclose(a.to_reference(np.array([17.0, 17.0 + 0.5 * (1e9 + 500)])), [10.0, 10.0 + 0.5e9 + 250 - 250])
 
@@ -460,10 +460,10 @@ def _session_rank(ctx):
     with ctx.trace(None) as session:
         with pytest.raises(iris_fw.IrisError, match="already open"):
             ctx.trace(None).__enter__()
-        trace, TRACE = tracing.kernel_args(ctx, "k", 1)
+        trace, TRACE = trace_session.kernel_args(ctx, "k", 1)
         _many_events_kernel[(1,)](2, trace, TRACE=TRACE)
         with session.paused():
-            assert ctx.tracer is None and tracing.kernel_args(ctx, "k", 1) == (None, 0)
+            assert ctx.tracer is None and trace_session.kernel_args(ctx, "k", 1) == (None, 0)
             _many_events_kernel[(1,)](3, None, TRACE=0)
         _many_events_kernel[(1,)](1, trace, TRACE=TRACE)
     return len(_x_events(session.trace))
@@ -477,15 +477,15 @@ def test_session_checks_and_pause(iris_pool):
 def _env_rank(ctx, path):
     os.environ["IRIS_FW_TRACE"] = path
     try:
-        assert tracing.env_trace_path() == path
-        tracing.start_env_trace(ctx)  # what init() calls
+        assert trace_session.env_trace_path() == path
+        trace_session.start_env_trace(ctx)  # what init() calls
     finally:
         del os.environ["IRIS_FW_TRACE"]
     assert ctx.tracer is not None
     ccl.all_reduce(torch.ones(16, device=ctx.device))
-    tracing.end_env_trace(ctx)  # what close() calls
-    assert ctx.tracer is None and tracing.env_trace_path() is None
-    tracing.start_env_trace(ctx)  # unset: nothing
+    trace_session.end_env_trace(ctx)  # what close() calls
+    assert ctx.tracer is None and trace_session.env_trace_path() is None
+    trace_session.start_env_trace(ctx)  # unset: nothing
     assert ctx.tracer is None
 
 
@@ -511,7 +511,7 @@ def test_env_trace(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert path.exists() and (tmp_path / "env.rank0.json").exists()
-    assert json.load(open(path))["otherData"]["format"] == tracing.FORMAT
+    assert json.load(open(path))["otherData"]["format"] == trace_session.FORMAT
 
 
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from iris_fw import devinfo, interpreting
 from iris_fw.errors import IrisError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.launch import share_gpus
-from iris_fw.transport import Transport
+from iris_fw.transport_base import Transport
 
 _IPC_HANDLE_BYTES = 64
 _IPC_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess == hipIpcMemLazyEnablePeerAccess

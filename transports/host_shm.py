@@ -25,7 +25,7 @@ from iris_fw import env, interpreting
 from iris_fw.errors import IrisError, NotOnHeapError
 from iris_fw.hookspecs import hookimpl
 from iris_fw.launch import cleanup_shm
-from iris_fw.transport import Transport
+from iris_fw.transport_base import Transport
 
 SHM_DIR = "/dev/shm"
 #: Share of /dev/shm's free space the heaps of one host may take (the rest: room to spare).

@@ -424,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         return replot(args.replot)
 
-    from .. import _choose_interpreter, interpreting
+    from ..interpreter import choose as _choose_interpreter
+    from ..interpreter import interpreting
     from ..launch import default_world_size, launch
 
     _choose_interpreter()

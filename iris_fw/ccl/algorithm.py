@@ -13,15 +13,14 @@ once per *kernel configuration* (:meth:`Group.config`) and launches through
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Callable
 
 import torch
 import triton
 
 from .. import devinfo
+from .. import tuning
 from ..engine.launcher import KernelLauncher
 from ..errors import ArgumentError, IrisError
 
@@ -216,20 +215,16 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
 @functools.lru_cache(maxsize=None)
 def table() -> dict:
     """The parsed ``iris_fw/tuning/ccl.json``."""
-    return json.loads(resources.files("iris_fw.tuning").joinpath("ccl.json").read_text())
+    return tuning.load("ccl")
 
 
 def auto_order(ctx, world: int, collective: str, nbytes: int) -> list[str]:
     """Algorithm names to try for ``collective`` at a message of ``nbytes`` (one rank's unit),
     best first: the rows for this device name and world size, else the table's defaults. A
     row ``[max_bytes, [names…]]`` applies up to ``max_bytes`` (null: any size)."""
-    data = table()
-    per_device = data["devices"].get(devinfo.info(ctx.device).name, {}).get(str(world), {})
-    rows = per_device.get(collective) or data["defaults"][collective]
-    for max_bytes, names in rows:
-        if max_bytes is None or nbytes <= max_bytes:
-            return list(names)
-    return list(rows[-1][1])
+    dev = devinfo.info(ctx.device)
+    rows = tuning.device_rows(table(), dev.name, dev.type, world_size=world, entry=collective)
+    return list(tuning.bounded(rows, nbytes))
 
 
 def choose(group, call: Call, requested: str) -> Algorithm:
@@ -279,7 +274,7 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     then takes its runtime arguments but ``trace`` (:class:`TracedLaunch`) and, under a trace
     session, launches the traced variant into the configuration's trace buffer, named ``label``
     (default ``"ccl <key[0]> <key[1]>"``: the algorithm and dtype) in traces; a kernel without
-    them runs untraced. ``tracer``: the session (:class:`iris_fw.tracing.Tracer`) to trace in,
+    them runs untraced. ``tracer``: the session (:class:`iris_fw.trace_session.Tracer`) to trace in,
     ``None`` for the untraced variant; default the context's open session, if any."""
     sizes = tuple(numel * torch.empty((), dtype=dtype).element_size() for numel, dtype, _ in buffers)
     width = buffers[0][1].itemsize if fill is not None and buffers else 0

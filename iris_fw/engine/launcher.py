@@ -55,10 +55,9 @@ import operator
 
 import torch
 
-import iris_fw
-
 from .. import env
 from ..errors import ArgumentTypeError
+from ..interpreter import interpreting
 
 __all__ = ["KernelLauncher", "PreparedLaunch", "bound_args_template", "fast_path_supported", "launch_entry",
            "make_key_fn", "spec_key"]
@@ -362,7 +361,7 @@ class KernelLauncher:
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
-        self.interpreted = isinstance(kernel, InterpretedFunction) or iris_fw.interpreting()
+        self.interpreted = isinstance(kernel, InterpretedFunction) or interpreting()
         if not isinstance(kernel, (JITFunction, InterpretedFunction)):
             raise ArgumentTypeError(f"KernelLauncher needs a @triton.jit kernel, got {type(kernel).__name__}")
         try:

@@ -266,7 +266,7 @@ def _memoized(ctx, plan: Plan, ws: Workspace, key: tuple):
 def _prepare(ctx, plan: Plan, ws: Workspace, key: tuple, role: str, kernel, constexprs: dict, *args):
     """Prepare (and memoize under ``key``) the launch of ``kernel`` for ``role`` on the plan's
     arguments followed by ``args`` and the kernel's ``trace``: under a trace session, the traced
-    variant writing into the role's trace buffer (:meth:`iris_fw.tracing.Tracer.handle`)."""
+    variant writing into the role's trace buffer (:meth:`iris_fw.trace_session.Tracer.handle`)."""
     tracer = ctx.tracer
     handle, mode = None, 0
     if tracer is not None:

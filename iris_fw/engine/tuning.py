@@ -5,12 +5,11 @@ pattern at a shape, keyed by device name (:mod:`iris_fw.devinfo`) and world size
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import resources
 import torch
 
 from .. import devinfo
+from .. import tuning as tables
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class Choice:
 @functools.lru_cache(maxsize=None)
 def table() -> dict:
     """The parsed ``auto.json``."""
-    return json.loads(resources.files("iris_fw.tuning").joinpath("auto.json").read_text())
+    return tables.load("auto")
 
 
 def lookup(pattern, signature: tuple, ctx) -> Choice:

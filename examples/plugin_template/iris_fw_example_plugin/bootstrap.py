@@ -2,7 +2,7 @@
 process group or MPI.
 
 A bootstrap moves small Python objects between ranks at set-up time (all-gather, broadcast,
-barrier; contract: :class:`iris_fw.bootstrap.Bootstrap`). This one is chosen when
+barrier; contract: :class:`iris_fw.bootstrap_base.Bootstrap`). This one is chosen when
 ``IRIS_FW_EXAMPLE_FILESTORE`` names the store's file — a path every rank can reach and that no
 earlier job used — and takes ``RANK`` and ``WORLD_SIZE`` from the environment (as
 ``iris-fw launch`` and torchrun set them). Its ``priority`` puts it before the built-ins, so the
@@ -15,7 +15,7 @@ import datetime
 import os
 import pickle
 
-from iris_fw.bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
+from iris_fw.bootstrap_base import DEFAULT_TIMEOUT_S, Bootstrap
 from iris_fw.errors import IrisError
 
 VARIABLE = "IRIS_FW_EXAMPLE_FILESTORE"
@@ -43,7 +43,9 @@ class FileStoreBootstrap(Bootstrap):
     def detected_because(cls, environ):  # what `iris-fw info` and the iris_fw logger say
         return f"{VARIABLE}={environ.get(VARIABLE)}"
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, *, arrival_timeout: float | None = None):
+        """The constructor of the contract (``Bootstrap.__init__``). Every store read is bounded by
+        ``timeout_s``; arrival is bounded by the shorter of it and ``arrival_timeout``."""
         import torch.distributed as dist
 
         missing = [v for v in (VARIABLE, "RANK", "WORLD_SIZE") if not os.environ.get(v)]
@@ -51,9 +53,11 @@ class FileStoreBootstrap(Bootstrap):
             raise IrisError(f"bootstrap 'filestore' needs the environment variables {', '.join(missing)}")
         self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self._store = dist.FileStore(os.environ[VARIABLE], self.world_size)
-        self._store.set_timeout(datetime.timedelta(seconds=timeout_s))  # every get is bounded
+        arrival = timeout_s if arrival_timeout is None else min(timeout_s, arrival_timeout)
+        self._store.set_timeout(datetime.timedelta(seconds=arrival))  # every get is bounded
         self._round = 0
-        self._set_local_ranks()  # local ranks from the host names of all ranks
+        self._set_local_ranks()  # local ranks from the host names of all ranks (everyone arrived)
+        self._store.set_timeout(datetime.timedelta(seconds=timeout_s))
 
     def _next_key(self) -> str:
         self._round += 1

@@ -1,7 +1,7 @@
 """A transport: ``private_shm``, host shared memory under this plugin's own segment names.
 
 A transport allocates this rank's symmetric heap and maps every peer's (see
-:class:`iris_fw.transport.Transport`). This one reuses the built-in ``host_shm`` and changes
+:class:`iris_fw.transport_base.Transport`). This one reuses the built-in ``host_shm`` and changes
 only the prefix of its ``/dev/shm`` segment names; a new transport would implement ``__init__``
 (allocate, exchange handles through the bootstrap, map), ``wrap``, ``synchronize`` and
 ``close``. Select it with ``iris_fw.init(transport="private_shm")`` or

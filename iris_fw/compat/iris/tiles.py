@@ -18,44 +18,14 @@ use iris-fw's default memory order (``acq_rel``, ``scope="sys"``) for their atom
 (:mod:`iris_fw.trace`) when the host enabled tracing (``shmem.tracing.enable()``).
 """
 
-import functools
-
 import triton
 import triton.language as tl
-from triton.language.core import _aggregate
 
 from iris_fw import device as _dv
 from iris_fw import tilecomm as _tc
 from iris_fw import trace as _tr
 
-try:  # the type Triton's interpreter gives @triton.jit functions
-    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
-except ImportError:  # pragma: no cover - every supported Triton has it
-    _Interpreted = ()
-
-
-
-class _Method:
-    """Binds an interpreted ``@triton.jit`` method to its aggregate instance."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __get__(self, obj, objtype=None):
-        return self.fn if obj is None else functools.partial(self.fn, obj)
-
-
-def aggregate(cls):
-    """``triton.language.core._aggregate``, whose methods also work under Triton's interpreter:
-    there ``@triton.jit`` gives an ``InterpretedFunction``, which the aggregate does not copy
-    (methods) or bind (``self``); this does both, static methods staying unbound."""
-    value = _aggregate(cls)
-    for name, member in cls.__dict__.items():
-        if isinstance(member, staticmethod) and isinstance(member.__func__, _Interpreted):
-            setattr(value, name, member)
-        elif isinstance(member, _Interpreted):
-            setattr(value, name, _Method(member))
-    return value
+from ._aggregate import aggregate
 
 
 @triton.jit
@@ -211,7 +181,7 @@ class AllReduceConfig:
 
 def _clock_code(_semantic=None):
     """iris-fw's ``TRACE`` constexpr for the target compiling the kernel (as
-    :func:`iris_fw.tracing.clock_mode` chooses it for a context's device): ``s_memrealtime`` for
+    :func:`iris_fw.trace_session.clock_mode` chooses it for a context's device): ``s_memrealtime`` for
     AMD targets, ``%globaltimer`` for NVIDIA ones, the host clock under Triton's interpreter. A
     builtin, so that the compile target — not the machine — decides (a kernel compiled for
     gfx942 on an NVIDIA host reads the AMD clock)."""

@@ -10,8 +10,6 @@ import torch
 import iris_fw
 import iris_fw.gemm
 import iris_fw.ops
-from iris_fw.plugins.gemm_all_reduce import ALGORITHMS as _GEMM_ALL_REDUCE_ALGORITHMS
-from iris_fw.plugins.gemm_all_reduce import GemmAllReduceConfig
 
 from ..ccl.reduce_scatter import owned_tiles
 from ..ccl.utils import context_of
@@ -73,10 +71,11 @@ def matmul_all_reduce(shmem, C, A, B, async_op=False, config=None, workspace=Non
     fw = context_of(shmem)
     workspace = matmul_all_reduce_preamble(shmem, C, A, B, config, workspace)
     op_config = None  # the op's choice of tiles and algorithm
-    if config.all_reduce_variant in _GEMM_ALL_REDUCE_ALGORITHMS:
+    Config = fw.registries.pattern.get("gemm_all_reduce").Config  # the plugin, through the registry
+    if config.all_reduce_variant in Config.ALGORITHMS:
         M, N, K = workspace.shape
         tiles = iris_fw.gemm.default_config(M, N, K, A.dtype, fw.device)
-        op_config = GemmAllReduceConfig(**asdict(tiles), algorithm=config.all_reduce_variant)
+        op_config = Config(**asdict(tiles), algorithm=config.all_reduce_variant)
     C.copy_(iris_fw.ops.gemm_all_reduce(A, B, ctx=fw, config=op_config))
     return workspace
 

@@ -1,5 +1,5 @@
 """Iris's host-side tracing, ``shmem.tracing`` (:class:`Tracing`), over iris-fw's trace sessions
-(:mod:`iris_fw.tracing`).
+(:mod:`iris_fw.trace_session`).
 
 ``enable(max_events)`` opens an iris-fw trace session on the host object's context (collective,
 like every session: every rank enables; the ranks' clocks are aligned) and makes one trace

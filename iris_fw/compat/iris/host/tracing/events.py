@@ -9,7 +9,7 @@ import triton.language as tl
 
 from iris_fw import trace as _tr
 
-from ...tiles import aggregate
+from ..._aggregate import aggregate
 
 #: Iris's event ids by name (its id ranges: 0-1023 its operations, 1024-2047 user data
 #: movement, 2048-3071 user compute, 3072-4095 synchronization).

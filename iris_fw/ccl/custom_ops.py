@@ -2,7 +2,7 @@
 ``torch.compile(fullgraph=True)`` and replays in CUDA graphs.
 
 Importing this module registers, in the ``iris_fw`` namespace (opt-in: ``import
-iris_fw.ccl.torch_ops``; nothing registers when ``iris_fw`` or ``iris_fw.ccl`` is imported)::
+iris_fw.ccl.custom_ops``; nothing registers when ``iris_fw`` or ``iris_fw.ccl`` is imported)::
 
     torch.ops.iris_fw.all_reduce(x, op="sum", ranks=None, algorithm="auto") -> Tensor
     torch.ops.iris_fw.all_gather_into_tensor(x, ranks=None, algorithm="auto") -> Tensor   # [W * d0, ...]

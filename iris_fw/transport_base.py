@@ -1,4 +1,5 @@
-"""Transports: how each rank's symmetric heap is allocated and mapped by every peer.
+"""The base class of transports (the plugins of ``transports/``, installed as
+``iris_fw.transports``): how each rank's symmetric heap is allocated and mapped by every peer.
 
 A transport is constructed with a bootstrap and a heap size. Afterwards it exposes:
 

@@ -11,7 +11,7 @@ so every kernel runs unchanged on such peers, or 0 where NVSHMEM maps nothing (a
 Then the device primitives must reach that peer through NVSHMEM calls: the transport sets
 ``iris_fw.device.NVSHMEM_CALLS`` (1: for unmapped peers; 2 with ``IRIS_FW_NVSHMEM_CALLS=all``: for
 every peer, to run the call path on one node) and attaches NVSHMEM's device library to Triton
-(:mod:`iris_fw.nvshmem`). With every peer mapped and ``auto`` nothing is attached and kernels are
+(:mod:`iris_fw.transports.nvshmem.library`). With every peer mapped and ``auto`` nothing is attached and kernels are
 exactly those of ``gpu_ipc``.
 
 Closing, collective: device work done, barrier, ``nvshmem_free``, ``nvshmemx_hostlib_finalize``,
@@ -28,10 +28,10 @@ import torch
 
 from iris_fw import device as dv
 from iris_fw import devinfo, env, interpreting
-from iris_fw import nvshmem as nv
+from . import library as nv
 from iris_fw.errors import EnvironmentVariableError, IrisError
 from iris_fw.hookspecs import hookimpl
-from iris_fw.transport import Transport
+from iris_fw.transport_base import Transport
 from iris_fw.transports.gpu_ipc import GpuIpcTransport, HeaderIO, _DeviceBlock, _Runtime
 
 #: Bytes of the symmetric heap NVSHMEM keeps for itself (teams, collectives' work arrays) on top

@@ -35,8 +35,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from . import env
-from .errors import IrisError
+from iris_fw import env
+from iris_fw.errors import IrisError
 
 ENV_HOME = "IRIS_FW_NVSHMEM_HOME"
 ENV_CALLS = "IRIS_FW_NVSHMEM_CALLS"
@@ -318,7 +318,7 @@ class DeviceLink:
     def stages_hook(self, backend=None, stages=None, options=None, language=None, capability=None):
         previous = self._previous_stages
         if backend is None:  # Triton >= 3.9 asks for a cache key first
-            key, digest = f"iris_fw.nvshmem:{self.bitcode}", _file_digest(self.bitcode)
+            key, digest = f"iris_fw.transports.nvshmem.library:{self.bitcode}", _file_digest(self.bitcode)
             if previous is not None:
                 pkey, pdigest = previous()
                 key, digest = f"{pkey}{key}", f"{pdigest}-{digest}"

@@ -16,7 +16,7 @@
 #   nvshmem    the nvshmem transport at W = 2 (tests/test_nvshmem.py with IRIS_FW_TRANSPORT=nvshmem).
 #   protocols  iris-fw bench protocols at W = 2 (round trip, all-reduce per algorithm, tile
 #              all-reduce, all_reduce_rmsnorm; eager and graphs).
-#   bench:NAME,ARGS...  iris-fw bench NAME -n NPROCS (default 2) ARGS.
+#   bench:NAME[@N],ARGS...  iris-fw bench NAME -n N (default NPROCS, else 2) ARGS.
 #   tests:FILES,...     pytest FILES (comma separated) with the partitions' settings, -n XDIST;
 #                       tests:@LIST reads the test ids from the file LIST (one per line).
 #   launch:N,SCRIPT,ARGS...  `iris-fw launch -n N SCRIPT ARGS` (e.g. scripts/diag_llama.py).
@@ -132,13 +132,16 @@ for step in $STEPS; do
         grep -v "^\[rank" "$OUT/protocols.log" | grep -v "^|" | tail -40 ;;
     bench)
         need_mps
-        bench=${parts[0]}
-        timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n ${NPROCS:-2} --out "$OUT/bench-$bench" "$bench" \
+        bench=${parts[0]%%@*}; nprocs=${NPROCS:-2}   # bench:NAME@N,ARGS: N ranks for this one
+        [ "$bench" != "${parts[0]}" ] && nprocs=${parts[0]#*@}
+        timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n $nprocs --out "$OUT/bench-$bench" "$bench" \
             "${parts[@]:1}" > "$OUT/bench-$bench.log" 2>&1
         grep -v "^\[rank" "$OUT/bench-$bench.log" | grep -v "^|" | tail -30 ;;
     py)       # py:SCRIPT,ARGS...  a plain python3 program under MPS
         need_mps
-        timeout ${LAUNCH_TIMEOUT:-300} python3 "${parts[@]}" 2>&1 | tail -${LAUNCH_TAIL:-20} | cut -c1-400 ;;
+        log="$OUT/py-$(basename "${parts[0]}" .py)-$t0.log"
+        timeout ${LAUNCH_TIMEOUT:-300} python3 "${parts[@]}" > "$log" 2>&1
+        echo "rc $?"; tail -${LAUNCH_TAIL:-20} "$log" | cut -c1-400 ;;
     launch)   # launch:N,SCRIPT,ARGS...  one job of N ranks under MPS (IRIS_FW_SHARE_GPUS as set above)
         need_mps
         log="$OUT/launch-$(basename "${parts[1]}" .py)-n${parts[0]}-$t0.log"

@@ -415,12 +415,11 @@ class Context:
         self._polls_per_s = self._calibrate_wait()
         #: call identity: the host-call number, the call board, the epoch counters (iris_fw.calls)
         self.calls = _calls.Calls(self, _watchdog.header_slots(self.world_size))
-        from .engine.op import OpCache
-
-        #: ops of ``iris_fw.ops.<name>(...)`` calls, by their arguments (bounded; see OpCache)
-        self.op_cache = OpCache()
-        #: communication groups of :mod:`iris_fw.ccl` by their ranks (``ccl.new_group``)
-        self.comm_groups: dict = {}
+        #: what higher layers keep per context (the call path's op and collective caches,
+        #: :mod:`iris_fw.callpath`), by their module's name; each object's ``rearm()`` runs when
+        #: the job is re-armed after an abort, its ``close()`` when the context closes. The
+        #: context imports none of them.
+        self.extensions: dict = {}
         #: how many aborts the job was re-armed after (ops planned before the last one refuse calls)
         self.abort_epoch = 0
         self.wait_timeout = wait_timeout
@@ -450,8 +449,8 @@ class Context:
         self._closed = True
         self._exit_cleanup.detach()
         atexit.unregister(self._at_exit)
-        self.op_cache.clear()
-        self.comm_groups.clear()
+        for ext in list(self.extensions.values()):
+            ext.close()
         try:
             self.transport.synchronize()
             self.watchdog.closing()
@@ -637,10 +636,9 @@ class Context:
         refuse further calls, every group's workspace is zeroed — and the ranks meet once more
         before any of them uses a group again."""
         self.abort_epoch += 1
-        self.op_cache.clear()
         self.calls.rearm()
-        for group in {id(g): g for g in self.comm_groups.values()}.values():
-            group.reset()
+        for ext in list(self.extensions.values()):
+            ext.rearm()
         self.calls.host_call("Context.barrier (re-arming the job after an abort)")
 
     def device_barrier(self) -> None:

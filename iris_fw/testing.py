@@ -87,8 +87,8 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
             used = ctx.heap.bytes_used
             result = fn(ctx, *args, **kwargs)
             ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
-            ctx.op_cache.clear()  # ops cached by iris_fw.ops calls hold heap buffers
-            ctx.comm_groups.clear()  # so do the groups of iris_fw.ccl
+            for ext in list(ctx.extensions.values()):  # cached ops and ccl groups hold heap buffers
+                ext.clear()
             del fn, args, kwargs
             gc.collect()
             if ctx.heap.bytes_used > used:  # fewer is fine: a re-armed job drops what it cached before

@@ -185,17 +185,25 @@ def plan_call(ctx, label: str, check: Callable[[], tuple], agree: Callable[[dict
         raise
 
 
-def call(ctx, cache: CallCache, key, prepare: Callable[[], Any], launch: Callable[[Any], Any], label: str):
-    """One call: the prepared entry under ``key`` in ``cache`` (``prepare()`` — which goes through
-    :func:`plan_call` — on a miss; ``key`` None: prepared and not kept), then ``launch(entry)``,
-    whose result is returned. A host failure in ``launch`` aborts the peers (:func:`fail`)."""
+def call(ctx, cache: CallCache, key, prepare: Callable[[], Callable], label: str, *args):
+    """One call: the prepared entry under ``key`` in ``cache`` — made by ``prepare()`` (which goes
+    through :func:`plan_call`) on a miss; ``key`` None: prepared and not kept — called on
+    ``args``; its result is returned. A host failure in the entry aborts the peers (:func:`fail`).
+
+    The hit path is this function: one look-up of the key, the entry called."""
     if ctx._closed:
         ctx._check_open()  # raises: a cached call must not launch over a closed context's heaps
-    entry = cache.get(key)
+    entries = cache._entries
+    try:
+        entry = entries.get(key)
+    except TypeError:  # an unhashable argument (the full checks report it): not kept
+        entry, key = None, None
     if entry is None:
         entry = cache.put(key, prepare())
+    elif len(entries) > 1:
+        entries.move_to_end(key)
     try:
-        return launch(entry)
+        return entry(*args)
     except BaseException as exc:
         fail(ctx, label, exc)
         raise

@@ -636,6 +636,8 @@ class FlashDecode:
 
     def __call__(self, q, k, v, kv_lens=None, out=None, block_table=None) -> torch.Tensor:
         c = self.call
+        if self.group.ctx.debug:
+            check_same_query(self.group, q)
         if out is None:
             out = torch.empty(c.batch, c.q_heads, c.v_head_dim, dtype=c.dtype, device=q.device)
         else:
@@ -671,16 +673,21 @@ def _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table) -> Flas
                         lambda call, _: FlashDecode(g, call))
 
 
-def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, launch):
+def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, plan_only=False):
     """A call through the library's call path on the group's call cache: the prepared
-    :class:`FlashDecode` for these arguments (validated across the group on a miss), then
-    ``launch(fd)``."""
+    :class:`FlashDecode` for these arguments (validated across the group on a miss), called
+    (``plan_only``: returned)."""
     if ctx._closed:
         ctx._check_open()
     g = api.group_of(ctx, group)
     key = _key(q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    if plan_only:
+        found = g.calls.get(key)
+        if found is None:
+            found = g.calls.put(key, _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table))
+        return found
     return cp.call(ctx, g.calls, key, lambda: _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table),
-                   launch, _LABEL)
+                   _LABEL, q, k, v, kv_lens, out, block_table)
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
@@ -690,7 +697,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Te
     on first use: validated across the group), e.g. for its local kernel alone
     (:meth:`FlashDecode.partial`) or to call it with an ``out`` of its own."""
     ctx = _context.resolve(ctx)
-    return _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, lambda fd: fd)
+    return _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, None, plan_only=True)
 
 
 def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
@@ -708,13 +715,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: 
     page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is
     ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
     ctx = _context.resolve(ctx)
-
-    def launch(fd):
-        if ctx.debug:
-            check_same_query(fd.group, q)
-        return fd(q, k, v, kv_lens, out, block_table)
-
-    return _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, launch)
+    return _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out)
 
 
 def check_same_query(group, q: torch.Tensor) -> None:

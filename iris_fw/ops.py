@@ -50,7 +50,6 @@ from . import callpath as cp
 from . import context as _context
 from .engine.contract import input_fingerprint
 from .engine.op import Op
-from .errors import ArgumentError, ArgumentTypeError
 from .flash_decode import flash_decode
 from .gemm import GemmConfig, matmul
 from .moe import moe_combine, moe_dispatch
@@ -70,35 +69,13 @@ def plan(pattern: str, *inputs: Any, ctx: Context | None = None, scheduler: str 
 
 def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms, out):
     """One functional op call through the call path: the cached op for these arguments (planned on
-    a miss), launched; its result delivered (see "Results" above)."""
+    a miss) launched on ``inputs``, its result delivered (see "Results" above)."""
     ctx = _context.resolve(ctx)
     key = (pattern, scheduler, config, comm_sms, input_fingerprint(inputs))
-
-    def launch(op: Op):
-        if out is not None:
-            _check_out(out, op, pattern)
-        result = op.launch(*inputs)  # the cache found the op by these inputs' fingerprint
-        if out is not None:
-            return out.copy_(result)
-        return result.clone() if op.result_in_workspace else result
-
     return cp.call(ctx, cp.state(ctx).ops, key,
-                   lambda: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms),
-                   launch, f"iris_fw.ops {pattern}")
-
-
-def _check_out(out, op: Op, pattern: str) -> None:
-    """``out`` must hold the op's result: its shape and dtype, on the rank's device (checked
-    before anything is launched: a rank whose ``out`` does not fit aborts its peers)."""
-    if not isinstance(out, torch.Tensor):
-        raise ArgumentTypeError(f"iris_fw.ops.{pattern}: out must be a torch.Tensor or None, got {type(out).__name__}")
-    if op.result_meta is None:
-        raise ArgumentError(f"iris_fw.ops.{pattern}: this op's result is not a tensor; call it without out")
-    shape, dtype, device = op.result_meta
-    if tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
-        raise ArgumentError(f"iris_fw.ops.{pattern}: out must be a {list(shape)} tensor of dtype "
-                            f"{str(dtype).replace('torch.', '')} on {device}, got {list(out.shape)} "
-                            f"{str(out.dtype).replace('torch.', '')} on {out.device}")
+                   lambda: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config,
+                              comm_sms=comm_sms).functional,
+                   pattern, out, *inputs)
 
 
 def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",

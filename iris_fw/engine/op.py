@@ -19,7 +19,7 @@ import torch
 
 from .. import callpath as cp
 from .. import context as _context
-from ..errors import ArgumentTypeError, IrisError
+from ..errors import ArgumentError, ArgumentTypeError, IrisError
 from .contract import PatternError, input_fingerprint, labelled_signature
 from .scheduler import Scheduler
 from .tuning import lookup
@@ -35,6 +35,20 @@ def _shares_storage(t, buffers) -> bool:
             if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr:
                 return True
     return False
+
+
+def check_out(out, op: "Op", pattern: str) -> None:
+    """``out`` must hold the op's result: its shape and dtype, on the rank's device (checked
+    before anything is launched: a rank whose ``out`` does not fit aborts its peers)."""
+    if not isinstance(out, torch.Tensor):
+        raise ArgumentTypeError(f"iris_fw.ops.{pattern}: out must be a torch.Tensor or None, got {type(out).__name__}")
+    if op.result_meta is None:
+        raise ArgumentError(f"iris_fw.ops.{pattern}: this op's result is not a tensor; call it without out")
+    shape, dtype, device = op.result_meta
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
+        raise ArgumentError(f"iris_fw.ops.{pattern}: out must be a {list(shape)} tensor of dtype "
+                            f"{str(dtype).replace('torch.', '')} on {device}, got {list(out.shape)} "
+                            f"{str(out.dtype).replace('torch.', '')} on {out.device}")
 
 
 class Op:
@@ -153,6 +167,17 @@ class Op:
             raise error
         plan = self.pattern.bind(self.ctx, self.buffers, *inputs)
         return self.scheduler.run(self.ctx, plan, self.workspace)
+
+    def functional(self, out, *inputs: Any):
+        """What an ``iris_fw.ops.<name>(..., out=out)`` call runs on its cached op (the call path
+        found it by the inputs' fingerprint): ``out`` checked, the kernels launched, the result
+        copied into ``out`` — else into a new tensor when it lives in the op's workspace (the
+        next call overwrites it), else returned as it is."""
+        if out is not None:
+            check_out(out, self, self.pattern.name)
+            return out.copy_(self.launch(*inputs))
+        result = self.launch(*inputs)
+        return result.clone() if self.result_in_workspace else result
 
     def __repr__(self) -> str:
         return f"<iris_fw.ops.Op {self.pattern.name} via {self.scheduler.name} inputs={self.signature}>"

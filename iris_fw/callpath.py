@@ -33,25 +33,28 @@ from typing import Any, Callable
 from . import env
 from .errors import ArgumentError
 
-__all__ = ["MAX_CACHED_CALLS", "CallCache", "CallPaths", "call", "fail", "plan_call", "state"]
+__all__ = ["EXTENSION", "MAX_CACHED_CALLS", "CallCache", "CallPaths", "call", "fail", "plan_call", "state"]
 
 #: Prepared calls a ccl group keeps (least recently used dropped; validated again when called again).
 MAX_CACHED_CALLS = 1024
 #: The key under which a context holds its :class:`CallPaths` (``ctx.extensions``).
-_EXTENSION = "iris_fw.callpath"
+EXTENSION = "iris_fw.callpath"
 
 
 class CallCache:
-    """Prepared calls by key, at most ``capacity`` (least recently used dropped). Every rank makes
-    the same calls in the same order, so every rank keeps and drops the same entries; a dropped
-    call is validated across ranks again when it comes back."""
+    """Prepared calls by key, at most ``capacity``: beyond it the least recently used entry is
+    dropped (``lru``), or the oldest (``lru=False``: a hit costs no reordering — for caches large
+    enough that order rarely matters). Every rank makes the same calls in the same order, so
+    every rank keeps and drops the same entries; a dropped call is validated across ranks again
+    when it comes back."""
 
-    __slots__ = ("capacity", "_entries")
+    __slots__ = ("capacity", "lru", "_entries")
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, lru: bool = True):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ArgumentError(f"a call cache's capacity must be an int >= 1, got {capacity!r}")
         self.capacity = capacity
+        self.lru = lru
         self._entries: OrderedDict = OrderedDict()
 
     def get(self, key, default=None):
@@ -66,7 +69,8 @@ class CallCache:
             return default
         if entry is None:
             return default
-        entries.move_to_end(key)
+        if self.lru:
+            entries.move_to_end(key)
         return entry
 
     def put(self, key, entry):
@@ -135,9 +139,9 @@ class CallPaths:
 def state(ctx) -> CallPaths:
     """The :class:`CallPaths` of ``ctx`` (made on first use)."""
     ext = ctx.extensions
-    found = ext.get(_EXTENSION)
+    found = ext.get(EXTENSION)
     if found is None:
-        found = ext[_EXTENSION] = CallPaths(ctx)
+        found = ext[EXTENSION] = CallPaths(ctx)
     return found
 
 
@@ -185,10 +189,11 @@ def plan_call(ctx, label: str, check: Callable[[], tuple], agree: Callable[[dict
         raise
 
 
-def call(ctx, cache: CallCache, key, prepare: Callable[[], Callable], label: str, *args):
-    """One call: the prepared entry under ``key`` in ``cache`` — made by ``prepare()`` (which goes
-    through :func:`plan_call`) on a miss; ``key`` None: prepared and not kept — called on
-    ``args``; its result is returned. A host failure in the entry aborts the peers (:func:`fail`).
+def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, label: str, *args):
+    """One call: the prepared entry under ``key`` in ``cache`` — made by ``prepare(on)`` (which
+    goes through :func:`plan_call`; ``on``: what it plans on, e.g. a ccl group) on a miss; ``key``
+    None: prepared and not kept — called on ``args``; its result is returned. A host failure in
+    the entry aborts the peers (:func:`fail`).
 
     The hit path is this function: one look-up of the key, the entry called."""
     if ctx._closed:
@@ -199,8 +204,8 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[], Callable], label: str
     except TypeError:  # an unhashable argument (the full checks report it): not kept
         entry, key = None, None
     if entry is None:
-        entry = cache.put(key, prepare())
-    elif len(entries) > 1:
+        entry = cache.put(key, prepare(on))
+    elif cache.lru:
         entries.move_to_end(key)
     try:
         return entry(*args)

@@ -550,6 +550,7 @@ class FlashDecode:
             self.mine = group.config(("flash_decode.bulk_sync partial", self.pack),
                                      lambda: group.carve(self.pack, f32, "flash_decode.bulk_sync partial"))
             self.gathered = torch.empty(group.size * self.pack, dtype=f32, device=dev)
+        self._debug = ctx.debug  # IRIS_FW_DEBUG=1: q compared across the group per call
         self._untraced = self._launches(None)
         self._traced = None  # (session, launches) of the last trace session it ran in
 
@@ -603,17 +604,18 @@ class FlashDecode:
         tracer.launched()
         return self._traced[1]
 
-    def _call_args(self, q, k, v, kv_lens, block_table) -> dict:
-        """The kernel arguments of this call, by name: its tensors, ``seq`` and strides."""
+    def _launch(self, bound, q, k, v, kv_lens, block_table, **buffer) -> None:
+        """``bound`` (a launch of :meth:`_launches`) on this call's tensors, ``seq`` and strides,
+        every argument by name; ``buffer``: the variant's output (``out`` or ``mine``)."""
         if block_table is None:
             seq, table_stride = k.shape[1], 0
         else:
             seq, table_stride = block_table.shape[1] * self.call.page_size, block_table.stride(0)
         (sqb, sqh, sqd), (skb, sks, skh, skd), (svb, svs, svh, svd) = q.stride(), k.stride(), v.stride()
-        return dict(q=q, k=k, v=v, kv_lens=kv_lens, block_table=block_table, seq=seq,
-                    stride_qb=sqb, stride_qh=sqh, stride_qd=sqd, stride_kb=skb, stride_ks=sks, stride_kh=skh,
-                    stride_kd=skd, stride_vb=svb, stride_vs=svs, stride_vh=svh, stride_vd=svd,
-                    stride_tb=table_stride)
+        bound(q=q, k=k, v=v, kv_lens=kv_lens, block_table=block_table, seq=seq,
+              stride_qb=sqb, stride_qh=sqh, stride_qd=sqd, stride_kb=skb, stride_ks=sks, stride_kh=skh,
+              stride_kd=skd, stride_vb=svb, stride_vs=svs, stride_vh=svh, stride_vd=svd, stride_tb=table_stride,
+              **buffer)
 
     def partial(self, q, k, v, kv_lens=None, mine=None, block_table=None) -> torch.Tensor:
         """This rank's packed partial (the local kernel, no communication): into ``mine``
@@ -623,7 +625,7 @@ class FlashDecode:
                 self.mine = torch.empty(self.pack, dtype=torch.float32, device=q.device)
             mine = self.mine
         if self.call.batch:
-            self._current()["local"](mine=mine, **self._call_args(q, k, v, kv_lens, block_table))
+            self._launch(self._current()["local"], q, k, v, kv_lens, block_table, mine=mine)
         return mine
 
     def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -636,7 +638,7 @@ class FlashDecode:
 
     def __call__(self, q, k, v, kv_lens=None, out=None, block_table=None) -> torch.Tensor:
         c = self.call
-        if self.group.ctx.debug:
+        if self._debug:
             check_same_query(self.group, q)
         if out is None:
             out = torch.empty(c.batch, c.q_heads, c.v_head_dim, dtype=c.dtype, device=q.device)
@@ -646,7 +648,7 @@ class FlashDecode:
             return out
         launches = self._current()
         if c.scheduler == "fused":
-            launches["fused"](out=out, **self._call_args(q, k, v, kv_lens, block_table))
+            self._launch(launches["fused"], q, k, v, kv_lens, block_table, out=out)
         else:
             mine = self.partial(q, k, v, kv_lens, self.mine, block_table)
             api.all_gather_into_tensor(self.gathered, mine, group=self.group, ctx=self.group.ctx)
@@ -686,8 +688,8 @@ def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, pl
         if found is None:
             found = g.calls.put(key, _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table))
         return found
-    return cp.call(ctx, g.calls, key, lambda: _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table),
-                   _LABEL, q, k, v, kv_lens, out, block_table)
+    return cp.call(ctx, g.calls, key, lambda g: _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table),
+                   g, _LABEL, q, k, v, kv_lens, out, block_table)
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,

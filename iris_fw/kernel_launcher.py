@@ -578,12 +578,16 @@ _NOT_PRESENT = object()
 
 
 class BoundLaunch:
-    """:meth:`KernelLauncher.bind`: a kernel's launch with some runtime arguments fixed by name;
-    a call ``bound(name=value, …)`` (or ``bound.launch_on(stream, name=value, …)``) gives the
-    others (:attr:`free`), by name, and launches. ``prepare(**named)``: a
-    :class:`PreparedLaunch` of every argument (fixed ones included)."""
+    """:meth:`KernelLauncher.bind`: a kernel's launch with some runtime arguments fixed by name.
+    ``bound(name=value, …)`` gives the others (:attr:`free`), by name, and launches on the
+    current stream; ``bound.launch_on(stream, name=value, …)`` on ``stream``;
+    ``bound.prepare(name=value, …)`` gives a :class:`PreparedLaunch` of every argument.
 
-    __slots__ = ("launcher", "free", "_template", "_free_pos")
+    The keyword call is a function generated once per binding (like Triton's binder): Python
+    binds the names natively, then one tuple in the kernel's order is built — a missing or
+    unexpected name raises ``TypeError`` naming the kernel and the argument."""
+
+    __slots__ = ("launcher", "free", "args", "__call__", "_on")
 
     def __init__(self, launcher: KernelLauncher, fixed: dict):
         names = launcher.runtime_params
@@ -592,37 +596,33 @@ class BoundLaunch:
             raise ArgumentTypeError(f"{launcher.name}: not runtime parameters of the kernel: {unknown} "
                                     f"(runtime parameters: {list(names)})")
         self.launcher = launcher
-        self._template = [fixed.get(n) for n in names]
         self.free = tuple(n for n in names if n not in fixed)
-        self._free_pos = {n: i for i, n in enumerate(names) if n not in fixed}
-
-    def args(self, named: dict) -> tuple:
-        """Every runtime argument in the kernel's order: the fixed ones and ``named``."""
-        full = self._template.copy()
-        pos = self._free_pos
-        try:
-            for k, v in named.items():
-                full[pos[k]] = v
-        except KeyError:
-            raise self._error(named) from None
-        if len(named) != len(pos):
-            raise self._error(named)
-        return tuple(full)
-
-    def _error(self, named: dict) -> TypeError:
-        missing = [n for n in self.free if n not in named]
-        extra = [n for n in named if n not in self._free_pos]
-        return TypeError(f"{self.launcher.name}(): missing {missing}, unexpected {extra} (a bound launch takes "
-                         f"{list(self.free)} by name)")
-
-    def __call__(self, **named) -> None:
-        self.launcher._launch(self.args(named), None)
+        values = [fixed[n] for n in names if n in fixed]
+        items, k = [], 0
+        for n in names:
+            if n in fixed:
+                items.append(f"_fixed[{k}]")
+                k += 1
+            else:
+                items.append(n)
+        params = f"*, {', '.join(self.free)}" if self.free else ""
+        row = f"({', '.join(items)},)" if items else "()"
+        ns = {"_fixed": tuple(values), "_launch": launcher._launch}
+        kernel = launcher.name
+        src = (f"def {kernel}_args({params}):\n    return {row}\n"
+               f"def {kernel}({params}):\n    _launch({row}, None)\n"
+               f"def {kernel}_on(_stream, {params}):\n    _launch({row}, _stream)\n")
+        exec(compile(src, f"<BoundLaunch {kernel}>", "exec"), ns)
+        self.args = ns[f"{kernel}_args"]  # every runtime argument in the kernel's order
+        # (``__call__`` is a slot: ``bound(...)`` finds this instance's generated function)
+        self.__call__ = ns[kernel]
+        self._on = ns[f"{kernel}_on"]
 
     def launch_on(self, stream, **named) -> None:
-        self.launcher._launch(self.args(named), stream)
+        self._on(stream, **named)
 
     def prepare(self, **named) -> "PreparedLaunch":
-        return PreparedLaunch(self.launcher, self.args(named))
+        return PreparedLaunch(self.launcher, self.args(**named))
 
 
 def _expanded_tensordesc_launch(launch, version):

@@ -73,9 +73,9 @@ def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms, out):
     ctx = _context.resolve(ctx)
     key = (pattern, scheduler, config, comm_sms, input_fingerprint(inputs))
     return cp.call(ctx, cp.state(ctx).ops, key,
-                   lambda: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config,
-                              comm_sms=comm_sms).functional,
-                   pattern, out, *inputs)
+                   lambda _: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config,
+                                comm_sms=comm_sms).functional,
+                   None, pattern, out, *inputs)
 
 
 def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",

@@ -12,7 +12,7 @@ them share the same stretch of time; a row gives the median round's µs per call
 over ranks) and its ratio to its reference (``x_ref``).
 
 On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
-interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_CALLS` calls per round) and
+interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_ROUNDS` × :data:`CPU_CALLS` calls) and
 only show that each call path works; GPU rows are the measurement (docs/performance.md).
 """
 
@@ -28,8 +28,9 @@ import triton.language as tl
 from ..hookspecs import hookimpl
 from ..kernel_launcher import KernelLauncher
 
-#: Rounds and calls per round (GPU); CPU ranks make :data:`CPU_CALLS` calls per round.
-ROUNDS, CALLS, CPU_CALLS = 5, 200, 2
+#: Rounds and calls per round (GPU); CPU ranks make :data:`CPU_ROUNDS` of :data:`CPU_CALLS` (a smoke run).
+ROUNDS, CALLS = 5, 200
+CPU_ROUNDS, CPU_CALLS = 1, 1
 #: Bytes of the collectives' tensors and of the ``add_`` reference.
 MESSAGE_BYTES = 8 << 10
 #: Local shapes on GPU: the GEMM ops' ``M, N, K per rank`` (a decode step's row-parallel
@@ -116,7 +117,7 @@ class HostBench:
 
     def run(self, ctx, opts):
         gpu = ctx.device.type == "cuda"
-        calls = CALLS if gpu else CPU_CALLS
+        calls, rounds = (CALLS, ROUNDS) if gpu else (CPU_CALLS, CPU_ROUNDS)
         cases, refs = _cases(ctx)
         skipped = {}
         for name in list(cases):  # first call: plans (collective), compiles; unsupported cases leave
@@ -129,7 +130,7 @@ class HostBench:
                 ctx.barrier()  # re-arms the job if the failure aborted it
         names = list(cases)
         per = {name: [] for name in names}
-        for r in range(ROUNDS):
+        for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 fn = cases[name]
@@ -147,7 +148,7 @@ class HostBench:
             ref = refs.get(name)
             ratio = us[name] / us[ref] if ref in us and us[ref] > 0 else None
             rows.append({"call": name, "host_us": us[name], "reference": ref or "", "x_ref": ratio,
-                         "calls_per_round": calls, "rounds": ROUNDS})
+                         "calls_per_round": calls, "rounds": rounds})
             opts.log(f"  {name}: {us[name]:.1f} us per call" + (f" ({ratio:.2f}x {ref})" if ratio else ""))
         for name, why in skipped.items():
             rows.append({"call": name, "host_us": None, "reference": refs.get(name, ""), "x_ref": None,

@@ -196,15 +196,16 @@ class Work:
 def _call(ctx, group, key: tuple | None, prepare: Callable, src, dst, async_op: bool):
     """Run the call ``key`` of ``group`` on ``src``/``dst`` through the call path, preparing it on a
     miss (``key`` None: arguments the cached path does not take, prepared to be reported)."""
-    if ctx._closed:
-        ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
     name = "call" if key is None else key[0]
-    g = group_of(ctx, group, None if key is None else name)
+    paths = ctx.extensions.get(cp.EXTENSION)
+    g = paths.groups.get(None) if group is None and paths is not None else None  # the common case
+    if g is None:
+        g = group_of(ctx, group, None if key is None else name)
     tracer = ctx.tracer
     if tracer is not None and key is not None:  # traced kernel variants, prepared (and validated) once per session
         key = key + (("traced", tracer.session),)
         tracer.launched()
-    cp.call(ctx, g.calls, key, lambda: prepare(g), name, src, dst)
+    cp.call(ctx, g.calls, key, prepare, g, name, src, dst)
     return Work(ctx) if async_op else None
 
 

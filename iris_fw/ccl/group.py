@@ -86,7 +86,7 @@ class Group:
         self.planning = ""
         #: prepared calls: key -> launch function (a call whose key is here was validated): the
         #: group's one call cache (:class:`iris_fw.callpath.CallCache`)
-        self.calls = CallCache(MAX_CACHED_CALLS)
+        self.calls = CallCache(MAX_CACHED_CALLS, lru=False)
         #: kernel configurations: key -> whatever the algorithm keeps for it
         self.configs: dict = {}
 

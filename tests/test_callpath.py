@@ -133,8 +133,9 @@ def _out(ctx):
     for r in range(w):
         parts[r] = ctx.broadcast(mine.clone(), src=r)
     torch.testing.assert_close(out.double().cpu(), sum(parts), atol=0.1, rtol=0.02)
-    op = callpath.state(ctx).ops.values()[-1]
-    assert op.result_in_workspace  # so the functional call copied it out
+    entries = callpath.state(ctx).ops.values()
+    assert [type(e).__name__ for e in entries] == ["method"], entries
+    assert entries[0].__self__.result_in_workspace  # so the functional call copied it out
     ctx.barrier()
 
 
@@ -150,3 +151,59 @@ def test_call_cache_is_bounded_and_keeps_the_most_recent():
     assert cache.get(None) is None and cache.get([1]) is None and cache.put([1], 5) == 5 and len(cache) == 2
     with pytest.raises(ValueError, match="capacity"):
         callpath.CallCache(0)
+
+
+def _graph_out(ctx):
+    """``ops.gemm_all_reduce(..., out=out)`` and ``ops.flash_decode(..., out=o)`` captured in one
+    CUDA graph, replayed with fresh inputs written into the captured tensors: each replay's
+    results match a reference computed from that replay's inputs."""
+    from helpers import capture_graph, fresh_seed
+
+    dev = ctx.device
+    a = torch.empty(32, 64, device=dev, dtype=torch.bfloat16)
+    b = torch.empty(64, 48, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(32, 48, device=dev, dtype=torch.bfloat16)
+    q = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.empty(2, 40 + 8 * ctx.rank, 2, 64, device=dev, dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    o = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
+
+    def fill(seed):
+        gen = torch.Generator().manual_seed(seed + ctx.rank)
+        for t in (a, b, k, v):
+            t.copy_(torch.randn(t.shape, generator=gen))
+        q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)))  # the same on every rank
+
+    fill(fresh_seed(ctx))
+
+    def step():
+        ops.gemm_all_reduce(a, b, out=out)
+        ops.flash_decode(q, k, v, out=o)
+
+    graph = capture_graph(ctx, step)
+    for _ in range(3):
+        fill(fresh_seed(ctx))
+        out.fill_(float("nan"))
+        o.fill_(float("nan"))
+        ctx.barrier()
+        graph.replay()
+        ctx.synchronize()
+        mine = (a.double() @ b.double()).cpu()
+        want = sum(ctx.broadcast(mine.clone(), src=r) for r in range(ctx.world_size))
+        torch.testing.assert_close(out.double().cpu(), want, atol=0.25, rtol=0.02)
+        ks = [ctx.broadcast(k.cpu().clone() if r == ctx.rank else torch.empty(2, 40 + 8 * r, 2, 64,
+                                                                               dtype=torch.bfloat16), src=r)
+              for r in range(ctx.world_size)]
+        vs = [ctx.broadcast(v.cpu().clone() if r == ctx.rank else torch.empty(2, 40 + 8 * r, 2, 64,
+                                                                               dtype=torch.bfloat16), src=r)
+              for r in range(ctx.world_size)]
+        ref = fd_module.flash_decode_reference(q.cpu(), ks, vs)
+        torch.testing.assert_close(o.double().cpu(), ref, atol=0.03, rtol=0.03)
+    del graph
+    ctx.barrier()
+
+
+def test_out_in_a_cuda_graph_replays_fresh_inputs(iris_pool, on_gpu):
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(2).run(_graph_out)

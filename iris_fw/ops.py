@@ -82,21 +82,24 @@ def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = 
                      config: GemmConfig | None = None, comm_sms: int | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``a[M, K] @ b[K, N/W]`` on every rank, gathered column-wise: returns ``C[M, N]``, column
-    block ``r`` being rank ``r``'s product."""
+    block ``r`` being rank ``r``'s product — in ``out`` (``[M, N]``) when given, else a new tensor
+    copied out of the op's workspace (peers write into it; the next call overwrites it)."""
     return _call("gemm_all_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
 def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
                     config: GemmConfig | None = None, comm_sms: int | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]``."""
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]`` — in ``out`` (``[M, N/W]``)
+    when given, else a new tensor copied out of the op's workspace."""
     return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms, out)
 
 
 def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
                         config: GemmConfig | None = None, comm_sms: int | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]``."""
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]`` — in
+    ``out`` when given, else a new tensor copied out of the op's workspace."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -106,5 +109,7 @@ def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     """``sum over ranks of a[M, K/W] @ b[K/W, N]`` plus ``bias[N]`` (the same on every rank),
     on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
     :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
-    ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`."""
+    ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`.
+    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor copied out of the
+    op's workspace."""
     return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

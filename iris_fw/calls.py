@@ -175,13 +175,22 @@ class Calls:
         return None
 
     # ---- checks while waiting ---------------------------------------------------------------------
-    def check(self, mine: str, peers, group: bool = False) -> None:
+    def check(self, mine: str, peers, group: bool = False, recovering: bool = False) -> None:
         """Raise if a peer in ``peers`` will not join this rank's call ``mine``: it failed (its
-        board), it launched a kernel this rank did not, or (``group``: this rank waits in a group's
-        exchange) it entered a later host call. Called between polls of a wait."""
+        board: in this host call or a later one, or — while the job is aborted and this is not
+        the barrier that recovers from it (``recovering``) — inside a call before this one, see
+        :func:`iris_fw.callpath.fail`), it launched a kernel this rank did not, or (``group``: this
+        rank waits in a group's exchange) it entered a later host call. Called between polls of a
+        wait."""
         ctx = self._ctx()
+        aborted = None
         for p in peers:
             seq, kind, state, text = self.board(p)
+            if kind and seq < self.host_seq and kind == _KIND[PeerFailure] and not recovering:
+                if aborted is None:
+                    aborted = ctx.watchdog.aborted
+                if aborted:
+                    seq = self.host_seq  # the job was aborted by this failure and not re-armed yet
             if kind and seq >= self.host_seq:  # (an older failure: the peer has recovered or will be lost)
                 cls = _FAILED.get(kind, PeerFailure)
                 error = cls(f"rank {ctx.rank} in {mine}: rank {p} failed: {text}")
@@ -227,13 +236,14 @@ class Calls:
         peers = [r for r in range(ctx.world_size) if r != ctx.rank]
         bound = host_timeout(ctx)
         last, found = [time.monotonic()], []
+        recovering = what.startswith("Context.barrier") or what == "Context.close"
 
         def interrupt(_what: str) -> None:
             now = time.monotonic()
             if not found and now - last[0] >= CHECK_INTERVAL_S:
                 last[0] = now
                 try:
-                    self.check(detail or what, peers)
+                    self.check(detail or what, peers, recovering=recovering)
                 except CallMismatch as exc:  # on the board and the peers aborted: wait for them to come
                     found.append(exc)
 

@@ -113,17 +113,6 @@ def check_resources(transport_cls, boot, heap_size: int) -> None:
             raise error
 
 
-def _element(block: Block, offset: int) -> str:
-    """``", element [i]"`` of a block allocated as ``dtype[shape]`` (``Block.what``), or ``""``."""
-    name = block.what.split("[", 1)[0]
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        return ""
-    size = torch.empty((), dtype=dtype).element_size()
-    delta = offset - block.offset
-    return f", element [{delta // size}]" if delta % size == 0 else ""
-
-
 def check_reports(label: str, reports: list, error: BaseException | None = None, ranks=None) -> None:
     """Raise if the reports of a collective call's ranks disagree. ``reports``: per rank, in
     order, ``(rejected, fields)``: why that rank rejected its arguments (or ``None``) and its
@@ -421,12 +410,11 @@ class Context:
         self._polls_per_s = self._calibrate_wait()
         #: call identity: the host-call number, the call board, the epoch counters (iris_fw.calls)
         self.calls = _calls.Calls(self, _watchdog.header_slots(self.world_size))
-        from .engine.op import OpCache
-
-        #: ops of ``iris_fw.ops.<name>(...)`` calls, by their arguments (bounded; see OpCache)
-        self.op_cache = OpCache()
-        #: communication groups of :mod:`iris_fw.ccl` by their ranks (``ccl.new_group``)
-        self.comm_groups: dict = {}
+        #: what higher layers keep per context (the call path's op and collective caches,
+        #: :mod:`iris_fw.callpath`), by their module's name; each object's ``rearm()`` runs when
+        #: the job is re-armed after an abort, its ``close()`` when the context closes. The
+        #: context imports none of them.
+        self.extensions: dict = {}
         #: how many aborts the job was re-armed after (ops planned before the last one refuse calls)
         self.abort_epoch = 0
         self.wait_timeout = wait_timeout
@@ -464,8 +452,8 @@ class Context:
         self._closed = True
         self._exit_cleanup.detach()
         atexit.unregister(self._at_exit)
-        self.op_cache.clear()
-        self.comm_groups.clear()
+        for ext in list(self.extensions.values()):
+            ext.close()
         try:
             self.transport.synchronize()
             self.watchdog.closing()
@@ -535,59 +523,6 @@ class Context:
         polls = min(float(_MAX_WAIT_POLLS), seconds * self._polls_per_s)
         self._hdr[dev.HDR_WAIT_BOUND.value] = max(_MIN_WAIT_POLLS, int(polls))
 
-    def _describe_timeout(self, record: list) -> str:
-        """The message for this rank's timeout record (the header's first ``HDR_WAIT_BOUND``
-        slots, as read by the watchdog)."""
-        rank, peer, offset = (record[s.value] for s in (dev.HDR_ERR_RANK, dev.HDR_ERR_PEER, dev.HDR_ERR_OFFSET))
-        expected, seen, cmp, spins = (
-            record[s.value] for s in (dev.HDR_ERR_EXPECTED, dev.HDR_ERR_SEEN, dev.HDR_ERR_CMP, dev.HDR_ERR_SPINS)
-        )
-        cmp_op = dev.CMP_OPS[cmp] if 0 <= cmp < len(dev.CMP_OPS) else f"<cmp {cmp}>"
-        slot, first = offset // dev.HDR_SLOT_BYTES.value, dev.HDR_BARRIER_SLOTS.value
-        if offset % dev.HDR_SLOT_BYTES.value == 0 and first <= slot < first + self.world_size:
-            late = slot - first
-            return (
-                f"device barrier: rank {late} never arrived — rank {rank} waited for it {spins} polls (wait_timeout "
-                f"{self._wait_timeout:g}s): its arrival slot in rank {peer}'s heap header stayed at epoch {seen}, "
-                f"barrier epoch {expected} (rank {late} did not call device_barrier() as often as rank {rank}, or "
-                f"it is stuck or gone); {record[dev.HDR_ERR_COUNT.value]} wait(s) timed out on rank {self.rank}"
-            )
-        where = self._describe_offset(offset)
-        return (
-            f"rank {rank} gave up waiting for the flag at {where} in rank {peer}'s heap to become "
-            f"{cmp_op} {expected}: last saw {seen} after {spins} polls (wait_timeout "
-            f"{self._wait_timeout:g}s); {record[dev.HDR_ERR_COUNT.value]} wait(s) timed out on rank {self.rank}"
-        )
-
-    def _describe_offset(self, offset: int) -> str:
-        """``offset`` of this rank's heap, with the allocation (and element) or header slot there."""
-        block = self.heap.block_at(offset)
-        where = f"offset {offset:#x}"
-        slot = offset // dev.HDR_SLOT_BYTES.value
-        if block is not None:
-            where += f" ({block.what} allocated at {block.site}, +{offset - block.offset} bytes{_element(block, offset)})"
-        elif slot == dev.HDR_PROBE.value and offset % dev.HDR_SLOT_BYTES.value == 0:
-            where += " (heap header: the wait-bound calibration flag)"
-        elif 0 <= offset < self._hdr.numel() * 8:
-            where += f" (heap header slot {slot})"
-        return where
-
-    def _describe_bad_pointer(self, state: list) -> str:
-        """The message for this rank's pointer-check record (the header's fixed slots)."""
-        rank, peer, offset, program, count = (state[s.value] for s in (
-            dev.HDR_PTR_RANK, dev.HDR_PTR_PEER, dev.HDR_PTR_OFFSET, dev.HDR_PTR_PROGRAM, dev.HDR_PTR_COUNT))
-        what = []
-        if not 0 <= peer < self.world_size:
-            what.append(f"peer rank {peer} is outside the world [0, {self.world_size})")
-        if not 0 <= offset < self.heap_size:
-            what.append(f"the pointer is at offset {offset:#x} ({offset}) from rank {self.rank}'s heap base, "
-                        f"outside the heap of {self.heap_size} bytes (not a symmetric tensor of this rank?)")
-        if not what:
-            what.append(f"the pointer at {self._describe_offset(offset)} or peer {peer} is not in a group's heaps")
-        return (f"rank {self.rank}: a device primitive of program {program} (rank argument {rank}, peer {peer}) "
-                f"was given an invalid address: " + "; ".join(what) + f"; {count} lane(s) failed the check and "
-                "were not accessed (the job's waits were aborted)")
-
     def synchronize(self) -> None:
         """Wait for this rank's queued device work; raise if a device-side wait on this rank
         gave up (:class:`WaitTimeout` for its own, or the job's first cause when it gave up
@@ -651,10 +586,9 @@ class Context:
         refuse further calls, every group's workspace is zeroed — and the ranks meet once more
         before any of them uses a group again."""
         self.abort_epoch += 1
-        self.op_cache.clear()
         self.calls.rearm()
-        for group in {id(g): g for g in self.comm_groups.values()}.values():
-            group.reset()
+        for ext in list(self.extensions.values()):
+            ext.rearm()
         self.calls.host_call("Context.barrier (re-arming the job after an abort)")
 
     def device_barrier(self) -> None:

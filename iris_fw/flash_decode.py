@@ -76,6 +76,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import callpath as cp
 from . import context as _context
 from . import devinfo
 from . import tilecomm as tc
@@ -84,7 +85,7 @@ from . import trace as tr
 from . import tuning as tuning_tables
 from .ccl import algorithm as al
 from .ccl import api
-from .engine.launcher import KernelLauncher
+from .kernel_launcher import KernelLauncher
 
 __all__ = ["DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "FlashDecode", "combine_partials", "flash_decode",
            "flash_decode_reference", "plan", "tuning"]
@@ -276,7 +277,9 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     ``PAGE > 0`` (paged KV) ``k [pages, PAGE, HKV, D]``, ``v [pages, PAGE, HKV, DV]`` and
     ``block_table`` int32 ``[B, seq / PAGE]`` (rows ``stride_tb`` apart) naming each sequence's
     pages in order; ``kv_lens`` int32 ``[B]`` (read if ``HAS_LENS``); ``out``: contiguous ``[B, HQ, DV]``
-    (``FUSED``). Local scratch: ``partials`` fp32 ``[units, n_split, ROWS, DV]``,
+    (``FUSED``). Arguments a variant does not read are passed as None (``kv_lens`` without
+    ``HAS_LENS``, ``block_table`` unpaged, ``out``/``recv``/``slots``/``epochs`` not ``FUSED``,
+    ``mine`` ``FUSED``); the launches name every argument (:meth:`FlashDecode._launches`). Local scratch: ``partials`` fp32 ``[units, n_split, ROWS, DV]``,
     ``partial_lse`` fp32 ``[units, n_split, ROWS]``, ``unit_counters`` int64 ``[units]`` (zero
     between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
     then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
@@ -320,11 +323,14 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         b64 = b.to(tl.int64)
         k_ptr = k + kvh * stride_kh
         v_ptr = v + kvh * stride_vh
+        table = block_table  # None unless paged
         if PAGE == 0:
             k_ptr += b64 * stride_kb
             v_ptr += b64 * stride_vb
+        else:
+            table = block_table + b64 * stride_tb
         acc, m, l = _split_attention(
-            q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, block_table + b64 * stride_tb, start,
+            q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
             tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
             stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         # this split's partial, normalized, and its base-2 log-sum-exp
@@ -560,7 +566,6 @@ class FlashDecode:
                                     device=dev)
         self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.rows), dtype=f32, device=dev)
         self.unit_counters = torch.zeros(max(1, self.units), dtype=torch.int64, device=dev)
-        self.no_lens = torch.zeros(1, dtype=torch.int32, device=dev)
         constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim, ROWS=self.rows,
                           BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
                           BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
@@ -575,14 +580,16 @@ class FlashDecode:
             self.mine = group.config(("flash_decode.bulk_sync partial", self.pack),
                                      lambda: group.carve(self.pack, f32, "flash_decode.bulk_sync partial"))
             self.gathered = torch.empty(group.size * self.pack, dtype=f32, device=dev)
+        self._debug = ctx.debug  # IRIS_FW_DEBUG=1: q compared across the group per call
         self._untraced = self._launches(None)
         self._traced = None  # (session, launches) of the last trace session it ran in
 
     # ---- launches -------------------------------------------------------------------------------
     def _launches(self, tracer) -> dict:
         """The launches of the ``local``, ``fused`` (the group's kernel configuration) and
-        ``combine`` kernels, each a :class:`~iris_fw.ccl.algorithm.TracedLaunch` taking its runtime
-        arguments but ``trace``; with ``tracer`` (a trace session) their traced variants,
+        ``combine`` kernels, each a :class:`~iris_fw.kernel_launcher.BoundLaunch` with the plan's
+        own arguments bound by name (scratch, sizes, rank, the trace handle) and the call's given
+        by name at each launch; with ``tracer`` (a trace session) their traced variants,
         recording into the session's buffers (:mod:`iris_fw.trace`)."""
         group, call, f32 = self.group, self.call, torch.float32
         constexprs = self._constexprs
@@ -592,22 +599,29 @@ class FlashDecode:
             label = f"flash_decode.{call.scheduler} {role}"
             return None if tracer is None else tracer.handle((id(group), label), programs, label, pin=group)
 
-        launches = {"local": al.TracedLaunch(KernelLauncher(
-            _flash_decode_kernel, (self.nprog,), constexprs={**constexprs, "FUSED": False, **traced}, **self._options),
-            handle("local", self.nprog))}
+        plan = dict(partials=self.partials, partial_lse=self.partial_lse, unit_counters=self.unit_counters,
+                    batch=call.batch, n_split=self.n_split, qk_scale=self.qk_scale, rank=group.rank,
+                    world_size=group.size, heap_bases=group.heap_bases)
+        local = KernelLauncher(_flash_decode_kernel, (self.nprog,),
+                               constexprs={**constexprs, "FUSED": False, **traced}, **self._options)
+        launches = {"local": local.bind(**plan, out=None, recv=None, slots=None, epochs=None,
+                                        trace=handle("local", self.nprog))}
         if call.scheduler == "fused":
-            launches["fused"], (self.recv, self.slots, self.epochs) = al.kernel_config(
+            fused, (recv, slots, epochs) = al.kernel_config(
                 group, ("flash_decode.fused",), _flash_decode_kernel, nprog=self.nprog,
                 constexprs={**constexprs, "FUSED": True}, options=self._options, label="flash_decode.fused",
                 tracer=tracer,
                 buffers=[(2 * group.size * self.pack, f32, "partials exchange"),
                          (self.units * group.size, torch.int64, "arrival slots")])
+            launches["fused"] = fused.launcher.bind(**plan, mine=None, recv=recv, slots=slots, epochs=epochs,
+                                                    trace=fused.trace)
         else:
             units = max(1, self.units)
-            launches["combine"] = al.TracedLaunch(KernelLauncher(
-                _combine_kernel, (units,), constexprs={**{k: constexprs[k] for k in ("HQ", "HKV", "DV", "ROWS", "BDV")},
-                                                       **traced}, num_warps=self.tune.num_warps),
-                handle("combine", units))
+            combine = KernelLauncher(_combine_kernel, (units,), constexprs={
+                **{k: constexprs[k] for k in ("HQ", "HKV", "DV", "ROWS", "BDV")}, **traced},
+                num_warps=self.tune.num_warps)
+            launches["combine"] = combine.bind(gathered=self.gathered, batch=call.batch, world_size=group.size,
+                                               trace=handle("combine", units))
         return launches
 
     def _current(self) -> dict:
@@ -620,18 +634,18 @@ class FlashDecode:
         tracer.launched()
         return self._traced[1]
 
-    def _args(self, q, k, v, kv_lens, block_table) -> tuple:
-        none = self.no_lens
-        return (q, k, v, none if kv_lens is None else kv_lens, none if block_table is None else block_table)
-
-    def _runtime(self, q, k, v, block_table) -> tuple:
-        g = self.group
+    def _launch(self, bound, q, k, v, kv_lens, block_table, **buffer) -> None:
+        """``bound`` (a launch of :meth:`_launches`) on this call's tensors, ``seq`` and strides,
+        every argument by name; ``buffer``: the variant's output (``out`` or ``mine``)."""
         if block_table is None:
             seq, table_stride = k.shape[1], 0
         else:
             seq, table_stride = block_table.shape[1] * self.call.page_size, block_table.stride(0)
-        return (self.call.batch, seq, self.n_split, *q.stride(), *k.stride(), *v.stride(), table_stride,
-                self.qk_scale, g.rank, g.size, g.heap_bases)
+        (sqb, sqh, sqd), (skb, sks, skh, skd), (svb, svs, svh, svd) = q.stride(), k.stride(), v.stride()
+        bound(q=q, k=k, v=v, kv_lens=kv_lens, block_table=block_table, seq=seq,
+              stride_qb=sqb, stride_qh=sqh, stride_qd=sqd, stride_kb=skb, stride_ks=sks, stride_kh=skh,
+              stride_kd=skd, stride_vb=svb, stride_vs=svs, stride_vh=svh, stride_vd=svd, stride_tb=table_stride,
+              **buffer)
 
     def partial(self, q, k, v, kv_lens=None, mine=None, block_table=None) -> torch.Tensor:
         """This rank's packed partial (the local kernel, no communication): into ``mine``
@@ -641,9 +655,7 @@ class FlashDecode:
                 self.mine = torch.empty(self.pack, dtype=torch.float32, device=q.device)
             mine = self.mine
         if self.call.batch:
-            self._current()["local"](*self._args(q, k, v, kv_lens, block_table), mine, self.partials,
-                                     self.partial_lse, self.unit_counters, mine, mine, self.unit_counters,
-                                     self.unit_counters, *self._runtime(q, k, v, block_table))
+            self._launch(self._current()["local"], q, k, v, kv_lens, block_table, mine=mine)
         return mine
 
     def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -656,6 +668,8 @@ class FlashDecode:
 
     def __call__(self, q, k, v, kv_lens=None, out=None, block_table=None) -> torch.Tensor:
         c = self.call
+        if self._debug:
+            check_same_query(self.group, q)
         if out is None:
             out = torch.empty(c.batch, c.q_heads, c.v_head_dim, dtype=c.dtype, device=q.device)
         else:
@@ -664,13 +678,11 @@ class FlashDecode:
             return out
         launches = self._current()
         if c.scheduler == "fused":
-            launches["fused"](*self._args(q, k, v, kv_lens, block_table), out, self.partials, self.partial_lse,
-                              self.unit_counters, self.partials, self.recv, self.slots, self.epochs,
-                              *self._runtime(q, k, v, block_table))
+            self._launch(launches["fused"], q, k, v, kv_lens, block_table, out=out)
         else:
             mine = self.partial(q, k, v, kv_lens, self.mine, block_table)
             api.all_gather_into_tensor(self.gathered, mine, group=self.group, ctx=self.group.ctx)
-            launches["combine"](self.gathered, out, c.batch, self.group.size)
+            launches["combine"](out=out)
         return out
 
     def __repr__(self) -> str:
@@ -679,26 +691,35 @@ class FlashDecode:
                 f"splits={self.n_split} programs={self.nprog} rows={self.rows}>")
 
 
-def _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table) -> FlashDecode:
-    """The group's prepared call for these arguments, validated across the group on a miss."""
-    g = api._group(ctx, group)
-    key = _key(q, k, v, kv_lens, sm_scale, scheduler, block_table)
-    fd = g.calls.get(key) if key is not None else None
-    if fd is not None:
-        return fd
-    call, error = None, None
-    try:
+_LABEL = "iris_fw.flash_decode"
+
+
+def _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table) -> FlashDecode:
+    """The miss path (:func:`iris_fw.callpath.plan_call`): checked here, validated across the group
+    through its mailbox, planned."""
+    def check():
         call = check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler, block_table)
-        fields = call.fields(ctx.device.type)
-    except Exception as exc:  # every member must hear of it, or they would wait for this one
-        error, fields = exc, {}
-    g.exchange("iris_fw.flash_decode", fields, error)
-    fd = FlashDecode(g, call)
-    if key is not None:
-        g.calls[key] = fd
-        if len(g.calls) > api.MAX_CACHED_CALLS:
-            del g.calls[next(iter(g.calls))]
-    return fd
+        return call.fields(ctx.device.type), call, None
+
+    return cp.plan_call(ctx, _LABEL, check, lambda fields, error, _: g.exchange(_LABEL, fields, error),
+                        lambda call, _: FlashDecode(g, call))
+
+
+def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, plan_only=False):
+    """A call through the library's call path on the group's call cache: the prepared
+    :class:`FlashDecode` for these arguments (validated across the group on a miss), called
+    (``plan_only``: returned)."""
+    if ctx._closed:
+        ctx._check_open()
+    g = api.group_of(ctx, group)
+    key = _key(q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    if plan_only:
+        found = g.calls.get(key)
+        if found is None:
+            found = g.calls.put(key, _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table))
+        return found
+    return cp.call(ctx, g.calls, key, lambda g: _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table),
+                   g, _LABEL, q, k, v, kv_lens, out, block_table)
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
@@ -708,7 +729,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Te
     on first use: validated across the group), e.g. for its local kernel alone
     (:meth:`FlashDecode.partial`) or to call it with an ``out`` of its own."""
     ctx = _context.resolve(ctx)
-    return _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
+    return _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, None, plan_only=True)
 
 
 def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,
@@ -726,10 +747,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: 
     page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is
     ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
     ctx = _context.resolve(ctx)
-    fd = _prepared(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table)
-    if ctx.debug:
-        check_same_query(fd.group, q)
-    return fd(q, k, v, kv_lens, out, block_table)
+    return _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out)
 
 
 def check_same_query(group, q: torch.Tensor) -> None:

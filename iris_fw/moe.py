@@ -89,7 +89,7 @@ from . import devinfo
 from . import tilecomm as tc
 from . import tuning
 from .engine.contract import PatternError, check_tensor
-from .engine.launcher import KernelLauncher
+from .kernel_launcher import KernelLauncher
 from .errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["MODES", "Dispatched", "MoeHandle", "MoePlan", "auto_mode", "moe_combine", "moe_dispatch", "moe_reference", "plan",
@@ -836,7 +836,7 @@ def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, nu
 
     ctx = _context.resolve(ctx)
     ctx._check_open()
-    g = api._group(ctx, None)
+    g = api.group_of(ctx, None)
     key = _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode, tile_rows,
                programs)
     try:

@@ -1,7 +1,8 @@
 """Public compute + communication operations: a pattern run by a scheduler.
 
 Each function is collective (every rank calls it with same-shaped inputs) and returns this
-rank's result as a new tensor::
+rank's result — in ``out`` when given (``out=``: a tensor of the result's shape and dtype on the
+rank's device, returned), else as a new tensor::
 
     c = iris_fw.ops.gemm_all_scatter(a, b_local)              # [M, K] @ [K, N/W] -> [M, N]
     c = iris_fw.ops.all_gather_gemm(a_shard, b_local)         # [M/W, K] gathered @ [K, N/W] -> [M, N/W]
@@ -26,11 +27,20 @@ SM split and tile configuration) measured fastest for the shape on this device a
 ``comm_sms`` sets the SM split of the two-role schedules; ``config`` a pattern's config
 (:class:`~iris_fw.gemm.GemmConfig` for these three).
 
-The first call with given arguments plans an op (one cross-rank exchange that validates the
-arguments on every rank, then workspace allocation); later calls with the same arguments reuse
-it from the context's :class:`~iris_fw.engine.op.OpCache` — a loop allocates nothing after its
-first call. For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with :func:`plan`
-and call it: it returns its own output buffer, overwritten by the next call.
+Every call takes the library's one call path (:mod:`iris_fw.callpath`): the first call with
+given arguments plans an op (one cross-rank exchange that validates the arguments on every rank,
+then workspace allocation) and keeps it in the context's op cache (``IRIS_FW_OP_CACHE_SIZE`` ops,
+least recently used dropped); later calls with inputs of the same shapes, dtypes and devices
+compare that fingerprint and launch — a loop allocates nothing after its first call. A host
+failure on one rank inside a call (an ``out`` that does not fit, an error while planning)
+aborts the peers' waits: they raise :class:`~iris_fw.PeerFailure` naming the rank at once.
+
+**Results.** The fused GEMM ops compute into their op's symmetric workspace (peers write into
+it), which the next call overwrites: without ``out`` the result is copied into a new tensor,
+with ``out`` into ``out`` (no other allocation). A result that is not in a workspace is
+returned as it is. For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with
+:func:`plan` and call it: it returns its own output buffer, overwritten by the next call.
+``flash_decode`` writes straight into ``out`` or a new tensor (its result is never a workspace).
 """
 
 from __future__ import annotations
@@ -39,7 +49,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import callpath as cp
 from . import context as _context
+from .engine.contract import input_fingerprint
 from .engine.op import Op
 from .flash_decode import flash_decode
 from .gemm import GemmConfig, matmul
@@ -59,36 +71,49 @@ def plan(pattern: str, *inputs: Any, ctx: Context | None = None, scheduler: str 
     return Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)
 
 
-def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms):
+def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms, out):
+    """One functional op call through the call path: the cached op for these arguments (planned on
+    a miss) launched on ``inputs``, its result delivered (see "Results" above)."""
     ctx = _context.resolve(ctx)
-    op = ctx.op_cache.get(ctx, pattern, inputs, scheduler, config, comm_sms)
-    return op.launch(*inputs).clone()  # the cache found the op by these inputs' signature
+    key = (pattern, scheduler, config, comm_sms, input_fingerprint(inputs))
+    return cp.call(ctx, cp.state(ctx).ops, key,
+                   lambda _: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config,
+                                comm_sms=comm_sms).functional,
+                   None, "iris_fw.ops." + pattern, out, *inputs)
 
 
 def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
-                     config: GemmConfig | None = None, comm_sms: int | None = None) -> torch.Tensor:
+                     config: GemmConfig | None = None, comm_sms: int | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``a[M, K] @ b[K, N/W]`` on every rank, gathered column-wise: returns ``C[M, N]``, column
-    block ``r`` being rank ``r``'s product."""
-    return _call("gemm_all_scatter", (a, b), ctx, scheduler, config, comm_sms)
+    block ``r`` being rank ``r``'s product — in ``out`` (``[M, N]``) when given, else a new tensor
+    copied out of the op's workspace (peers write into it; the next call overwrites it)."""
+    return _call("gemm_all_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
 def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
-                    config: GemmConfig | None = None, comm_sms: int | None = None) -> torch.Tensor:
-    """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]``."""
-    return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms)
+                    config: GemmConfig | None = None, comm_sms: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]`` — in ``out`` (``[M, N/W]``)
+    when given, else a new tensor copied out of the op's workspace."""
+    return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms, out)
 
 
 def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",
-                        config: GemmConfig | None = None, comm_sms: int | None = None) -> torch.Tensor:
-    """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]``."""
-    return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms)
+                        config: GemmConfig | None = None, comm_sms: int | None = None,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]`` — in
+    ``out`` when given, else a new tensor copied out of the op's workspace."""
+    return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
 def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
                     ctx: Context | None = None, scheduler: str = "auto", config: Any = None,
-                    comm_sms: int | None = None) -> torch.Tensor:
+                    comm_sms: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum over ranks of a[M, K/W] @ b[K/W, N]`` plus ``bias[N]`` (the same on every rank),
     on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
     :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
-    ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`."""
-    return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms)
+    ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`.
+    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor copied out of the
+    op's workspace."""
+    return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

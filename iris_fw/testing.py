@@ -90,8 +90,8 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
             used = ctx.heap.bytes_used
             result = fn(ctx, *args, **kwargs)
             ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
-            ctx.op_cache.clear()  # ops cached by iris_fw.ops calls hold heap buffers
-            ctx.comm_groups.clear()  # so do the groups of iris_fw.ccl
+            for ext in list(ctx.extensions.values()):  # cached ops and ccl groups hold heap buffers
+                ext.clear()
             # contexts the function left open (Iris-style programs never close theirs): closed
             # here, on every rank alike (the function ran everywhere), so none serves a later one
             for other in open_contexts():
@@ -112,8 +112,8 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
                 ctx.watchdog.sync_point()
             except BaseException:
                 pass
-            ctx.op_cache.clear()  # nothing a failed function cached serves the next one
-            ctx.comm_groups.clear()
+            for ext in list(ctx.extensions.values()):  # nothing a failed function cached serves the next one
+                ext.clear()
             conn.send(("error", text))
     ctx.close()
 

@@ -47,6 +47,7 @@ import time
 import weakref
 
 from . import device as dev
+from . import diagnostics
 from . import env
 from .errors import NotOnHeapError, PeerFailure, WaitTimeout
 
@@ -377,9 +378,9 @@ class Watchdog:
         ctx = self._context()
         out = []
         if state[dev.HDR_ERR_FLAG.value] or state[dev.HDR_ERR_COUNT.value]:
-            out.append((WaitTimeout, CAUSE_TIMEOUT, ctx._describe_timeout(state[:_N_ERR_SLOTS])))
+            out.append((WaitTimeout, CAUSE_TIMEOUT, diagnostics.describe_timeout(ctx, state[:_N_ERR_SLOTS])))
         if state[dev.HDR_PTR_FLAG.value] or state[dev.HDR_PTR_COUNT.value]:
-            out.append((NotOnHeapError, CAUSE_POINTER, ctx._describe_bad_pointer(state)))
+            out.append((NotOnHeapError, CAUSE_POINTER, diagnostics.describe_bad_pointer(ctx, state)))
         return out
 
     def _propagate(self) -> None:

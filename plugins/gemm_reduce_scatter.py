@@ -19,7 +19,7 @@ from iris_fw import device as dv
 from iris_fw import gemm_tiles as tiles
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan
-from iris_fw.engine.launcher import KernelLauncher
+from iris_fw.kernel_launcher import KernelLauncher
 from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
 from iris_fw.hookspecs import hookimpl
 

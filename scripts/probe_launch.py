@@ -1,4 +1,4 @@
-"""GPU check of the lean launch path (iris_fw.engine.launcher.KernelLauncher).
+"""GPU check of the lean launch path (iris_fw.kernel_launcher.KernelLauncher).
 
     python3 scripts/probe_launch.py --out DIR
 
@@ -213,7 +213,7 @@ def main():
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from iris_fw.engine import launcher as lmod
-    from iris_fw.engine.launcher import KernelLauncher
+    from iris_fw.kernel_launcher import KernelLauncher
 
     rep = Report()
     rep.info = {"triton": triton.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,

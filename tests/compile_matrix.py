@@ -309,6 +309,9 @@ def _launch_benchmark_kernels(ctx, torch) -> None:
                                          BLOCK=256, NPROG=nprog)
     x = torch.zeros(16)
     be._twenty_args_kernel[(1,)](x, torch.empty_like(x), *range(3, 21), BLOCK=16)
+    from iris_fw.bench import host as bh
+
+    bh._bare_kernel[(1,)](torch.zeros(128), BLOCK=128)
     ctx.synchronize()
 
 

@@ -137,3 +137,25 @@ def test_bench_gemm_all_reduce_rows_say_what_ran(tmp_path, on_gpu):
     assert {"torch.matmul+host_gather", "torch.matmul+iris_ccl"} <= methods, methods
     assert not [m for m in methods if "cublas" in m or "nccl" in m], methods
     assert all(r["mode"] == "eager" and r["baseline"] == "torch.matmul+host_gather" for r in rows if "us" in r and r["us"])
+
+
+@pytest.mark.slow
+def test_host_bench_runs_every_call_path(tmp_path, on_gpu):
+    """``iris-fw bench host`` on CPU ranks: every collective and op runs and gets a row beside its
+    reference (the numbers measure the interpreter; the GPU run is the measurement)."""
+    if on_gpu:
+        pytest.skip("the GPU run is `iris-fw bench host` on the lead's card")
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "iris_fw.bench", "-n", "2", "--out", str(out), "host"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {r["call"]: r for r in csv.DictReader((out / "host.csv").open())}
+    assert all(r["measured"] == "cpu-interpreter" for r in rows.values())
+    timed = {c for c, r in rows.items() if r["host_us"] and float(r["host_us"]) > 0}
+    for prefix in ("torch add_", "bare prepared launch", "ccl.all_gather_into_tensor", "ccl.reduce_scatter_tensor",
+                   "ccl.all_reduce 8 KiB plain (auto)", "ops.gemm_all_reduce", "ops.gemm_all_scatter",
+                   "ops.gemm_reduce_scatter", "ops.all_gather_gemm", "ops.flash_decode", "torch.matmul"):
+        assert any(c.startswith(prefix) for c in timed), (prefix, sorted(rows))
+    for algorithm in ("one_shot", "two_shot", "ring"):
+        assert f"ccl.all_reduce 8 KiB heap ({algorithm})" in timed, sorted(rows)
+    assert all(r["reference"] for c, r in rows.items() if c.startswith(("ccl.", "ops."))), rows

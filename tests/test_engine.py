@@ -9,7 +9,7 @@ import torch
 
 import iris_fw
 from helpers import fresh_seed
-from iris_fw import ops
+from iris_fw import callpath, ops
 from iris_fw.engine.contract import CollectiveMismatch
 from test_taxonomy import PATTERNS, SCHEDULERS, _check, _inputs, _poison
 
@@ -174,7 +174,7 @@ def _loop(ctx, calls):
             ref = want[name]()
             _check(out, ref, bf, f"{name} after {calls} calls")
             _check(first, ref, bf, f"{name}'s first result after {calls} more calls")
-        assert len(small.op_cache) == 3
+        assert len(callpath.state(small).ops) == 3
         del first, out
     ctx.barrier()
 
@@ -190,14 +190,24 @@ def test_thousand_calls_of_each_op(iris_pool):
 
 
 def _cache_bound(ctx):
-    from iris_fw.engine.op import OpCache
+    """The op cache of the call path keeps at most its capacity of ops (least recently used
+    dropped); a dropped op's arguments plan again."""
+    from iris_fw.callpath import CallCache
 
-    cache = OpCache(capacity=2)
-    a = torch.randn(8, 8, device=ctx.device, dtype=torch.bfloat16)
-    for n in (8, 16, 24):
-        cache.get(ctx, "gemm_all_scatter", (a, a[:, :n // 8 * 4]), "auto", None, None)
-    assert len(cache) == 2
-    cache.clear()
+    ops_cache = callpath.state(ctx).ops
+    old, ops_cache.capacity = ops_cache.capacity, 2
+    try:
+        a = torch.randn(8, 8, device=ctx.device, dtype=torch.bfloat16)
+        for n in (4, 8, 12, 4):
+            ops.gemm_all_scatter(a, torch.randn(8, n, device=ctx.device, dtype=torch.bfloat16), ctx=ctx)
+        assert len(ops_cache) == 2
+        keys = [k[4][1][0] for k in ops_cache]  # b's shape, least recently used first
+        assert keys == [torch.Size([8, 12]), torch.Size([8, 4])], keys
+    finally:
+        ops_cache.capacity = old
+        ops_cache.clear()
+    with pytest.raises(ValueError, match="capacity"):
+        CallCache(0)
     ctx.barrier()
 
 

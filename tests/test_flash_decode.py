@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
+from iris_fw import callpath
 from iris_fw.engine.contract import CollectiveMismatch
 
 EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
@@ -146,8 +147,8 @@ def _decode_rank(ctx, runs, calls=2):
             assert out is None or got is out
             outs.append(got)
             if i == 0:
-                prepared = len(ctx.comm_groups[None].calls)
-        assert len(ctx.comm_groups[None].calls) == prepared, "a growing S_r must not re-plan"
+                prepared = len(callpath.state(ctx).groups[None].calls)
+        assert len(callpath.state(ctx).groups[None].calls) == prepared, "a growing S_r must not re-plan"
         ctx.synchronize()
         for i, got in enumerate(outs):
             check(ctx, got, data[i], sm_scale, f"{scheduler} case {idx} {case}{' paged' * is_paged} call {i}")

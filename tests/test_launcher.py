@@ -1,4 +1,4 @@
-"""The lean launch path (iris_fw.engine.launcher).
+"""The lean launch path (iris_fw.kernel_launcher).
 
 Kernels: a KernelLauncher gives the results of a direct ``kernel[grid](...)`` (pointers, ints,
 floats, tuples, a NamedTuple, None, constexprs between runtime parameters; on the CPU under the
@@ -23,8 +23,8 @@ from triton._C.libtriton import native_specialize_impl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import iris_fw
-from iris_fw.engine import launcher as lmod
-from iris_fw.engine.launcher import KernelLauncher, bound_args_template, make_key_fn, spec_key
+from iris_fw import kernel_launcher as lmod
+from iris_fw.kernel_launcher import KernelLauncher, bound_args_template, make_key_fn, spec_key
 
 DEVICE = "cpu" if iris_fw.interpreting() else "cuda"
 BLOCK = 16
@@ -671,6 +671,32 @@ def _rebuild_plain(op0, op1, rest, ARGS: tl.constexpr, BLOCK: tl.constexpr):
 
 def test_fast_path_versions():
     assert lmod.fast_path_supported("3.6.0") and lmod.fast_path_supported("3.9.0")
-    assert lmod.fast_path_supported("3.10.1+git") and lmod.fast_path_supported("4.0")
+    assert lmod.fast_path_supported("3.6.1+git") and lmod.fast_path_supported("3.9.2")
+    assert not lmod.fast_path_supported("3.10.1+git") and not lmod.fast_path_supported("4.0")
     assert not lmod.fast_path_supported("3.5.1") and not lmod.fast_path_supported("3.7.0")
     assert not lmod.fast_path_supported("3.8.0")
+
+
+@pytest.mark.parametrize("version", ["3.8.0", "3.10.0", "4.1.0"])
+def test_unknown_triton_release_takes_the_public_path(monkeypatch, version):
+    """A Triton release whose launch code was not read: every launch, prepared ones included,
+    goes through the public ``kernel[grid](...)`` with the arguments Triton's binder expects."""
+    monkeypatch.setattr(triton, "__version__", version)
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    a = _t()
+    args = (a, a, 16, 5, 7)
+    prepared = lau.prepare(*args)
+    for _ in range(3):
+        lau(*args)
+        _check_last(jit, lau, args, "slow")
+        prepared()
+        _check_last(jit, lau, args, "slow")
+    assert lau.slow_calls == 6 and not lau.variants()
+
+
+def test_interpreter_takes_the_public_path():
+    """Under the CPU interpreter every launch is Triton's public ``kernel[grid](...)``."""
+    if not iris_fw.interpreting():
+        pytest.skip("compiled Triton here")
+    lau = KernelLauncher(_axpy, (1,), constexprs={"BLOCK": BLOCK})
+    assert lau.interpreted and not lau._fast

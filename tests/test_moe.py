@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from helpers import capture_graph, fresh_seed, on_worlds
+from iris_fw import callpath
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.errors import ArgumentError, PeerFailure
 
@@ -172,14 +173,14 @@ def _run_case(ctx, case, calls=2):
                          dtype=case.get("dtype"), mode=case["mode"])
         ctx.synchronize()
         if call == 0:
-            plans = len(ctx.comm_groups[None].configs)
+            plans = len(callpath.state(ctx).groups[None].configs)
         rows = check_dispatch(ctx, d, xs, idxs, case, capacity or max_tokens * w)
         out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=dev)
         got = moe_combine(expert_outputs(d, case, r, w), d.handle, out=out)
         assert got is out
         ctx.synchronize()
         check_combine(ctx, got, d, rows, xs, idxs, ws, case)
-    assert len(ctx.comm_groups[None].configs) == plans, "a repeated shape class must not re-plan"
+    assert len(callpath.state(ctx).groups[None].configs) == plans, "a repeated shape class must not re-plan"
     return case["name"]
 
 
@@ -395,7 +396,7 @@ def _varying_rank(ctx, mode):
             _run_case(ctx, case, calls=1)
     finally:
         ctx.wait_timeout = old
-    g = ctx.comm_groups[None]   # (a pooled rank may hold other tests' collectives too)
+    g = callpath.state(ctx).groups[None]   # (a pooled rank may hold other tests' collectives too)
     assert len([k for k in g.configs if k[0] == "moe"]) == 1, [k for k in g.configs if k[0] == "moe"]
     assert len([k for k in g.calls if k[0] == "moe"]) == 1, list(g.calls)
     return True

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 import iris_fw
-from iris_fw import ccl, ops, trace_session
+from iris_fw import callpath, ccl, ops, trace_session
 from iris_fw import device as dv
 from iris_fw import trace as tr
 
@@ -170,7 +170,7 @@ def _op_rank(ctx, cases):
         out.append(session.trace)
     x = torch.arange(100, dtype=torch.float32, device=ctx.device) * (ctx.rank + 1)
     ccl.all_reduce(x)
-    group_calls = [k for g in ctx.comm_groups.values() for k in g.calls]
+    group_calls = [k for g in callpath.state(ctx).groups.values() for k in g.calls]
     assert group_calls and not any("traced" in str(k) for k in group_calls)
     with ctx.trace(None):
         y = torch.arange(100, dtype=torch.float32, device=ctx.device) * (ctx.rank + 1)

@@ -22,8 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import callpath
 from .. import tilecomm as tc
-from ..engine.launcher import KernelLauncher
+from ..kernel_launcher import KernelLauncher
 from ..engine.skeletons import begin_call, state_slots
 from ..hookspecs import hookimpl
 from .harness import measure_interleaved
@@ -164,7 +165,7 @@ class EngineBench:
         rows.append({"what": "host", "op": "gemm_all_scatter", "method": "ops.gemm_all_scatter (cached op + clone)",
                      "kernels": 1, "host_us": us})
         opts.log(f"  host, ops.gemm_all_scatter (cached op + clone of the result): {us:.1f} us per call")
-        ctx.op_cache.clear()
+        callpath.state(ctx).ops.clear()
 
         # 8 KiB all-reduce
         n = 8192 // torch.empty((), dtype=dtype).element_size()

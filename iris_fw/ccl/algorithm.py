@@ -6,7 +6,7 @@ An algorithm is registered as ``"<collective>.<name>"`` (hook ``iris_fw_register
 ``plan(group, call)`` returns a function ``run(src, dst)`` on flat contiguous tensors that
 enqueues the whole call on the current stream: it carves its buffers from the group's workspace
 once per *kernel configuration* (:meth:`Group.config`) and launches through
-:class:`~iris_fw.engine.launcher.KernelLauncher`. Every per-call counter lives on the device
+:class:`~iris_fw.kernel_launcher.KernelLauncher`. Every per-call counter lives on the device
 (:func:`iris_fw.tilecomm.program_epoch`), so calls replay from CUDA graphs.
 """
 
@@ -21,7 +21,7 @@ import triton
 
 from .. import devinfo
 from .. import tuning
-from ..engine.launcher import KernelLauncher
+from ..kernel_launcher import KernelLauncher
 from ..errors import ArgumentError, IrisError
 
 #: Smallest capacity class (bytes of one rank's message per kernel configuration).
@@ -153,7 +153,7 @@ def launcher(kernel, nprog: int, options: dict | None = None, **constexprs) -> K
 class TracedLaunch:
     """A kernel configuration's launch: the launcher's runtime arguments followed by the kernel's
     ``trace`` buffer handle (``None`` when not tracing; see :mod:`iris_fw.trace`). Called and
-    prepared as a :class:`~iris_fw.engine.launcher.KernelLauncher`."""
+    prepared as a :class:`~iris_fw.kernel_launcher.KernelLauncher`."""
 
     __slots__ = ("launcher", "trace")
 
@@ -181,7 +181,7 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
     """``run(src, dst)`` launching once per chunk: ``launch(src[start:], dst[start:], *args,
     length, *tail)``, ``start`` counted in *elements* of the flattened (contiguous) tensors —
     whatever their shape, e.g. an all-gather's ``[W, n]`` output; a one-chunk message launches
-    without slicing — through a :class:`~iris_fw.engine.launcher.PreparedLaunch` for each of
+    without slicing — through a :class:`~iris_fw.kernel_launcher.PreparedLaunch` for each of
     the last :data:`PREPARED_PER_CALL` buffer pairs —, an empty one not at all (every member
     sees the same size: it is part of the validated call)."""
     pieces = list(chunks(numel, cap_elems)) if numel else []

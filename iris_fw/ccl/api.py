@@ -1,9 +1,10 @@
-"""The public collective calls of :mod:`iris_fw.ccl`: argument checks, the per-group call
-cache, validation across members on a cache miss, and :class:`Work`.
+"""The public collective calls of :mod:`iris_fw.ccl`: argument checks, groups, and :class:`Work`.
 
-Every call follows one path (:func:`_call`): compute a cheap key from the arguments; on a hit
-run the prepared launch; on a miss check the arguments fully, exchange them with the group's
-members (:meth:`Group.exchange`), choose the algorithm, plan it, and cache the launch.
+Every call takes the library's one call path (:mod:`iris_fw.callpath`, through :func:`_call`):
+a cheap key from the arguments; on a hit the prepared launch; on a miss the arguments checked
+fully, exchanged with the group's members (:meth:`Group.exchange`), the algorithm chosen and
+planned, the launch kept in the group's call cache. A host failure after the members agreed
+aborts their waits.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import callpath as cp
 from .. import context as _context
 from .. import tilecomm as tc
 from .. import trace as tr
@@ -39,7 +41,7 @@ GroupLike = Union[Group, Sequence[int], "torch.distributed.ProcessGroup", None]
 ReduceOpLike = Union["torch.distributed.ReduceOp", str]
 
 #: Prepared calls a group keeps (least recently used dropped; re-validated when called again).
-MAX_CACHED_CALLS = 1024
+MAX_CACHED_CALLS = cp.MAX_CACHED_CALLS
 
 _OPS: dict = {name: name for name in al.REDUCE_OPS}
 _OPS.update({"product": "prod", "average": "avg"})
@@ -96,11 +98,12 @@ def new_group(ranks: GroupLike = None, *, workspace_bytes: int | None = None, ct
         error = exc
     detail = None if _by is None else f"{_by} (its first call creates the world group: iris_fw.ccl.new_group)"
     ctx.agree("iris_fw.ccl.new_group", {"ranks": ranks_t, "workspace_bytes": size}, error, detail)
-    group = ctx.comm_groups.get(ranks_t)
+    groups = cp.state(ctx).groups
+    group = groups.get(ranks_t)
     if group is None:
-        group = ctx.comm_groups[ranks_t] = Group(ctx, ranks_t, size)
+        group = groups[ranks_t] = Group(ctx, ranks_t, size)
         if len(ranks_t) == ctx.world_size:
-            ctx.comm_groups[None] = group  # group=None finds it in one look-up
+            groups[None] = group  # group=None finds it in one look-up
         # every rank's workspace is zeroed before any member reads a peer's mailbox or flags
         # (the block may have held an earlier group's)
         ctx.barrier()
@@ -114,24 +117,28 @@ def destroy_group(group: GroupLike = None, *, ctx: Context | None = None) -> Non
     ctx = _ctx(ctx)
     ranks = None if group is None else _ranks_of(ctx, group)
     ctx.agree("iris_fw.ccl.destroy_group", {"ranks": ranks})
+    groups = cp.state(ctx).groups
     if ranks is None:
-        ctx.comm_groups.clear()
+        groups.clear()
     else:
-        ctx.comm_groups.pop(ranks, None)
+        groups.pop(ranks, None)
         if len(ranks) == ctx.world_size:
-            ctx.comm_groups.pop(None, None)
+            groups.pop(None, None)
 
 
-def _group(ctx, group, collective: str | None = None) -> Group:
+def group_of(ctx, group: GroupLike = None, collective: str | None = None) -> Group:
+    """The :class:`Group` a call with ``group=`` runs on (the world's made by its first call;
+    another must have been created with :func:`new_group`); raises if this rank is not in it."""
+    groups = cp.state(ctx).groups
     if group is None:
-        found = ctx.comm_groups.get(None)  # the world group's alias: the common case first
+        found = groups.get(None)  # the world group's alias: the common case first
         if found is not None:
             return found
     if isinstance(group, Group) and group.ctx is ctx:
         found = group
     else:
         ranks = _ranks_of(ctx, group)
-        found = ctx.comm_groups.get(ranks)
+        found = groups.get(ranks)
         if found is None:
             if len(ranks) != ctx.world_size:
                 raise ArgumentError(f"the group {list(ranks)} was not created: call iris_fw.ccl.new_group({list(ranks)}) "
@@ -186,61 +193,49 @@ class Work:
 # ---- the call path --------------------------------------------------------------------------------
 
 
-def _call(ctx, group, key: tuple, prepare: Callable, src, dst, async_op: bool):
-    """Run the call ``key`` of ``group`` on ``src``/``dst``, preparing it on a miss."""
-    if ctx._closed:
-        ctx._check_open()  # raises: a kept group must not launch over a closed context's heaps
-    g = _group(ctx, group, key[0])
-    if ctx.tracer is not None:  # traced kernel variants, prepared (and validated) once per session
-        key = key + (("traced", ctx.tracer.session),)
-        ctx.tracer.launched()
-    try:
-        run = g.calls.get(key)
-    except TypeError:  # an unhashable argument (e.g. op=[1]): the full checks report it
-        prepare(g)(src, dst)
-        return Work(ctx) if async_op else None
-    if run is None:
-        run = prepare(g)
-        g.calls[key] = run
-        if len(g.calls) > MAX_CACHED_CALLS:
-            del g.calls[next(iter(g.calls))]
-    _launch(ctx, key[0], run, src, dst)
+def _call(ctx, group, key: tuple | None, prepare: Callable, src, dst, async_op: bool):
+    """Run the call ``key`` of ``group`` on ``src``/``dst`` through the call path, preparing it on a
+    miss (``key`` None: arguments the cached path does not take, prepared to be reported)."""
+    name = "call" if key is None else key[0]
+    paths = ctx.extensions.get(cp.EXTENSION)
+    g = paths.groups.get(None) if group is None and paths is not None else None  # the common case
+    if g is None:
+        g = group_of(ctx, group, None if key is None else name)
+    tracer = ctx.tracer
+    if tracer is not None and key is not None:  # traced kernel variants, prepared (and validated) once per session
+        key = key + (("traced", tracer.session),)
+        tracer.launched()
+    cp.call(ctx, g.calls, key, prepare, g, "iris_fw.ccl." + name, src, dst)
     return Work(ctx) if async_op else None
 
 
-def _launch(ctx, name: str, run: Callable, src, dst) -> None:
-    """``run(src, dst)``; a host failure there aborts the job's waits (the other members are in
-    the call's kernels, waiting for this rank) before it is raised."""
-    try:
-        run(src, dst)
-    except Exception as exc:
-        ctx.abort(f"iris_fw.ccl {name}: {type(exc).__name__}: {exc}")
-        raise
-
-
 def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Callable | None = None):
-    """Slow path of a call: ``check()`` validates the arguments locally and returns
-    ``(fields, call, extra)``; the members exchange them; ``finish(call, extras)`` completes
-    the call from every member's ``extra``; the algorithm is chosen and planned."""
-    fields, call, extra, error = {}, None, None, None
-    try:
+    """Slow path of a call (:func:`iris_fw.callpath.plan_call`): ``check()`` validates the
+    arguments locally and returns ``(fields, call, extra)``; the members exchange them;
+    ``finish(call, extras)`` completes the call from every member's ``extra``; the algorithm is
+    chosen and planned."""
+    def checked():
         fields, call, extra = check()
         if not isinstance(algorithm, str):
             raise ArgumentTypeError(f"algorithm must be a name or 'auto', got {algorithm!r}")
         fields["algorithm"] = algorithm
-    except Exception as exc:  # every member must hear of it, or they would wait for this one
-        error = exc
-    extras = g.exchange(label, fields, error, extra)
-    if finish is not None:
-        call = finish(call, extras)
-    algo = al.choose(g, call, algorithm)
-    if g.size == 1 and call.collective in _INPUT_IS_RESULT_AT_ONE_RANK:
-        return _identity
-    g.planning = describe_call(label, fields)
-    try:
-        return algo.plan(g, call)
-    finally:
-        g.planning = ""
+        return fields, (fields, call), extra
+
+    def plan(state, extras):
+        fields, call = state
+        if finish is not None:
+            call = finish(call, extras)
+        algo = al.choose(g, call, algorithm)
+        if g.size == 1 and call.collective in _INPUT_IS_RESULT_AT_ONE_RANK:
+            return _identity
+        g.planning = describe_call(label, fields)
+        try:
+            return algo.plan(g, call)
+        finally:
+            g.planning = ""
+
+    return cp.plan_call(g.ctx, label, checked, lambda fields, error, extra: g.exchange(label, fields, error, extra),
+                        plan)
 
 
 #: Collectives whose result on a one-rank group is their input (a reduction of one value with
@@ -318,15 +313,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp
 
         return _prepare(g, "iris_fw.ccl.all_reduce", check, algorithm)
 
-    return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
-
-
-def _dispatch(ctx, group, key, prepare, src, dst, async_op):
-    if key is None:  # arguments the fast path does not take: the slow path reports them
-        g = _group(ctx, group)
-        _launch(ctx, "call", prepare(g), src, dst)
-        return Work(ctx) if async_op else None
-    return _call(ctx, group, key, prepare, src, dst, async_op)
+    return _call(ctx, group, key, prepare, tensor, tensor, async_op)
 
 
 def _heap_offset(ctx, t) -> int | None:
@@ -365,7 +352,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
 
         return _prepare(g, "iris_fw.ccl.all_gather_into_tensor", check, algorithm, finish)
 
-    return _dispatch(ctx, group, key, prepare, input_tensor, output_tensor, async_op)
+    return _call(ctx, group, key, prepare, input_tensor, output_tensor, async_op)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum",
@@ -393,7 +380,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
 
         return _prepare(g, "iris_fw.ccl.reduce_scatter_tensor", check, algorithm)
 
-    return _dispatch(ctx, group, key, prepare, input, output, async_op)
+    return _call(ctx, group, key, prepare, input, output, async_op)
 
 
 def _splits(t, sizes, world: int, name: str) -> tuple[int, ...]:
@@ -448,7 +435,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
 
         return _prepare(g, "iris_fw.ccl.all_to_all_single", check, algorithm, finish)
 
-    return _dispatch(ctx, group, key, prepare, input, output, async_op)
+    return _call(ctx, group, key, prepare, input, output, async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: GroupLike = None, async_op: bool = False, *,
@@ -467,7 +454,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: GroupLike = N
 
         return _prepare(g, "iris_fw.ccl.broadcast", check, algorithm)
 
-    return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
+    return _call(ctx, group, key, prepare, tensor, tensor, async_op)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum",
@@ -488,7 +475,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: ReduceOpLike = Redu
 
         return _prepare(g, "iris_fw.ccl.reduce", check, algorithm)
 
-    return _dispatch(ctx, group, key, prepare, tensor, tensor, async_op)
+    return _call(ctx, group, key, prepare, tensor, tensor, async_op)
 
 
 def _rooted_list(ctx, g: Group, items, tensor, root: int, name: str):
@@ -529,7 +516,7 @@ def _rooted_list_call(collective: str, role: str, tensor, items, root_rank, grou
     """gather / scatter: the root's list of ``size`` tensors like ``tensor`` goes through one
     contiguous buffer; an invalid root or list raises on every member (through the exchange)."""
     ctx = _ctx(ctx)
-    g = _group(ctx, group, collective)
+    g = group_of(ctx, group, collective)
     root, rejected = None, None
     try:
         root = _group_rank(g, g.ranks[0] if root_rank is None and group_root is None else root_rank, role, group_root)
@@ -553,7 +540,7 @@ def _rooted_list_call(collective: str, role: str, tensor, items, root_rank, grou
         src, dst = tensor, (torch.empty(g.size * n, dtype=tensor.dtype, device=ctx.device) if items else tensor)
     else:
         src, dst = (torch.cat([t.reshape(-1) for t in items]) if items else tensor), tensor
-    work = _dispatch(ctx, g, key, prepare, src, dst, async_op)
+    work = _call(ctx, g, key, prepare, src, dst, async_op)
     if collective == "gather" and items:
         for p, t in enumerate(items):
             t.view(-1).copy_(dst[p * n:(p + 1) * n])

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ArgumentError, ArgumentTypeError
 from . import algorithm as al
-from .api import GroupLike, _check_tensor, _ctx, _dispatch, _fast_ok, _prepare
+from .api import GroupLike, _call, _check_tensor, _ctx, _fast_ok, _prepare
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -126,7 +126,7 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
         return _prepare(g, f"iris_fw.ccl.{COLLECTIVE}", check, algorithm)
 
-    _dispatch(ctx, group, key, prepare, (x, weight), (out, residual), False)
+    _call(ctx, group, key, prepare, (x, weight), (out, residual), False)
     return out, residual
 
 

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..callpath import MAX_CACHED_CALLS, CallCache
 from ..calls import CHECK_INTERVAL_S, IN_GROUP_CALL, describe_call
 from ..context import check_reports
 from ..errors import ArgumentError, CallMismatch, IrisError, WaitTimeout
@@ -83,8 +84,9 @@ class Group:
         self._seq = 0
         #: the call being planned (its description names the kernels it makes, see iris_fw.calls)
         self.planning = ""
-        #: prepared calls: key -> launch function (a call whose key is here was validated)
-        self.calls: dict = {}
+        #: prepared calls: key -> launch function (a call whose key is here was validated): the
+        #: group's one call cache (:class:`iris_fw.callpath.CallCache`)
+        self.calls = CallCache(MAX_CACHED_CALLS, lru=False)
         #: kernel configurations: key -> whatever the algorithm keeps for it
         self.configs: dict = {}
 

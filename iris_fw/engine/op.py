@@ -3,28 +3,52 @@
 Creating an :class:`Op` is collective and is the only moment ranks talk on the host: one small
 exchange compares pattern, scheduler, shapes, dtypes, device type, configuration and SM split
 (a mismatch, or a rank whose inputs are invalid, raises on every rank naming the ranks and the
-argument) and reclaims heap blocks every rank has freed. Afterwards a call validates its inputs
-locally, binds them and enqueues the kernels — no host synchronization, and every per-call
-counter lives on the device, so calls can be captured in a CUDA graph.
+argument) and reclaims heap blocks every rank has freed. Afterwards a call compares its inputs'
+fingerprint with the op's, binds them and enqueues the kernels — no host synchronization, and
+every per-call counter lives on the device, so calls can be captured in a CUDA graph.
 
-:class:`OpCache` keeps the ops of ``iris_fw.ops.<name>(...)`` calls by their arguments, so a
-loop plans (and allocates) once.
+``iris_fw.ops.<name>(...)`` calls keep their ops in the context's op cache of the library's one
+call path (:mod:`iris_fw.callpath`), by their arguments, so a loop plans (and allocates) once.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
+import torch
+
+from .. import callpath as cp
 from .. import context as _context
-from .. import env
 from ..errors import ArgumentError, ArgumentTypeError, IrisError
 from .contract import PatternError, input_fingerprint, labelled_signature
 from .scheduler import Scheduler
 from .tuning import lookup
 
-#: Ops an :class:`OpCache` keeps (``IRIS_FW_OP_CACHE_SIZE`` overrides).
-DEFAULT_OP_CACHE_SIZE = env.variable("IRIS_FW_OP_CACHE_SIZE").default
+
+def _shares_storage(t, buffers) -> bool:
+    """Whether ``t`` views the memory of a tensor among ``buffers`` (a dict's values, nested one level)."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    ptr = t.untyped_storage().data_ptr()
+    for b in buffers.values():
+        for x in (b if isinstance(b, (list, tuple)) else (b,)):
+            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr:
+                return True
+    return False
+
+
+def check_out(out, op: "Op", pattern: str) -> None:
+    """``out`` must hold the op's result: its shape and dtype, on the rank's device (checked
+    before anything is launched: a rank whose ``out`` does not fit aborts its peers)."""
+    if not isinstance(out, torch.Tensor):
+        raise ArgumentTypeError(f"iris_fw.ops.{pattern}: out must be a torch.Tensor or None, got {type(out).__name__}")
+    if op.result_meta is None:
+        raise ArgumentError(f"iris_fw.ops.{pattern}: this op's result is not a tensor; call it without out")
+    shape, dtype, device = op.result_meta
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
+        raise ArgumentError(f"iris_fw.ops.{pattern}: out must be a {list(shape)} tensor of dtype "
+                            f"{str(dtype).replace('torch.', '')} on {device}, got {list(out.shape)} "
+                            f"{str(out.dtype).replace('torch.', '')} on {out.device}")
 
 
 class Op:
@@ -32,54 +56,67 @@ class Op:
 
     Creating one is collective (it validates across ranks and allocates symmetric buffers); so
     is every call. A call returns the op's output buffer, overwritten by the next call. A call
-    that fails on this rank's host aborts the job's waits (:meth:`iris_fw.Context.abort`), so
-    the other ranks raise at once instead of waiting for this one.
-    ``buffers`` holds the pattern's buffers (e.g. ``"out"``)."""
+    that fails on this rank's host — planning after the ranks agreed, or a later call — aborts
+    the job's waits (:func:`iris_fw.callpath.fail`), so the other ranks raise at once instead of
+    waiting for this one. ``buffers`` holds the pattern's buffers (e.g. ``"out"``);
+    ``result_in_workspace`` says whether a call's result is one of them (or on the heap), so
+    that the functional ``iris_fw.ops`` calls copy it out."""
 
     def __init__(self, pattern: str, *inputs: Any, ctx=None, scheduler: str = "auto", config=None,
                  comm_sms: int | None = None):
-        self.ctx = _context.resolve(ctx)
-        self._abort_epoch = self.ctx.abort_epoch
+        self.ctx = ctx = _context.resolve(ctx)
+        self._abort_epoch = ctx.abort_epoch
+        self._planning_inputs = inputs
         label = f"iris_fw.ops {pattern}"
-        fields, error = {}, None
-        try:
-            self.pattern = self.ctx.registries.pattern.require_available(pattern)
-            self.signature = self.pattern.signature(self.ctx, *inputs)
-            if not isinstance(scheduler, str):
-                raise ArgumentTypeError(f"scheduler must be a scheduler name or 'auto', got {scheduler!r}")
-            requested = scheduler
-            if scheduler == "auto":
-                choice = lookup(self.pattern, self.signature, self.ctx)
-                scheduler = choice.scheduler
-                comm_sms = choice.comm_sms if comm_sms is None else comm_sms
-                if config is None and choice.config is not None:
-                    config = self.pattern.Config(**choice.config)
-            if config is not None and not isinstance(config, self.pattern.Config):
-                raise ArgumentTypeError(f"config must be an {self.pattern.Config.__module__}.{self.pattern.Config.__name__} "
-                                        f"or None, got {type(config).__name__}")
-            self.scheduler: Scheduler = self.ctx.registries.scheduler.require_available(scheduler)
-            fields = {"pattern": pattern, "scheduler": scheduler if requested == scheduler else (requested, scheduler),
-                      **labelled_signature(self.pattern, self.signature), "config": config, "comm_sms": comm_sms,
-                      "device": self.ctx.device.type}
-        except Exception as exc:  # every rank must hear of it, or the others would wait for this one
-            error = exc
-        self.ctx.agree(label, fields, error)
-        self.comm_sms = comm_sms
+
+        def check():
+            pat = ctx.registries.pattern.require_available(pattern)
+            signature = pat.signature(ctx, *inputs)
+            sched, cfg, sms = scheduler, config, comm_sms
+            if not isinstance(sched, str):
+                raise ArgumentTypeError(f"scheduler must be a scheduler name or 'auto', got {sched!r}")
+            if sched == "auto":
+                choice = lookup(pat, signature, ctx)
+                sched = choice.scheduler
+                sms = choice.comm_sms if sms is None else sms
+                if cfg is None and choice.config is not None:
+                    cfg = pat.Config(**choice.config)
+            if cfg is not None and not isinstance(cfg, pat.Config):
+                raise ArgumentTypeError(f"config must be an {pat.Config.__module__}.{pat.Config.__name__} "
+                                        f"or None, got {type(cfg).__name__}")
+            sched_obj = ctx.registries.scheduler.require_available(sched)
+            fields = {"pattern": pattern, "scheduler": sched if scheduler == sched else (scheduler, sched),
+                      **labelled_signature(pat, signature), "config": cfg, "comm_sms": sms,
+                      "device": ctx.device.type}
+            return fields, (pat, signature, sched_obj, cfg, sms), None
+
+        cp.plan_call(ctx, label, check, lambda fields, error, _: ctx.agree(label, fields, error), self._plan)
+        #: what a call's inputs must look like (their shapes, dtypes, devices): compared per call
+        self.fingerprint = input_fingerprint(inputs)
+        self._planning_inputs = None  # (not kept alive by the op)
+
+    def _plan(self, state, _agreed) -> None:
+        """Planning after every rank agreed: configuration, buffers, the first binding, the
+        scheduler's workspace (a failure here aborts the peers: see :func:`iris_fw.callpath.plan_call`)."""
+        self.pattern, self.signature, self.scheduler, config, self.comm_sms = state
+        ctx = self.ctx
         if config is None:
-            config = self.pattern.default_config(self.ctx, self.signature)
+            config = self.pattern.default_config(ctx, self.signature)
         self.config = config
-        self.buffers = self.pattern.setup(self.ctx, self.signature, config, self.scheduler.uses_stash)
-        first = self.pattern.bind(self.ctx, self.buffers, *inputs)
+        self.buffers = self.pattern.setup(ctx, self.signature, config, self.scheduler.uses_stash)
+        first = self.pattern.bind(ctx, self.buffers, *self._planning_inputs)
         ok, why = self.scheduler.supports(first)
         if not ok:
             raise PatternError(f"scheduler {self.scheduler.name!r} cannot run {self.pattern.name}: {why}")
-        self.workspace = self.scheduler.workspace(self.ctx, first, comm_sms)
+        res = first.result
+        #: ``(shape, dtype, device)`` of a call's result
+        self.result_meta = ((tuple(res.shape), res.dtype, res.device) if isinstance(res, torch.Tensor)
+                            else None)
+        self.result_in_workspace = (_shares_storage(first.result, self.buffers)
+                                    or (isinstance(first.result, torch.Tensor) and ctx.is_symmetric(first.result)))
+        self.workspace = self.scheduler.workspace(ctx, first, self.comm_sms)
         self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
         self._track_counters()
-        # inputs whose signature was checked: a call with the same shapes, dtypes and devices
-        # skips the pattern's check (see Pattern.signature)
-        self._checked = input_fingerprint(inputs)
-
     def _track_counters(self) -> None:
         """Let a rank waiting on the host see that a peer launched this op's kernels while it did
         not (its programs' epoch counters live in the state regions on the heap; iris_fw.calls)."""
@@ -96,80 +133,51 @@ class Op:
             if isinstance(programs, int) and region is not None and self.ctx.is_symmetric(region):
                 self.ctx.calls.track(self, what, region[first:first + programs])
 
-    def _check_armed(self) -> None:
-        if self._abort_epoch != self.ctx.abort_epoch:  # every rank knows it alike: no abort for this one
-            raise IrisError(f"this {self.pattern.name} op was planned before the job was aborted and re-armed: "
-                            "its per-call device state may differ across ranks; plan it again (iris_fw.ops."
-                            f"{self.pattern.name}(...) calls re-plan by themselves)")
-
     def __call__(self, *inputs: Any):
-        if self.ctx.closed:
-            self.ctx._check_open()  # raises: the op's buffers belong to a closed context
-        self._check_armed()
+        """Enqueue a call on ``inputs`` (shaped like the planning inputs: their fingerprint is
+        compared, the full check runs only when it differs); returns the op's output buffer."""
+        ctx = self.ctx
+        if ctx._closed:
+            ctx._check_open()  # raises: the op's buffers belong to a closed context
         try:
             fingerprint = input_fingerprint(inputs)
             try:
-                same = fingerprint == self._checked
+                same = fingerprint == self.fingerprint
             except Exception:  # an input whose == is not a bool (an array): check it in full
                 same = False
             if not same:
-                signature = self.pattern.signature(self.ctx, *inputs)
+                signature = self.pattern.signature(ctx, *inputs)
                 if signature != self.signature:
                     raise PatternError(f"this {self.pattern.name} op was planned for inputs {self.signature}, "
                                        f"got {signature}")
-                self._checked = fingerprint
             return self.launch(*inputs)
-        except Exception as exc:
+        except BaseException as exc:
             # the other ranks are (or will be) in this call's kernels, waiting for this one
-            self.ctx.abort(f"iris_fw.ops {self.pattern.name}: {type(exc).__name__}: {exc}")
+            cp.fail(ctx, f"iris_fw.ops {self.pattern.name}", exc)
             raise
 
     def launch(self, *inputs: Any):
         """Enqueue a call on ``inputs`` already known to match the op's signature (what
-        :meth:`__call__` checks first; :class:`OpCache` found the op by that signature)."""
-        self._check_armed()
+        :meth:`__call__` checks first; the call path found the op by their fingerprint)."""
+        if self._abort_epoch != self.ctx.abort_epoch:  # (the one check that the op is armed)
+            error = IrisError(f"this {self.pattern.name} op was planned before the job was aborted and re-armed: "
+                              "its per-call device state may differ across ranks; plan it again (iris_fw.ops."
+                              f"{self.pattern.name}(...) calls re-plan by themselves)")
+            error._iris_fw_told = True  # every rank knows it alike: no abort for this one
+            raise error
         plan = self.pattern.bind(self.ctx, self.buffers, *inputs)
         return self.scheduler.run(self.ctx, plan, self.workspace)
 
+    def functional(self, out, *inputs: Any):
+        """What an ``iris_fw.ops.<name>(..., out=out)`` call runs on its cached op (the call path
+        found it by the inputs' fingerprint): ``out`` checked, the kernels launched, the result
+        copied into ``out`` — else into a new tensor when it lives in the op's workspace (the
+        next call overwrites it), else returned as it is."""
+        if out is not None:
+            check_out(out, self, self.pattern.name)
+            return out.copy_(self.launch(*inputs))
+        result = self.launch(*inputs)
+        return result.clone() if self.result_in_workspace else result
+
     def __repr__(self) -> str:
         return f"<iris_fw.ops.Op {self.pattern.name} via {self.scheduler.name} inputs={self.signature}>"
-
-
-class OpCache:
-    """Ops by ``(pattern, scheduler, config, comm_sms, input signature)``, least recently used
-    dropped beyond ``capacity`` (default :data:`DEFAULT_OP_CACHE_SIZE`, or
-    ``IRIS_FW_OP_CACHE_SIZE``). A dropped op's heap blocks are reclaimed at the next collective
-    point (the next op created, or a barrier). Every rank makes the same calls, so every rank
-    keeps and drops the same ops."""
-
-    def __init__(self, capacity: int | None = None):
-        if capacity is None:
-            capacity = env.get("IRIS_FW_OP_CACHE_SIZE")
-        if capacity < 1:
-            raise ArgumentError(f"op cache capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self._ops: OrderedDict = OrderedDict()
-
-    def get(self, ctx, pattern: str, inputs: tuple, scheduler: str, config, comm_sms) -> Op:
-        """The cached op for these arguments, planned (collectively) on a miss."""
-        try:
-            signature = ctx.registries.pattern.get(pattern).signature(ctx, *inputs)
-        except Exception:  # planning repeats the check inside the exchange, so every rank raises
-            return Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)
-        key = (pattern, scheduler, config, comm_sms, signature)
-        op = self._ops.get(key)
-        if op is None:
-            op = Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config, comm_sms=comm_sms)
-            self._ops[key] = op
-            while len(self._ops) > self.capacity:
-                self._ops.popitem(last=False)
-        else:
-            self._ops.move_to_end(key)
-        return op
-
-    def __len__(self) -> int:
-        return len(self._ops)
-
-    def clear(self) -> None:
-        """Drop every op (local; every rank does it at the same point)."""
-        self._ops.clear()

@@ -1,6 +1,6 @@
 """The scheduler half of the contract: :class:`Scheduler`, the per-op :class:`Workspace`, and the
 launch helpers that bind a skeleton kernel (:mod:`iris_fw.engine.skeletons`) to a plan through
-the lean launch path (:mod:`iris_fw.engine.launcher`).
+the lean launch path (:mod:`iris_fw.kernel_launcher`).
 
 A scheduler is prepared once per op (:meth:`Scheduler.workspace`: grids fixed, state regions
 and item flags allocated on the heap, zeroed) and then only enqueues kernels per call
@@ -21,7 +21,7 @@ import torch
 from .. import devinfo
 from ..errors import ArgumentError, IrisError
 from .contract import Plan, split_args
-from .launcher import KernelLauncher
+from ..kernel_launcher import KernelLauncher
 from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _specialized_kernel, _steps_kernel,
                         ST_ARRIVE, no_depends, no_fetch, no_step, no_traffic, state_slots)
 

@@ -462,7 +462,7 @@ def _barrier_slots(ctx, group) -> torch.Tensor:
     from iris_fw.ccl import algorithm as _al
     from iris_fw.ccl import api as _api
 
-    g = _api._group(ctx, group)
+    g = _api.group_of(ctx, group)
     _, bufs = _al.kernel_config(g, ("barrier",), _api._barrier_kernel, nprog=1, constexprs={}, slots=g.size,
                                 tracer=None)
     return bufs[0]

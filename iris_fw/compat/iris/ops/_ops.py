@@ -76,7 +76,7 @@ def matmul_all_reduce(shmem, C, A, B, async_op=False, config=None, workspace=Non
         M, N, K = workspace.shape
         tiles = iris_fw.gemm.default_config(M, N, K, A.dtype, fw.device)
         op_config = Config(**asdict(tiles), algorithm=config.all_reduce_variant)
-    C.copy_(iris_fw.ops.gemm_all_reduce(A, B, ctx=fw, config=op_config))
+    iris_fw.ops.gemm_all_reduce(A, B, ctx=fw, config=op_config, out=C)
     return workspace
 
 

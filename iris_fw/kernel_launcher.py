@@ -36,12 +36,19 @@ key also holds the device and the values feeding Triton's compile options (the k
 ``fpsan_homomorphic_casts``). Equal keys imply equal Triton cache keys, so the cached kernel
 is the one Triton would launch.
 
+**The seam.** What this module takes from Triton beyond its public ``kernel[grid](...)`` is
+confined to :func:`fast_path_supported` (the releases read: :data:`KNOWN_TRITON_RELEASES`),
+:func:`launch_entry` (the compiled kernel's launch entry), ``KernelLauncher._init_fast`` (the
+knobs and driver calls the key reads) and :func:`_expanded_tensordesc_launch` (3.6's descriptor
+wrapper). Any Triton release not listed there — and the CPU interpreter, always — launches
+through ``kernel[grid](...)``, the fallback the tests force (tests/test_launcher.py).
+
 The slow path is taken whenever equivalence is not proven: the interpreter, launch hooks set
 (``knobs.runtime.launch_enter_hook``/``launch_exit_hook`` with any hook), a stages-inspection
 hook, ``pre_run_hooks`` on the kernel, a changed global the kernel uses (Triton raises), an
 argument type the key does not know (JIT functions, ``constexpr`` objects, Gluon descriptors,
 numpy scalars, ...), a non-CUDA target (AMD specializes on more than the key covers), a Triton
-release whose launch path was not read here (< 3.6, 3.7, 3.8), or ``IRIS_FW_SLOW_LAUNCH=1``.
+release whose launch path was not read here (any but 3.6.x and 3.9.x), or ``IRIS_FW_SLOW_LAUNCH=1``.
 
 Compiled kernels only: a NamedTuple *class* given as a constexpr is passed as
 ``tl.constexpr(cls)``, because ``JITFunction.run``'s cache key (3.6 and 3.9) iterates
@@ -55,11 +62,11 @@ import operator
 
 import torch
 
-from .. import env
-from ..errors import ArgumentTypeError
-from ..interpreter import interpreting
+from . import env
+from .errors import ArgumentTypeError
+from .interpreter import interpreting
 
-__all__ = ["KernelLauncher", "PreparedLaunch", "bound_args_template", "fast_path_supported", "launch_entry",
+__all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "fast_path_supported", "launch_entry",
            "make_key_fn", "spec_key"]
 
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
@@ -80,11 +87,16 @@ def _triton_version(version: str) -> tuple[int, int]:
     return tuple(parts + [0] * (2 - len(parts)))
 
 
+#: The Triton releases (major, minor) whose launch code (``JITFunction.run``, the NVIDIA
+#: ``CudaLauncher``, ``specialize_impl``) was read for the fast path. Any other release —
+#: older, newer, or in between — launches through Triton's public ``kernel[grid](...)``.
+KNOWN_TRITON_RELEASES = ((3, 6), (3, 9))
+
+
 def fast_path_supported(version: str) -> bool:
-    """Whether the fast path is checked against this Triton release's launch code: 3.6 and
-    >= 3.9 (3.7 and 3.8 were not read here, so they keep the slow path)."""
-    v = _triton_version(version)
-    return v[0] == 3 and v[1] == 6 or v >= (3, 9)
+    """Whether the fast path is checked against this Triton release's launch code
+    (:data:`KNOWN_TRITON_RELEASES`); every other release takes the public ``kernel[grid]`` path."""
+    return _triton_version(version) in KNOWN_TRITON_RELEASES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,6 +500,12 @@ class KernelLauncher:
             raise self._arity_error(len(args))
         return PreparedLaunch(self, args)
 
+    def bind(self, **fixed) -> "BoundLaunch":
+        """Named arguments: this launcher with the runtime arguments ``fixed`` given once, by name
+        (a plan's buffers, sizes, rank); the :class:`BoundLaunch` takes the others by name at
+        each call. Raises naming any name that is not a runtime parameter of the kernel."""
+        return BoundLaunch(self, fixed)
+
     def _opts_key(self):
         """The compile options JITFunction.run takes from the kernel and from knobs (3.6: debug,
         instrumentation_mode; >= 3.9 also fpsan_homomorphic_casts)."""
@@ -556,6 +574,54 @@ class KernelLauncher:
 
 
 _NOT_PRESENT = object()
+
+
+class BoundLaunch:
+    """:meth:`KernelLauncher.bind`: a kernel's launch with some runtime arguments fixed by name.
+    ``bound(name=value, …)`` gives the others (:attr:`free`), by name, and launches on the
+    current stream; ``bound.launch_on(stream, name=value, …)`` on ``stream``;
+    ``bound.prepare(name=value, …)`` gives a :class:`PreparedLaunch` of every argument.
+
+    The keyword call is a function generated once per binding (like Triton's binder): Python
+    binds the names natively, then one tuple in the kernel's order is built — a missing or
+    unexpected name raises ``TypeError`` naming the kernel and the argument."""
+
+    __slots__ = ("launcher", "free", "args", "__call__", "_on")
+
+    def __init__(self, launcher: KernelLauncher, fixed: dict):
+        names = launcher.runtime_params
+        unknown = [k for k in fixed if k not in names]
+        if unknown:
+            raise ArgumentTypeError(f"{launcher.name}: not runtime parameters of the kernel: {unknown} "
+                                    f"(runtime parameters: {list(names)})")
+        self.launcher = launcher
+        self.free = tuple(n for n in names if n not in fixed)
+        values = [fixed[n] for n in names if n in fixed]
+        items, k = [], 0
+        for n in names:
+            if n in fixed:
+                items.append(f"_fixed[{k}]")
+                k += 1
+            else:
+                items.append(n)
+        params = f"*, {', '.join(self.free)}" if self.free else ""
+        row = f"({', '.join(items)},)" if items else "()"
+        ns = {"_fixed": tuple(values), "_launch": launcher._launch}
+        kernel = launcher.name
+        src = (f"def {kernel}_args({params}):\n    return {row}\n"
+               f"def {kernel}({params}):\n    _launch({row}, None)\n"
+               f"def {kernel}_on(_stream, {params}):\n    _launch({row}, _stream)\n")
+        exec(compile(src, f"<BoundLaunch {kernel}>", "exec"), ns)
+        self.args = ns[f"{kernel}_args"]  # every runtime argument in the kernel's order
+        # (``__call__`` is a slot: ``bound(...)`` finds this instance's generated function)
+        self.__call__ = ns[kernel]
+        self._on = ns[f"{kernel}_on"]
+
+    def launch_on(self, stream, **named) -> None:
+        self._on(stream, **named)
+
+    def prepare(self, **named) -> "PreparedLaunch":
+        return PreparedLaunch(self.launcher, self.args(**named))
 
 
 def _expanded_tensordesc_launch(launch, version):

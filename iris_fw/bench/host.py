@@ -1,0 +1,163 @@
+"""Host time per call of every public op and collective, as a benchmark plugin (``iris-fw bench host``).
+
+Enqueue-only host time — the loop of calls is timed without synchronizing inside it — of every
+``iris_fw.ccl`` all-reduce algorithm (on a heap tensor, and ``auto`` on a plain tensor),
+``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``ops.gemm_all_reduce``,
+``ops.flash_decode`` and every taxonomy op through ``iris_fw.ops.*``, beside the references of
+issue "One call path": torch ``add_`` on 8 KiB (for the collectives), ``torch.matmul`` of each
+op's local shape (for the ops) and a bare prepared launch (:class:`~iris_fw.kernel_launcher.PreparedLaunch`
+of a one-argument kernel: the floor of any launch). Every case runs :data:`ROUNDS` rounds of
+:data:`CALLS` calls, the cases interleaved round by round (their order rotating) so that all of
+them share the same stretch of time; a row gives the median round's µs per call (the maximum
+over ranks) and its ratio to its reference (``x_ref``).
+
+On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
+interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_ROUNDS` × :data:`CPU_CALLS` calls) and
+only show that each call path works; GPU rows are the measurement (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from ..hookspecs import hookimpl
+from ..kernel_launcher import KernelLauncher
+
+#: Rounds and calls per round (GPU); CPU ranks make :data:`CPU_ROUNDS` of :data:`CPU_CALLS` (a smoke run).
+ROUNDS, CALLS = 5, 200
+CPU_ROUNDS, CPU_CALLS = 1, 1
+#: Bytes of the collectives' tensors and of the ``add_`` reference.
+MESSAGE_BYTES = 8 << 10
+#: Local shapes on GPU: the GEMM ops' ``M, N, K per rank`` (a decode step's row-parallel
+#: layer) and flash-decode's ``B, Hq, Hkv, D, tokens per rank``; small ones on CPU ranks.
+GPU_GEMM, CPU_GEMM = (16, 8192, 4096), (16, 32, 16)
+GPU_DECODE, CPU_DECODE = (1, 32, 8, 128, 4096), (1, 4, 2, 16, 32)
+
+
+@triton.jit
+def _bare_kernel(x, BLOCK: tl.constexpr):
+    """Nothing but a store: a launch's floor."""
+    tl.store(x + tl.arange(0, BLOCK), tl.zeros((BLOCK,), dtype=tl.float32))
+
+
+def _cases(ctx) -> tuple[dict, dict]:
+    """``{name: fn}`` of every case and ``{name: reference name}``; cases a world size or dtype
+    does not support (every rank raises alike on its first call) are left out, named in ``skipped``."""
+    from .. import ccl, ops
+
+    gpu = ctx.device.type == "cuda"
+    dev, w = ctx.device, ctx.world_size
+    dtype = torch.bfloat16 if gpu else torch.float32
+    n = MESSAGE_BYTES // torch.empty((), dtype=dtype).element_size()
+    cases, refs = {}, {}
+
+    plain = torch.zeros(n, device=dev, dtype=dtype)
+    cases["torch add_ 8 KiB"] = lambda: plain.add_(1)
+    bare = torch.zeros(128, device=dev)
+    prepared = KernelLauncher(_bare_kernel, (1,), constexprs={"BLOCK": 128}, num_warps=1).prepare(bare)
+    cases["bare prepared launch"] = prepared
+    add = "torch add_ 8 KiB"
+
+    heap = ctx.zeros(n, dtype=dtype)
+    for algorithm in ccl.algorithms("all_reduce", ctx=ctx):
+        cases[f"ccl.all_reduce 8 KiB heap ({algorithm})"] = (
+            lambda algorithm=algorithm: ccl.all_reduce(heap, algorithm=algorithm, ctx=ctx))
+        refs[f"ccl.all_reduce 8 KiB heap ({algorithm})"] = add
+    cases["ccl.all_reduce 8 KiB plain (auto)"] = lambda: ccl.all_reduce(plain, ctx=ctx)
+    gathered = torch.empty(w * n, device=dev, dtype=dtype)
+    cases["ccl.all_gather_into_tensor 8 KiB"] = lambda: ccl.all_gather_into_tensor(gathered, heap, ctx=ctx)
+    scattered = torch.empty(n, device=dev, dtype=dtype)
+    cases["ccl.reduce_scatter_tensor 8 KiB"] = lambda: ccl.reduce_scatter_tensor(scattered, gathered, ctx=ctx)
+    for name in list(cases):
+        if name.startswith("ccl."):
+            refs[name] = add
+
+    m, nn, k = GPU_GEMM if gpu else CPU_GEMM
+    a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, nn, device=dev, dtype=dtype)
+    c = torch.empty(m, nn, device=dev, dtype=dtype)
+    mm = f"torch.matmul {m}x{nn}x{k}"
+    cases[mm] = lambda: torch.matmul(a, b, out=c)
+    out = torch.empty(m, nn, device=dev, dtype=dtype)
+    cases[f"ops.gemm_all_reduce {m}x{nn}, K {k} per rank"] = lambda: ops.gemm_all_reduce(a, b, ctx=ctx)
+    cases[f"ops.gemm_all_reduce {m}x{nn}, K {k} per rank, out="] = lambda: ops.gemm_all_reduce(a, b, out=out, ctx=ctx)
+    # the taxonomy ops on the same local product [M, K] @ [K, N] (all_gather_gemm: A's rows split)
+    cases[f"ops.gemm_all_scatter {m}x{k} @ {k}x{nn}"] = lambda: ops.gemm_all_scatter(a, b, ctx=ctx)
+    cases[f"ops.gemm_reduce_scatter {m * w}x{k} @ {k}x{nn}"] = (
+        lambda a2=torch.randn(m * w, k, device=dev, dtype=dtype): ops.gemm_reduce_scatter(a2, b, ctx=ctx))
+    cases[f"ops.all_gather_gemm {m}x{k} (per rank) @ {k}x{nn}"] = lambda: ops.all_gather_gemm(a, b, ctx=ctx)
+    for name in cases:
+        if name.startswith("ops."):
+            refs[name] = mm
+
+    bsz, hq, hkv, d, s = GPU_DECODE if gpu else CPU_DECODE
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(bsz, hq, d, generator=gen).to(dev, dtype)  # the same on every rank
+    kk = torch.randn(bsz, s, hkv, d, device=dev, dtype=dtype)
+    vv = torch.randn(bsz, s, hkv, d, device=dev, dtype=dtype)
+    dec = f"torch.matmul decode {hq}x{d} @ {d}x{s}"
+    qm, km = torch.randn(hq, d, device=dev, dtype=dtype), torch.randn(d, s, device=dev, dtype=dtype)
+    sm = torch.empty(hq, s, device=dev, dtype=dtype)
+    cases[dec] = lambda: torch.matmul(qm, km, out=sm)
+    o = torch.empty(bsz, hq, d, device=dev, dtype=dtype)
+    name = f"ops.flash_decode B {bsz}, Hq {hq}, Hkv {hkv}, D {d}, {s} tokens per rank"
+    cases[name] = lambda: ops.flash_decode(q, kk, vv, out=o, ctx=ctx)
+    refs[name] = dec
+    return cases, refs
+
+
+class HostBench:
+    name = "host"
+    description = ("enqueue-only host time per call of every collective and op vs torch add_ / matmul "
+                   "and a bare prepared launch (issue 'One call path')")
+
+    def run(self, ctx, opts):
+        gpu = ctx.device.type == "cuda"
+        calls, rounds = (CALLS, ROUNDS) if gpu else (CPU_CALLS, CPU_ROUNDS)
+        cases, refs = _cases(ctx)
+        skipped = {}
+        for name in list(cases):  # first call: plans (collective), compiles; unsupported cases leave
+            try:
+                cases[name]()
+                ctx.synchronize()
+            except Exception as exc:  # raised on every rank alike (validated across ranks)
+                skipped[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                del cases[name]
+                ctx.barrier()  # re-arms the job if the failure aborted it
+        names = list(cases)
+        per = {name: [] for name in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                fn = cases[name]
+                ctx.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                per[name].append((time.perf_counter() - t0) / calls * 1e6)
+                ctx.synchronize()
+        medians = [statistics.median(per[name]) for name in names]
+        worst = [max(v) for v in zip(*ctx.bootstrap.all_gather(medians))]
+        us = dict(zip(names, worst))
+        rows = []
+        for name in names:
+            ref = refs.get(name)
+            ratio = us[name] / us[ref] if ref in us and us[ref] > 0 else None
+            rows.append({"call": name, "host_us": us[name], "reference": ref or "", "x_ref": ratio,
+                         "calls_per_round": calls, "rounds": rounds})
+            opts.log(f"  {name}: {us[name]:.1f} us per call" + (f" ({ratio:.2f}x {ref})" if ratio else ""))
+        for name, why in skipped.items():
+            rows.append({"call": name, "host_us": None, "reference": refs.get(name, ""), "x_ref": None,
+                         "calls_per_round": 0, "rounds": 0, "skipped": why})
+            opts.log(f"  {name}: skipped ({why})")
+        ctx.barrier()
+        return rows
+
+
+@hookimpl
+def iris_fw_register_benchmarks(registry):
+    registry.register(HostBench())

@@ -1,0 +1,214 @@
+"""The one call path of every collective call: :mod:`iris_fw.ccl`'s collectives, ``iris_fw.ops.*``
+(taxonomy ops, ``gemm_all_reduce``), ``flash_decode`` and the Iris compat layer on top of them.
+
+A call goes::
+
+    key (cheap, from the arguments) ──hit──► prepared launch
+        └─miss─► check locally ─► agree across ranks ─► plan ─► cache (one bounded CallCache) ─┘
+
+* **Hit**: one dictionary look-up of the key (a fingerprint of the arguments: shapes, dtypes,
+  devices, options) in the op's :class:`CallCache`, then the prepared launch — nothing checked
+  twice, nothing bound twice.
+* **Miss** (:func:`plan_call`): the arguments are checked locally; every rank's check and the
+  call's fields meet in one exchange (``ctx.agree`` for ops, a group's mailbox for ccl and
+  flash-decode), so a bad argument on one rank raises on every rank naming it; then the call is
+  planned (algorithm, workspace, launchers) and cached.
+* **Failure**: a host-side exception on this rank after the ranks agreed — inside the plan, or
+  inside the launch of a hit — aborts the job's device waits (:meth:`~iris_fw.Context.abort`,
+  :func:`fail`): the peers, already in the call's kernels or about to enter them, stop waiting at
+  once and raise :class:`~iris_fw.PeerFailure` naming this rank, instead of waiting for the
+  timeout. A rejection found by the agreement is raised by every rank alike and aborts nothing.
+
+Caches: one :class:`CallCache` per op — the context's ``ops`` cache of :class:`~iris_fw.engine.op.Op`
+objects (``IRIS_FW_OP_CACHE_SIZE``), and per :mod:`iris_fw.ccl` group its ``calls`` (collectives
+and flash-decode, :data:`MAX_CACHED_CALLS`). They hang off the context (:func:`state`) without
+the context importing this module; the context clears them when it re-arms or closes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+from . import env
+from .errors import ArgumentError
+
+__all__ = ["EXTENSION", "MAX_CACHED_CALLS", "CallCache", "CallPaths", "call", "fail", "plan_call", "state"]
+
+#: Prepared calls a ccl group keeps (least recently used dropped; validated again when called again).
+MAX_CACHED_CALLS = 1024
+#: The key under which a context holds its :class:`CallPaths` (``ctx.extensions``).
+EXTENSION = "iris_fw.callpath"
+
+
+class CallCache:
+    """Prepared calls by key, at most ``capacity``: beyond it the least recently used entry is
+    dropped (``lru``), or the oldest (``lru=False``: a hit costs no reordering — for caches large
+    enough that order rarely matters). Every rank makes the same calls in the same order, so
+    every rank keeps and drops the same entries; a dropped call is validated across ranks again
+    when it comes back."""
+
+    __slots__ = ("capacity", "lru", "_entries")
+
+    def __init__(self, capacity: int, lru: bool = True):
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ArgumentError(f"a call cache's capacity must be an int >= 1, got {capacity!r}")
+        self.capacity = capacity
+        self.lru = lru
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, key, default=None):
+        """The entry under ``key`` (made most recently used), else ``default``. ``key`` None, or
+        unhashable (an argument the full checks will report): ``default``."""
+        if key is None:
+            return default
+        entries = self._entries
+        try:
+            entry = entries.get(key)
+        except TypeError:
+            return default
+        if entry is None:
+            return default
+        if self.lru:
+            entries.move_to_end(key)
+        return entry
+
+    def put(self, key, entry):
+        """Keep ``entry`` under ``key`` (None: not kept); returns ``entry``."""
+        if key is not None:
+            entries = self._entries
+            try:
+                entries[key] = entry
+            except TypeError:  # unhashable (an argument the full checks reported): not kept
+                return entry
+            entries.move_to_end(key)
+            while len(entries) > self.capacity:
+                entries.popitem(last=False)
+        return entry
+
+    __setitem__ = put
+
+    def __contains__(self, key) -> bool:
+        try:
+            return key in self._entries
+        except TypeError:
+            return False
+
+    def __iter__(self):
+        return iter(list(self._entries))
+
+    def values(self):
+        return list(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry (local; every rank does it at the same point)."""
+        self._entries.clear()
+
+
+class CallPaths:
+    """What the call path keeps per context: ``ops`` (the :class:`CallCache` of
+    ``iris_fw.ops.<name>(...)`` calls) and ``groups`` (the :mod:`iris_fw.ccl` groups by their
+    ranks, ``None`` for the world; each group holds the cache of its collective calls)."""
+
+    def __init__(self, ctx):
+        self.ops = CallCache(env.get("IRIS_FW_OP_CACHE_SIZE"))
+        self.groups: dict = {}
+
+    def groups_once(self) -> list:
+        """Every group once (the world's is also under ``None``)."""
+        return list({id(g): g for g in self.groups.values()}.values())
+
+    def rearm(self) -> None:
+        """After an abort (the context's re-arming barrier): the per-call device state of calls in
+        flight may differ across ranks, so every cached op is dropped and every group starts afresh."""
+        self.ops.clear()
+        for group in self.groups_once():
+            group.reset()
+
+    def close(self) -> None:
+        """The context closes: nothing cached may launch over its heaps any more."""
+        self.ops.clear()
+        self.groups.clear()
+
+    clear = close
+
+
+def state(ctx) -> CallPaths:
+    """The :class:`CallPaths` of ``ctx`` (made on first use)."""
+    ext = ctx.extensions
+    found = ext.get(EXTENSION)
+    if found is None:
+        found = ext[EXTENSION] = CallPaths(ctx)
+    return found
+
+
+def fail(ctx, label: str, exc: BaseException) -> None:
+    """A host failure of this rank inside the call ``label``, after the ranks agreed on it: abort
+    the job's device waits (peers in the call's kernels raise :class:`~iris_fw.PeerFailure`
+    naming this rank at once) and put it on this rank's call board (peers waiting for this rank
+    in a host exchange raise it too). Raises nothing itself."""
+    from .errors import CallMismatch, PeerFailure
+
+    if getattr(exc, "_iris_fw_told", False) or ctx.closed or isinstance(exc, (PeerFailure, CallMismatch)) \
+            or getattr(exc, "from_peer", None) is not None:
+        return  # told already, or a peer's failure (the peer told the job)
+    try:
+        exc._iris_fw_told = True  # one abort per failure, however many call paths it crosses
+    except AttributeError:
+        pass
+    text = f"{label}: {type(exc).__name__}: {exc}"
+    try:
+        ctx.abort(text)
+        board = PeerFailure(f"rank {ctx.rank} failed: {text}")
+        board.rank = ctx.rank
+        ctx.calls.fail(board)
+    except Exception:  # pragma: no cover - a closing transport: the original error matters
+        pass
+
+
+def plan_call(ctx, label: str, check: Callable[[], tuple], agree: Callable[[dict, BaseException | None, Any], Any],
+              plan: Callable[[Any, Any], Any]):
+    """The miss path: ``check()`` validates the arguments on this rank and returns ``(fields,
+    state, extra)``; ``agree(fields, error, extra)`` is the cross-rank exchange (it raises on every
+    rank when a rank rejected its arguments or the fields differ, and returns what it gathered);
+    ``plan(state, agreed)`` makes the prepared call. A failure inside ``plan`` — after every rank
+    agreed, so the peers go on into the call — aborts the peers (:func:`fail`)."""
+    fields, st, extra, error = {}, None, None, None
+    try:
+        fields, st, extra = check()
+    except Exception as exc:  # every rank must hear of it, or they would wait for this one
+        error = exc
+    agreed = agree(fields, error, extra)
+    try:
+        return plan(st, agreed)
+    except BaseException as exc:
+        fail(ctx, label, exc)
+        raise
+
+
+def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, label: str, *args):
+    """One call: the prepared entry under ``key`` in ``cache`` — made by ``prepare(on)`` (which
+    goes through :func:`plan_call`; ``on``: what it plans on, e.g. a ccl group) on a miss; ``key``
+    None: prepared and not kept — called on ``args``; its result is returned. A host failure in
+    the entry aborts the peers (:func:`fail`).
+
+    The hit path is this function: one look-up of the key, the entry called."""
+    if ctx._closed:
+        ctx._check_open()  # raises: a cached call must not launch over a closed context's heaps
+    entries = cache._entries
+    try:
+        entry = entries.get(key)
+    except TypeError:  # an unhashable argument (the full checks report it): not kept
+        entry, key = None, None
+    if entry is None:
+        entry = cache.put(key, prepare(on))
+    elif cache.lru:
+        entries.move_to_end(key)
+    try:
+        return entry(*args)
+    except BaseException as exc:
+        fail(ctx, label, exc)
+        raise

@@ -1,0 +1,221 @@
+"""The one call path (iris_fw/callpath.py): a host failure on one rank inside any op or collective
+— an exception while planning, after the ranks agreed, or a bad argument on one rank at a
+repeated call — makes every peer fail at once (within 2 s beyond the call's own work, not after
+its wait bound) with an iris-fw error naming the failed rank; ``out=`` of the functional ops; the
+call cache."""
+
+import time
+
+import pytest
+import torch
+
+import iris_fw
+from iris_fw import callpath, ccl, ops
+from iris_fw import flash_decode as fd_module
+
+#: Seconds a peer may take to fail after the failed rank raised (the issue's bound).
+PEER_FAILS_WITHIN_S = 2.0
+#: The calls, each ``(name, make(ctx) -> (call(bad) -> result, reference(result)))``.
+CALLS = ("ccl.all_reduce", "ops.gemm_all_scatter", "ops.gemm_all_reduce", "ops.flash_decode")
+
+
+def _make(ctx, name):
+    """``(call, inject)``: ``call(bad)`` makes the call (``bad``: with a bad argument on this
+    rank); ``inject(monkeypatch)`` makes the next planning of the call raise on this rank."""
+    dev, w = ctx.device, ctx.world_size
+    gen = torch.Generator().manual_seed(1234 + ctx.rank)
+    if name == "ccl.all_reduce":
+        x = ctx.zeros(96, dtype=torch.float32)
+
+        def call(bad):
+            x.copy_(torch.randn(96, generator=gen))
+            ccl.all_reduce(x, op="bogus" if bad else "sum")
+            return x
+
+        def inject(mp):
+            mp.setattr(iris_fw.ccl.algorithm, "choose", _boom)
+        return call, inject
+    if name == "ops.flash_decode":
+        q = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(7)).to(dev)  # the same on every rank
+        k, v = torch.randn(1, 8 + ctx.rank, 2, 16, generator=gen).to(dev), torch.randn(1, 8 + ctx.rank, 2, 16).to(dev)
+
+        def call(bad):
+            out = torch.empty(1, 4, 16 + bad, device=dev)
+            return ops.flash_decode(q, k, v, out=out)
+
+        def inject(mp):
+            mp.setattr(fd_module, "FlashDecode", _boom)
+        return call, inject
+    pattern = name.split(".")[1]
+    a = torch.randn(16, 8, generator=gen).to(dev, torch.bfloat16)
+    b = torch.randn(8, 8, generator=gen).to(dev, torch.bfloat16)
+    kw = {"scheduler": "fused_sequential"} if pattern == "gemm_all_scatter" else {}
+    n_out = 8 * w if pattern == "gemm_all_scatter" else 8
+
+    def call(bad):
+        out = torch.empty(16, n_out + bad, device=dev, dtype=torch.bfloat16)
+        return getattr(ops, pattern)(a, b, out=out, **kw)
+
+    def inject(mp):
+        # the last step of planning, after every buffer was allocated (the heap stays symmetric)
+        mp.setattr(iris_fw.engine.op.Op, "_track_counters", _boom)
+    return call, inject
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("injected host failure")
+
+
+def _peer_fails(ctx, name, where):
+    """Rank W-1 fails on its host inside ``name`` (``where``: ``"plan"`` while planning its first
+    call, ``"argument"`` at a repeated call); every other rank raises an iris-fw error naming it
+    within :data:`PEER_FAILS_WITHIN_S` of the failure (both clocks: this machine's) beyond the
+    time the call's own work takes on that rank (a successful call, timed before: on CPU ranks the
+    interpreter runs the kernels' compute, which an abort does not shorten)."""
+    failing = ctx.world_size - 1
+    call, inject = _make(ctx, name)
+    old, ctx.wait_timeout = ctx.wait_timeout, 60.0  # a peer that waited for its bound would show
+    try:
+        ccl.new_group(ctx=ctx)  # the world group exists: the failing call's peers wait on the device
+        call(False)  # planned and cached on every rank
+        ctx.synchronize()
+        ctx.barrier()
+        start = time.time()
+        call(False)
+        ctx.synchronize()
+        own = time.time() - start
+        if where == "plan":  # every rank forgets the call: the next one plans again
+            paths = callpath.state(ctx)
+            paths.ops.clear()
+            for group in paths.groups_once():
+                group.calls.clear()
+        ctx.barrier()
+        if ctx.rank == failing:
+            with pytest.MonkeyPatch.context() as mp:
+                if where == "plan":
+                    inject(mp)
+                with pytest.raises(Exception) as info:
+                    call(where == "argument")
+                    ctx.synchronize()
+            failed_at = time.time()
+            assert not isinstance(info.value, iris_fw.PeerFailure), info.value
+            return failed_at, own, str(info.value)
+        with pytest.raises(iris_fw.IrisError) as info:
+            call(False)
+            ctx.synchronize()
+        raised_at = time.time()
+        text = str(info.value)
+        assert f"rank {failing}" in text, text
+        return raised_at, own, text
+    finally:
+        ctx.wait_timeout = old
+        callpath.state(ctx).ops.clear()
+        try:
+            ctx.barrier()  # re-arms the job
+        except iris_fw.IrisError:
+            ctx.barrier()
+
+
+@pytest.mark.parametrize("where", ["plan", "argument"])
+@pytest.mark.parametrize("name", CALLS)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_host_failure_on_one_rank_fails_every_peer_at_once(iris_pool, world_size, name, where):
+    results = iris_pool(world_size).run(_peer_fails, name, where)
+    failed_at, _, why = results[-1]
+    for rank, (raised_at, own, text) in enumerate(results[:-1]):
+        assert raised_at - failed_at < PEER_FAILS_WITHIN_S + own, (rank, raised_at - failed_at, own, text, why)
+
+
+def _out(ctx):
+    """``out=``: the result written into ``out`` (returned), the same values as without it; a new
+    tensor otherwise, never the op's workspace; flash_decode's ``out`` likewise."""
+    w = ctx.world_size
+    gen = torch.Generator().manual_seed(99 + ctx.rank)
+    a = torch.randn(16, 8, generator=gen).to(ctx.device, torch.bfloat16)
+    b = torch.randn(8, 8, generator=gen).to(ctx.device, torch.bfloat16)
+    plain = ops.gemm_all_reduce(a, b)
+    out = torch.full((16, 8), float("nan"), device=ctx.device, dtype=torch.bfloat16)
+    got = ops.gemm_all_reduce(a, b, out=out)
+    again = ops.gemm_all_reduce(a, b)
+    ctx.synchronize()
+    assert got is out and torch.equal(out, plain) and torch.equal(again, plain)
+    assert plain.data_ptr() != again.data_ptr() and not ctx.is_symmetric(plain)
+    parts = [torch.zeros(16, 8, dtype=torch.float64) for _ in range(w)]
+    mine = (a.double() @ b.double()).cpu()
+    for r in range(w):
+        parts[r] = ctx.broadcast(mine.clone(), src=r)
+    torch.testing.assert_close(out.double().cpu(), sum(parts), atol=0.1, rtol=0.02)
+    entries = callpath.state(ctx).ops.values()
+    assert [type(e).__name__ for e in entries] == ["method"], entries
+    assert entries[0].__self__.result_in_workspace  # so the functional call copied it out
+    ctx.barrier()
+
+
+def test_out_of_functional_ops(iris_pool):
+    iris_pool(2).run(_out)
+
+
+def test_call_cache_is_bounded_and_keeps_the_most_recent():
+    cache = callpath.CallCache(2)
+    for k in "abc":
+        cache.put(k, k.upper())
+    assert list(cache) == ["b", "c"] and cache.get("b") == "B" and list(cache) == ["c", "b"]
+    assert cache.get(None) is None and cache.get([1]) is None and cache.put([1], 5) == 5 and len(cache) == 2
+    with pytest.raises(ValueError, match="capacity"):
+        callpath.CallCache(0)
+
+
+def _graph_out(ctx):
+    """``ops.gemm_all_reduce(..., out=out)`` and ``ops.flash_decode(..., out=o)`` captured in one
+    CUDA graph, replayed with fresh inputs written into the captured tensors: each replay's
+    results match a reference computed from that replay's inputs."""
+    from helpers import capture_graph, fresh_seed
+
+    dev = ctx.device
+    a = torch.empty(32, 64, device=dev, dtype=torch.bfloat16)
+    b = torch.empty(64, 48, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(32, 48, device=dev, dtype=torch.bfloat16)
+    q = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.empty(2, 40 + 8 * ctx.rank, 2, 64, device=dev, dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    o = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
+
+    def fill(seed):
+        gen = torch.Generator().manual_seed(seed + ctx.rank)
+        for t in (a, b, k, v):
+            t.copy_(torch.randn(t.shape, generator=gen))
+        q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)))  # the same on every rank
+
+    fill(fresh_seed(ctx))
+
+    def step():
+        ops.gemm_all_reduce(a, b, out=out)
+        ops.flash_decode(q, k, v, out=o)
+
+    graph = capture_graph(ctx, step)
+    for _ in range(3):
+        fill(fresh_seed(ctx))
+        out.fill_(float("nan"))
+        o.fill_(float("nan"))
+        ctx.barrier()
+        graph.replay()
+        ctx.synchronize()
+        mine = (a.double() @ b.double()).cpu()
+        want = sum(ctx.broadcast(mine.clone(), src=r) for r in range(ctx.world_size))
+        torch.testing.assert_close(out.double().cpu(), want, atol=0.25, rtol=0.02)
+        ks = [ctx.broadcast(k.cpu().clone() if r == ctx.rank else torch.empty(2, 40 + 8 * r, 2, 64,
+                                                                               dtype=torch.bfloat16), src=r)
+              for r in range(ctx.world_size)]
+        vs = [ctx.broadcast(v.cpu().clone() if r == ctx.rank else torch.empty(2, 40 + 8 * r, 2, 64,
+                                                                               dtype=torch.bfloat16), src=r)
+              for r in range(ctx.world_size)]
+        ref = fd_module.flash_decode_reference(q.cpu(), ks, vs)
+        torch.testing.assert_close(o.double().cpu(), ref, atol=0.03, rtol=0.03)
+    del graph
+    ctx.barrier()
+
+
+def test_out_in_a_cuda_graph_replays_fresh_inputs(iris_pool, on_gpu):
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(2).run(_graph_out)

@@ -4,7 +4,6 @@ host-side collectives around them. Created by :func:`init`."""
 from __future__ import annotations
 
 import atexit
-import inspect
 import logging
 import math
 import operator
@@ -187,8 +186,8 @@ def init(
     transport_name, transport_why = transport_choice(regs.transport, transport)
     transport_cls = regs.transport.require_available(transport_name)
     boot_cls, boot_why = _bootstrap.choice(regs.bootstrap, bootstrap)
-    accepts = "arrival_timeout" in inspect.signature(boot_cls).parameters
-    boot = boot_cls(arrival_timeout=_watchdog.arrival_timeout(liveness)) if accepts else boot_cls()
+    # the Bootstrap contract's constructor (iris_fw.bootstrap_base.Bootstrap)
+    boot = boot_cls(arrival_timeout=_watchdog.arrival_timeout(liveness))
     log.info("rank %d of %d: bootstrap %s (%s); transport %s (%s)", boot.rank, boot.world_size, boot_cls.name,
              boot_why, transport_name, transport_why)
     try:

@@ -84,7 +84,7 @@ from . import moe
 from . import tilecomm as tc
 from . import tuning
 from . import gemm_tiles as tiles
-from .engine.launcher import KernelLauncher
+from .kernel_launcher import KernelLauncher
 from .errors import ArgumentError, ArgumentTypeError
 
 #: Channels per fp8 scale group (the dispatch's; ``block_k`` divides it).

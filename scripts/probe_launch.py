@@ -212,7 +212,7 @@ def main():
         print("probe_launch: TRITON_INTERPRET is set; unset it", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from iris_fw.engine import launcher as lmod
+    from iris_fw import kernel_launcher as lmod
     from iris_fw.kernel_launcher import KernelLauncher
 
     rep = Report()

@@ -19,7 +19,7 @@ import time
 import iris_fw  # noqa: F401  (first)
 import torch
 from iris_fw import ops
-from iris_fw.engine import launcher as _launcher
+from iris_fw import kernel_launcher as _launcher
 
 CALLS = 500
 ROUNDS = 5

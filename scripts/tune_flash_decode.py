@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -31,6 +30,7 @@ import torch
 from iris_fw import devinfo
 from iris_fw import flash_decode as fd
 from iris_fw.bench.flash_decode import BATCHES, HEAD_DIM, KV_HEADS, Q_HEADS, TOKENS
+from tune_gemm import interleaved  # (this folder: the script's own directory leads sys.path)
 
 ROTATE_BYTES = 256 << 20
 #: Candidate (items_per_program, block_n, num_warps) rows (num_stages 3, one program per SM:
@@ -63,32 +63,6 @@ def graph_of(fn, calls, dev):
         for i in range(calls):
             fn(i)
     return graph.replay
-
-
-def interleaved(replays, rounds, calls, dev):
-    names = list(replays)
-    for name in names:
-        replays[name]()
-    times = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        if dev.type == "cuda":
-            marks = []
-            for name in order:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                replays[name]()
-                b.record()
-                marks.append((name, a, b))
-            torch.cuda.synchronize()
-            for name, a, b in marks:
-                times[name].append(a.elapsed_time(b) * 1000.0 / calls)
-        else:
-            for name in order:
-                t0 = time.perf_counter()
-                replays[name]()
-                times[name].append((time.perf_counter() - t0) * 1e6 / calls)
-    return {n: statistics.median(v) for n, v in times.items()}
 
 
 def label(t: fd.Tuning) -> str:

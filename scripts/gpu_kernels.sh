@@ -62,11 +62,9 @@ for step in $STEPS; do
             tests/test_flash_decode.py::test_tuning_by_units > "$OUT/tests.log" 2>&1
         r=$?; rc=$(( rc | r )); { echo "rc $r: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
         # two ranks sharing the GPU run at the same time only under MPS
-        if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
-            export IRIS_FW_SHARE_GPUS=1
-            . scripts/mps.sh
-            mps_start > "$OUT/mps-start.txt" 2>&1
-        fi
+        [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export IRIS_FW_SHARE_GPUS=1
+        . scripts/mps.sh
+        if mps_needed; then mps_start > "$OUT/mps-start.txt" 2>&1; fi
         timeout $(limit ${TRACE_TESTS_TIMEOUT:-90}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 \
             tests/test_trace.py -k "test_op_events and not every or traced_graph_replay" > "$OUT/tests_trace.log" 2>&1
         r=$?; rc=$(( rc | r )); { echo "trace tests rc $r: $(tail -1 "$OUT/tests_trace.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_trace.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"

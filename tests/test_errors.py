@@ -64,7 +64,7 @@ def test_device_barrier_timeout_names_the_missing_rank(iris_pool):
 def test_wait_message_names_the_element_of_a_slot_array():
     """A timed-out wait on ``slots[k]`` of an int64 slot array (one slot per rank, as tilecomm's
     arrivals) says which element: the rank whose arrival was missing."""
-    from iris_fw.context import _element
+    from iris_fw.diagnostics import _element
     from iris_fw.heap import Block
 
     block = Block(offset=4096, size=256, seq=0, site="x.py:1", what="int64[4]")

@@ -819,9 +819,12 @@ def _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, 
 
 def _abort_peers(ctx, what: str, exc: BaseException) -> None:
     """A local check failed on a call the peers may already run (the cache-hit path, no
-    exchange): abort their device waits at once (they raise :class:`~iris_fw.PeerFailure` naming
-    this rank at their next synchronization) before this rank raises ``exc``."""
-    ctx.abort(f"iris_fw.{what} on rank {ctx.rank}: {type(exc).__name__}: {exc}")
+    exchange): the call path's host failure (:func:`iris_fw.callpath.fail`) — their device waits
+    abort at once and its call board names this rank to a peer in a host exchange — before this
+    rank raises ``exc``."""
+    from . import callpath
+
+    callpath.fail(ctx, f"iris_fw.{what}", exc)
 
 
 def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,

@@ -30,7 +30,7 @@ import torch
 from iris_fw import devinfo
 from iris_fw import flash_decode as fd
 from iris_fw.bench.flash_decode import BATCHES, HEAD_DIM, KV_HEADS, Q_HEADS, TOKENS
-from tune_gemm import interleaved  # (this folder: the script's own directory leads sys.path)
+from tune_gemm import graph_of, interleaved  # (this folder: the script's own directory leads sys.path)
 
 ROTATE_BYTES = 256 << 20
 #: Candidate (items_per_program, block_n, num_warps) rows (num_stages 3, one program per SM:
@@ -48,21 +48,6 @@ def parse(argv):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
-
-
-def graph_of(fn, calls, dev):
-    if dev.type != "cuda":
-        return lambda: [fn(i) for i in range(calls)]
-    s = torch.cuda.Stream(device=dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        fn(0)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        for i in range(calls):
-            fn(i)
-    return graph.replay
 
 
 def label(t: fd.Tuning) -> str:

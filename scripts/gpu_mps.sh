@@ -17,8 +17,7 @@
 #   protocols  iris-fw bench protocols at W = 2 (round trip, all-reduce per algorithm, tile
 #              all-reduce, all_reduce_rmsnorm; eager and graphs).
 #   bench:NAME[@N],ARGS...  iris-fw bench NAME -n N (default NPROCS, else 2) ARGS.
-#   tests:FILES,...     pytest FILES (comma separated) with the partitions' settings, -n XDIST;
-#                       tests:@LIST reads the test ids from the file LIST (one per line).
+#   tests:FILES,...     pytest FILES (comma separated) with the partitions' settings, -n XDIST.
 #   launch:N,SCRIPT,ARGS...  `iris-fw launch -n N SCRIPT ARGS` (e.g. scripts/diag_llama.py).
 #   py:SCRIPT,ARGS...   `python3 SCRIPT ARGS` (e.g. scripts/diag_mps_numerics.py).
 #   STEPS="info suite" bash scripts/gpu_mps.sh
@@ -149,7 +148,6 @@ for step in $STEPS; do
         echo "rc $?"; grep -v "^\[rank [0-9]*\] *$" "$log" | tail -${LAUNCH_TAIL:-12} | cut -c1-400 ;;
     tests)
         need_mps
-        if [ "${parts[0]:0:1}" = "@" ]; then mapfile -t parts < "${parts[0]:1}"; fi
         [ -n "${SUITE_MPS_PERCENT:-}" ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$SUITE_MPS_PERCENT
         IRIS_FW_FAILURE_LOG="$OUT/failures-tests.log" timeout ${TESTS_TIMEOUT:-540} $PYTEST -v -n ${XDIST:-2} "${parts[@]}" \
             > "$OUT/tests.log" 2>&1

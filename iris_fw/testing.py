@@ -60,10 +60,12 @@ def _exit_with_parent(period_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="iris_fw-parent-watch", daemon=True).start()
 
 
-def _close_others(ctx, open_contexts) -> None:
+def _close_others(ctx) -> None:
     """Close the contexts a function left open (Iris-style programs never close theirs), on every
     rank alike whether the function passed or failed there, so none serves a later function; a
     close that fails does not hide the function's own result."""
+    from iris_fw.context import open_contexts
+
     for other in open_contexts():
         if other is not ctx:
             try:
@@ -76,7 +78,6 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
     _exit_with_parent()
     os.environ.update(env)
     import iris_fw
-    from iris_fw.context import open_contexts
 
     try:
         ctx = iris_fw.init(heap_size=heap_size, wait_timeout=wait_timeout)
@@ -104,7 +105,7 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
             ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
             for ext in list(ctx.extensions.values()):  # cached ops and ccl groups hold heap buffers
                 ext.clear()
-            _close_others(ctx, open_contexts)
+            _close_others(ctx)
             del fn, args, kwargs
             gc.collect()
             if ctx.heap.bytes_used > used:  # fewer is fine: a re-armed job drops what it cached before
@@ -122,7 +123,7 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
                 pass
             for ext in list(ctx.extensions.values()):  # nothing a failed function cached serves the next one
                 ext.clear()
-            _close_others(ctx, open_contexts)  # as the ranks that succeeded do: their closes meet ours
+            _close_others(ctx)  # as the ranks that succeeded do: their closes meet ours
             conn.send(("error", text))
     ctx.close()
 

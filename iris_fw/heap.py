@@ -31,12 +31,16 @@ from .errors import HeapOutOfMemory
 ALIGN = 256
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: The heap's and the context's tensor factories: an allocation site names the frame above them.
+_ALLOCATORS = frozenset({"tensor", "alloc", "_new", "empty", "zeros", "ones", "full", "arange", "rand", "randn",
+                         "empty_like", "zeros_like", "ones_like", "full_like", "as_symmetric"})
 
 
 @dataclass(frozen=True)
 class Block:
     """A live allocation: byte ``offset`` and ``size`` in the heap, ``seq`` (the allocation's
-    index on this rank), and ``site`` ("file:line" of the user code that asked for it)."""
+    index on this rank), and ``site`` ("file:line" of the user code that asked for it, after the
+    iris_fw function that allocated when it was iris_fw's own)."""
 
     offset: int
     size: int
@@ -46,13 +50,19 @@ class Block:
 
 
 def _caller_site() -> str:
-    """``file:line`` of the first frame outside the iris_fw package."""
-    frame = sys._getframe(1)
+    """``file:line`` of the first frame outside the iris_fw package, preceded by the iris_fw
+    function that allocated (``iris_fw/engine/scheduler.py:94 (workspace) for host.py:88``) when
+    the allocation was iris_fw's own: a flag named in a timeout then says which op it belongs to."""
+    frame, inner = sys._getframe(1), None
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        if inner is None and frame.f_code.co_name not in _ALLOCATORS:
+            inner = frame
         frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    outer = "<unknown>" if frame is None else f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    if inner is None:
+        return outer
+    rel = os.path.relpath(inner.f_code.co_filename, os.path.dirname(_PACKAGE_DIR))
+    return f"{rel}:{inner.f_lineno} ({inner.f_code.co_name}) for {outer}"
 
 
 def span_bytes(t: torch.Tensor) -> int:

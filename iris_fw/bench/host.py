@@ -134,6 +134,7 @@ class HostBench:
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 fn = cases[name]
+                opts.log(f"  round {r + 1}/{rounds}: {name}")  # a hang names its case
                 ctx.barrier()
                 t0 = time.perf_counter()
                 for _ in range(calls):

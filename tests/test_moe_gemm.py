@@ -93,7 +93,7 @@ def check_out(ctx, got, d, h, w2, xs, idxs, ws, case):
     bad = ~(err <= tol)
     assert not bool(bad.any()), (f"moe_gemm_combine: {int(bad.sum())} of {bad.numel()} wrong, max error "
                                  f"{float(err.nan_to_num(float('inf')).max()):.3g}")
-    return want
+    return want, bound
 
 
 def _run_case(ctx, case, calls=1):
@@ -118,11 +118,13 @@ def _run_case(ctx, case, calls=1):
         got = moe_gemm_combine(h, w2[r].to(dev), d.handle, out=out)
         assert got is out
         ctx.synchronize()
-        check_out(ctx, got, d, h, w2, xs, idxs, ws, case)
+        _, bound = check_out(ctx, got, d, h, w2, xs, idxs, ws, case)
         if capacity is None and case.get("dtype") is None:  # end to end: float64 all the way
+            # h went through the x dtype (y and silu rounded): its few units in the last place,
+            # times sum |w| |h| |w2| (the bound of the combine check), not |want|, which cancels
             want = moe_gemm_reference(xs, idxs, ws, w1, w2, case["experts"], act=_silu)[r]
             err = (got.cpu().double() - want).abs()
-            assert bool((err <= 2 ** -5 * want.abs().clamp_min(1) + 1e-3).all()), float(err.max())
+            assert bool((err <= 2 ** -5 * bound + 1e-3).all()), float(err.max())
     return case["name"]
 
 

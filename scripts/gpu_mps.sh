@@ -103,7 +103,7 @@ for step in $STEPS; do
         cat "$OUT"/failures-*.log 2>/dev/null | grep "^=====" | cut -c1-200 | head -60 ;;
     faults)
         need_mps
-        IRIS_FW_FAULT_REPORT="$OUT/faults.tsv" timeout ${FAULTS_TIMEOUT:-540} $PYTEST -q -n ${XDIST_FAULTS:-4} -m extended \
+        IRIS_FW_FAULT_REPORT="$OUT/faults.tsv" IRIS_FW_FAILURE_LOG="$OUT/failures-faults.log" timeout ${FAULTS_TIMEOUT:-540} $PYTEST -q -n ${XDIST_FAULTS:-4} -m extended \
             tests/test_faults.py -k "${FAULTS_K:-matrix and (ccl or setup)}" > "$OUT/faults.log" 2>&1
         tail -1 "$OUT/faults.log"; grep -E "^FAILED" "$OUT/faults.log" | cut -c1-250 | head -20
         [ -f "$OUT/faults.tsv" ] && sort -t$'\t' -k5 -n -r "$OUT/faults.tsv" | head -5 | cut -c1-200 ;;

@@ -1,7 +1,7 @@
 """Where a tensor-parallel Llama step goes wrong: every collective and op call of
 ``iris_fw.models.llama.LlamaTP`` checked against a float64 reference built from every rank's
 inputs (gathered on the host), through a prefill and teacher-forced decode steps; then the
-step logits against transformers. Prints one line per call whose error exceeds the dtype's
+step logits against transformers; every local ``F.linear`` (cuBLAS) too. Prints one line per call whose error exceeds the dtype's
 tolerance (and a summary per op).
 
     iris-fw launch -n 3 scripts/diag_llama.py [--dtype bf16|fp32] [--steps 8] [--reduce all_reduce_rmsnorm|gemm_all_reduce]
@@ -81,6 +81,25 @@ class Checked:
         return out
 
 
+class CheckedF:
+    """``torch.nn.functional`` for ``LlamaTP`` with every ``linear`` (a cuBLAS GEMM of this rank's
+    shard) compared with float64 on the host: on one H100 under MPS, torch's 16-bit GEMMs were
+    wrong at many SM shares (scripts/diag_cublas_share.py)."""
+
+    def __init__(self, chk):
+        self.chk = chk
+
+    def __getattr__(self, name):
+        return getattr(F, name)
+
+    def linear(self, x, w, bias=None):
+        out = F.linear(x, w, bias)
+        want = x.detach().cpu().double() @ w.detach().cpu().double().T
+        scale = (x.detach().cpu().double().abs() @ w.detach().cpu().double().abs().T).max().item()
+        self.chk._note(f"F.linear {list(x.shape[-1:])}x{list(w.shape)}", out, want, scale)
+        return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -113,6 +132,7 @@ def main():
         tp = L.LlamaTP(model, batch=2, max_len=n + args.steps, reduce=args.reduce)
         chk = Checked(ctx, dtype)
         L._Direct = chk  # the prefill's calls (it names the plain ops itself) checked too
+        L.F = CheckedF(chk)  # and every local GEMM (F.linear)
         logits = [tp.prefill(ids)]
         for i in range(1, args.steps):
             pos = torch.full((2,), n + i - 1, dtype=torch.int64, device=ctx.device)

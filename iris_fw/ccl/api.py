@@ -218,6 +218,8 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
         fields, call, extra = check()
         if not isinstance(algorithm, str):
             raise ArgumentTypeError(f"algorithm must be a name or 'auto', got {algorithm!r}")
+        if algorithm != "auto":  # an unknown name is bad input, raised on every rank before the call
+            g.ctx.registries.algorithm.require_available(f"{call.collective}.{algorithm}")
         fields["algorithm"] = algorithm
         return fields, (fields, call), extra
 

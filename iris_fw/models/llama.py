@@ -295,7 +295,10 @@ class LlamaTP:
             full = part
         else:
             full = fns.all_gather(part, self.world)                           # [W * T, NL]
+            # contiguous: a padded gather leaves rows of W * NL > (Hq + 2 Hkv) D elements, and torch's
+            # GPU attention given v with that row stride (450 bf16 elements at W = 3) was wrong
             full = full.view(self.world, t, self.qkv_per_rank).transpose(0, 1).reshape(t, -1)[:, :self.qkv_cols]
+            full = full.contiguous()
         q, k, v = full.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
         return q.reshape(t, self.n_heads, d), k.reshape(t, self.n_kv, d), v.reshape(t, self.n_kv, d)
 

@@ -27,7 +27,7 @@ import pytest
 
 from . import env
 from .info import find_mpirun  # noqa: F401  (tests find mpirun here)
-from .launch import Rendezvous, cleanup_shm, gpu_count, new_shm_prefix, rank_environ, share_gpus
+from .launch import Rendezvous, cleanup_shm, free_port, gpu_count, new_shm_prefix, rank_environ, share_gpus
 
 #: Seconds one function may take on a pool before the pool is killed.
 DEFAULT_JOB_TIMEOUT_S = env.get("IRIS_FW_TEST_TIMEOUT")
@@ -40,6 +40,12 @@ POOL_WAIT_TIMEOUT_S = 120.0
 _POISONED = "AcceleratorError"
 #: After one rank fails, seconds the others get to report before the pool is killed.
 _FAILURE_GRACE_S = 10.0
+
+
+def torchrun(n: int) -> list[str]:
+    """The command prefix of a torchrun job of ``n`` ranks on a free port of its own (jobs of
+    parallel test workers would all take torchrun's default 29500: EADDRINUSE)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port", str(free_port())]
 
 
 class RankFailure(AssertionError):

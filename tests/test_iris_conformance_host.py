@@ -396,7 +396,7 @@ def _launchers(n):
     """(name, command prefix) for every launcher here, for ``n`` ranks."""
     import iris_fw.testing
 
-    out = [("torchrun", [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)])]
+    out = [("torchrun", iris_fw.testing.torchrun(n))]
     mpirun = iris_fw.testing.find_mpirun()
     if mpirun:
         out.append(("mpirun", [mpirun, "-n", str(n), sys.executable]))

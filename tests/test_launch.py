@@ -53,7 +53,7 @@ def test_demo_under_iris_fw_launch():
 @pytest.mark.slow
 def test_demo_under_torchrun():
     n = _ranks(2)
-    res = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), DEMO])
+    res = _run([*iris_fw.testing.torchrun(n), DEMO])
     _check_demo(res, "torch", n)
 
 
@@ -80,6 +80,6 @@ def test_killed_rank_leaves_no_segments(how):
 def test_killed_rank_under_torchrun_leaves_no_segments():
     n = _two_ranks()
     before = _shm()
-    res = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), KILL])
+    res = _run([*iris_fw.testing.torchrun(n), KILL])
     assert res.returncode != 0 and "rank 1: killing myself" in res.stdout, res.stdout + res.stderr
     assert _shm() <= before, f"left behind: {_shm() - before}"

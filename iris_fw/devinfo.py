@@ -128,12 +128,21 @@ def mps_status() -> tuple[bool, str]:
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
+#: MPS shares (percent) at which torch's 16-bit GEMMs (cuBLAS) were right on every shape tried,
+#: largest first. At the others they were wrong — 75, 45, 40, 36-30, 20 and 15 % on one H100
+#: (torch 2.11 + CUDA 13, 2026-11-25; scripts/diag_cublas_share.py, docs/troubleshooting.md) —
+#: so a job's default share is the largest of these within an equal split.
+MPS_SHARES_RIGHT = (100, 50, 25, 10, 5)
+
+
 def mps_share(ranks_on_gpu: int) -> str:
-    """The :data:`MPS_PERCENT_VAR` value that gives each of ``ranks_on_gpu`` ranks sharing a GPU
-    an equal share of its SMs. Uncapped, one rank's kernel whose programs wait for another rank's
-    can take every SM and starve the rank it waits for: seen on one H100 under MPS, the ring
-    demo's 4096 programs timed out on rank 0 while rank 1's kernel never started."""
-    return str(max(1, 100 // max(1, ranks_on_gpu)))
+    """The :data:`MPS_PERCENT_VAR` value for each of ``ranks_on_gpu`` ranks sharing a GPU: the
+    largest of :data:`MPS_SHARES_RIGHT` within an equal split (an equal split below the smallest
+    of them). Uncapped, one rank's kernel whose programs wait for another rank's can take every
+    SM and starve the rank it waits for: seen on one H100 under MPS, the ring demo's 4096
+    programs timed out on rank 0 while rank 1's kernel never started."""
+    equal = max(1, 100 // max(1, ranks_on_gpu))
+    return str(next((share for share in MPS_SHARES_RIGHT if share <= equal), equal))
 
 
 def warn_time_sliced(rank: int, ranks_on_gpu: int, device: torch.device) -> str | None:

@@ -91,7 +91,7 @@ def rank_environ(rank: int, world_size: int, port: int, shm_prefix: str, base: d
     )
     _choose_interpreter(env)
     gpus = gpu_count()
-    if gpus and share_gpus() and world_size > gpus:  # ranks share GPUs: each an equal share of the SMs (MPS)
+    if gpus and share_gpus() and world_size > gpus:  # ranks share GPUs: each a share of the SMs (MPS; devinfo.mps_share)
         from .devinfo import MPS_PERCENT_VAR, mps_share
 
         env.setdefault(MPS_PERCENT_VAR, os.environ.get(MPS_PERCENT_VAR) or mps_share(-(-world_size // gpus)))

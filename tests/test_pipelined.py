@@ -14,6 +14,7 @@ import pytest
 
 import iris_fw
 import iris_fw.testing
+from helpers import world_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "diag_pipelined.py")
@@ -40,20 +41,18 @@ def _run(n, only):
     return {case for case, _ in ran}
 
 
-def _worlds(default):
-    """On CPU ranks the worlds in ``default`` run by default, the others under ``-m extended``
-    (CI's two cores); on GPUs all of them."""
-    return [w if w in default or not iris_fw.interpreting() else pytest.param(w, marks=pytest.mark.extended)
-            for w in (2, 3)]
+def _worlds(*default):
+    """World sizes 2 and 3 (:func:`helpers.world_params`: on CPU ranks ``default`` by default)."""
+    return world_params(*default)[1:3]
 
 
-@pytest.mark.parametrize("n", _worlds((3,)))
+@pytest.mark.parametrize("n", _worlds(3))
 def test_back_to_back_collectives(n):
     cases = _run(n, "ccl.")
     assert any("all_reduce heap" in c for c in cases) and "ccl.reduce_scatter_tensor" in cases, cases
 
 
-@pytest.mark.parametrize("n", _worlds(()))
+@pytest.mark.parametrize("n", _worlds())
 def test_back_to_back_ops(n):
     cases = _run(n, "ops.")
     assert {f"ops.{op} auto" for op in ("gemm_all_reduce", "gemm_reduce_scatter", "gemm_all_scatter",

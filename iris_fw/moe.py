@@ -60,9 +60,12 @@ exchange, :meth:`iris_fw.ccl.Group.exchange`, bounded by the context's ``wait_ti
 mismatch, or a rank's bad argument — a routing index outside ``[-1, E)`` included (checked on
 the host on this first call) — raises on every rank. It then allocates the plan's symmetric
 buffers (one barrier); later calls are a dictionary look-up, the local checks that depend on
-``T`` (:func:`check_tokens`; the combine's ``out`` rows) and one or two launches: a local check
-failing there raises on its rank and aborts the peers' waits at once (they raise
-:class:`~iris_fw.PeerFailure`). On later calls the kernel counts invalid routing indices
+``T`` (:func:`check_tokens`; the combine's ``out`` rows) and one or two launches. Every call goes
+through the library's one call path (:func:`iris_fw.callpath.call` /
+:func:`~iris_fw.callpath.plan_call`): a host failure on a rank after the ranks agreed — planning
+(allocating, launchers), a local check failing on a later call, a launch — raises on that rank
+and aborts the peers' waits at once (they raise :class:`~iris_fw.PeerFailure` naming it;
+``ctx.barrier()`` re-arms the job). On later calls the kernel counts invalid routing indices
 (``handle.stats()["bad_indices"]``, rows skipped); in a debug context (``ctx.debug``:
 ``iris_fw.init(debug=True)`` or ``IRIS_FW_DEBUG=1``) that count is checked after every call on
 every rank (except while a CUDA graph is captured). The returned tensors are the
@@ -83,6 +86,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import callpath
 from . import context as _context
 from . import device as dv
 from . import devinfo
@@ -659,14 +663,13 @@ class MoePlan:
         self.epochs = {name: torch.zeros(n, dtype=i64, device=dev) for name, n in
                        (("dispatch", self.nprog), ("scatter", self.nprog_scatter), ("combine", self.nprog_combine))}
         self.states = {name: torch.zeros(1, dtype=i64, device=dev) for name in ("dispatch", "scatter", "combine")}
-        # combine validations seen (expert_out signatures)
-        self.combine_keys: set = set()
-        # the fused expert GEMMs' state on this plan (iris_fw.moe_gemm): the dispatch GEMMs by (N, weight
-        # dtype, device, schedule) and the validated keys; the GEMM -> combine buffers and validated keys
-        self.gemm_states: dict = {}
-        self.gemm_keys: set = set()
+        # the combine's prepared calls by expert_out's shape class (validated across ranks when made)
+        self.combines = callpath.CallCache(callpath.MAX_CACHED_CALLS)
+        # the fused expert GEMMs' calls on this plan (iris_fw.moe_gemm): the dispatch GEMMs by (N, weight
+        # dtype, device, schedule); the GEMM -> combine buffers (made once) and its calls by (I, dtypes)
+        self.gemm_calls = callpath.CallCache(callpath.MAX_CACHED_CALLS)
         self.gemm_combine = None
-        self.gemm_combine_keys: set = set()
+        self.gemm_combines = callpath.CallCache(callpath.MAX_CACHED_CALLS)
         quant = dict(QUANT=c.quant, GROUP=FP8_GROUP)
         block = min(ROW_BLOCK, triton.next_power_of_2(H))
         nl = max(2, triton.next_power_of_2(L))
@@ -695,6 +698,16 @@ class MoePlan:
                 H=H, K=K, KP=kp, L=L, TMAX=T, WP=max(2, triton.next_power_of_2(W)), BH=block), **opts)
 
     # ---- dispatch -------------------------------------------------------------------------------
+    def __call__(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 stream=None) -> Dispatched:
+        """One dispatch call on the plan (the entry :func:`moe_dispatch` caches,
+        :func:`iris_fw.callpath.call`): this call's token-count checks (:func:`check_tokens`: ``T``
+        differs per rank and per call, no exchange covers it), then the launch. Run under the call
+        path, so a host failure in either aborts the peers (they raise
+        :class:`~iris_fw.PeerFailure` naming this rank)."""
+        check_tokens(self.ctx, x, topk_idx, topk_weights, self.call.max_tokens)
+        return self.dispatch(x, topk_idx, topk_weights, stream)
+
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  stream=None) -> Dispatched:
         """Launch the dispatch on ``stream`` (a ``torch.cuda.Stream``; None: the current one)."""
@@ -729,40 +742,44 @@ class MoePlan:
             error = None if not bad else ArgumentError(
                 f"moe_dispatch: topk_idx held {bad} expert ids outside [-1, {c.num_experts}) (found by the dispatch "
                 f"kernel in a debug context (IRIS_FW_DEBUG=1); those rows were skipped)")
-            self.group.exchange("iris_fw.moe_dispatch routing check", {}, error)
+            try:
+                self.group.exchange("iris_fw.moe_dispatch routing check", {}, error)
+            except Exception as exc:
+                exc._iris_fw_told = True  # raised by every rank alike (the exchange): no abort for it
+                raise
         return Dispatched(self.recv_x, self.recv_counts, handle, self.recv_scales)
 
     # ---- combine --------------------------------------------------------------------------------
-    def check_combine(self, expert_out, handle, out=None) -> None:
-        """Validate ``expert_out``, ``handle`` and ``out``: across ranks on the first call of an
-        ``expert_out`` shape class (a rank's bad argument raises on every rank); on later calls
-        locally (``out``'s rows follow this rank's token count, which differs per rank and per
-        call): a failure aborts the peers' waits at once, then raises."""
-        c, ctx = self.call, self.ctx
+    def combine(self, expert_out: torch.Tensor, handle: MoeHandle, out: torch.Tensor | None = None) -> torch.Tensor:
+        """One combine call through the call path (:func:`iris_fw.callpath.call`): the first call
+        of an ``expert_out`` shape class (or with a handle of an older dispatch) is validated
+        across ranks (a rank's bad argument raises on every rank); later calls check locally
+        (``out``'s rows follow this rank's token count, which differs per rank and per call) and
+        launch — a host failure there, after the ranks agreed, aborts the peers' waits at once
+        (they raise :class:`~iris_fw.PeerFailure` naming this rank), then raises."""
         key = ((tuple(expert_out.shape), expert_out.dtype, expert_out.device)
-               if isinstance(expert_out, torch.Tensor) else None)
-        if key is not None and key in self.combine_keys and handle.generation == self.generation:
-            try:
-                self._check_combine_local(expert_out, handle, out)
-            except Exception as exc:
-                _abort_peers(ctx, "moe_combine", exc)
-                raise
-            return
-        error = None
-        try:
-            if handle.generation != self.generation:
-                raise ArgumentError(f"moe_combine: the handle is from dispatch #{handle.generation} of this plan, "
-                                    f"which was overwritten by dispatch #{self.generation} (a handle is valid until "
-                                    f"the next moe_dispatch with the same shapes)")
-            self._check_combine_local(expert_out, handle, out)
-        except Exception as exc:
-            error = exc
-        self.group.exchange("iris_fw.moe_combine", {}, error)
-        if key is not None:
-            self.combine_keys.add(key)
+               if isinstance(expert_out, torch.Tensor) and handle.generation == self.generation else None)
+        return callpath.call(self.ctx, self.combines, key, lambda _: self._prepare_combine(expert_out, handle, out),
+                             None, "iris_fw.moe_combine", expert_out, handle, out)
 
-    def _check_combine_local(self, expert_out, handle, out) -> None:
+    def _prepare_combine(self, expert_out, handle, out) -> Callable:
+        """The miss path of a combine (:func:`iris_fw.callpath.plan_call`): checked locally, then
+        the world group's exchange; the entry is :meth:`_combine`."""
+        label = "iris_fw.moe_combine"
+
+        def check():
+            self._check_combine(expert_out, handle, out)
+            return {}, None, None
+
+        return callpath.plan_call(self.ctx, label, check, lambda fields, error, _: self.group.exchange(label, fields, error),
+                                  lambda _state, _agreed: self._combine)
+
+    def _check_combine(self, expert_out, handle, out) -> None:
         c, ctx = self.call, self.ctx
+        if handle.generation != self.generation:
+            raise ArgumentError(f"moe_combine: the handle is from dispatch #{handle.generation} of this plan, "
+                                f"which was overwritten by dispatch #{self.generation} (a handle is valid until "
+                                f"the next moe_dispatch with the same shapes)")
         if not isinstance(expert_out, torch.Tensor):
             raise ArgumentTypeError(f"moe_combine: expert_out must be a torch.Tensor, got {type(expert_out).__name__}")
         shape = (c.local_experts, c.capacity, c.hidden)
@@ -781,9 +798,10 @@ class MoePlan:
                 raise ArgumentError(f"moe_combine: out must be a {list(want)} tensor (tokens, hidden) of x's "
                                     f"dtype {c.x_dtype} on {ctx.device} with contiguous rows, got {got}")
 
-    def combine(self, expert_out: torch.Tensor, handle: MoeHandle, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _combine(self, expert_out: torch.Tensor, handle: MoeHandle, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The combine's cached entry: this call's local checks, then the launches."""
         c, ctx = self.call, self.ctx
-        self.check_combine(expert_out, handle, out)
+        self._check_combine(expert_out, handle, out)
         if out is None:
             out = torch.empty(handle.tokens, c.hidden, dtype=c.x_dtype, device=ctx.device)
         if c.mode == "low_latency":
@@ -817,23 +835,37 @@ def _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, 
             capacity, dtype, mode, tile_rows, programs)
 
 
-def _abort_peers(ctx, what: str, exc: BaseException) -> None:
-    """A local check failed on a call the peers may already run (the cache-hit path, no
-    exchange): the call path's host failure (:func:`iris_fw.callpath.fail`) — their device waits
-    abort at once and its call board names this rank to a peer in a host exchange — before this
-    rank raises ``exc``."""
-    from . import callpath
+def _prepare(ctx, g, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode, tile_rows,
+             programs) -> MoePlan:
+    """The miss path of a dispatch (:func:`iris_fw.callpath.plan_call`): the arguments checked
+    locally and agreed across ranks (the world group's exchange: a rank's bad argument raises on
+    every rank), then the plan made — or the group's plan of the same agreed call. A failure
+    while making it (allocating, building the launchers), after every rank agreed, aborts the
+    peers."""
+    label = "iris_fw.moe_dispatch"
 
-    callpath.fail(ctx, f"iris_fw.{what}", exc)
+    def check():
+        call = check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,
+                          tile_rows, programs)
+        return call.fields(ctx.device.type, True), call, None
+
+    def make(call, _agreed) -> MoePlan:
+        made = g.configs.get(("moe", call))
+        if made is None:
+            made = g.configs[("moe", call)] = MoePlan(g, call)
+            ctx.barrier()  # every rank's buffers and slots are zeroed before any peer writes into them
+        return made
+
+    return callpath.plan_call(ctx, label, check, lambda fields, error, _: g.exchange(label, fields, error), make)
 
 
 def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
          max_tokens_per_rank: int, capacity: int | None = None, dtype: torch.dtype | None = None,
          ctx: Any = None, mode: str = "auto", tile_rows: int = 0, programs: int = 0) -> MoePlan:
     """The :class:`MoePlan` :func:`moe_dispatch` runs for such arguments (collective on a cache
-    miss: validated across ranks, then allocated). On a hit only this call's token-count checks
-    run (:func:`check_tokens`): one failing aborts the peers' waits, then raises. ``tile_rows``
-    and ``programs`` (internal, :mod:`iris_fw.moe_gemm`): the fused expert GEMM's tile rows (0:
+    miss: validated across ranks, then allocated; a hit checks nothing — calling the plan,
+    ``plan(x, topk_idx, topk_weights)``, checks the call's token count). ``tile_rows`` and
+    ``programs`` (internal, :mod:`iris_fw.moe_gemm`): the fused expert GEMM's tile rows (0:
     none) and a cap on the dispatch kernels' programs (0: none)."""
     from .ccl import api
 
@@ -842,31 +874,10 @@ def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, nu
     g = api.group_of(ctx, None)
     key = _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode, tile_rows,
                programs)
-    try:
-        found = g.calls.get(key) if key is not None else None
-    except TypeError:  # an unhashable argument: the full checks report it
-        key = found = None
-    if found is not None:
-        try:
-            check_tokens(ctx, x, topk_idx, topk_weights, found.call.max_tokens)
-        except Exception as exc:
-            _abort_peers(ctx, "moe_dispatch", exc)
-            raise
-        return found
-    call, error, fields = None, None, {}
-    try:
-        call = check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,
-                          tile_rows, programs)
-        fields = call.fields(ctx.device.type, True)
-    except Exception as exc:  # every rank must hear of it, or they would wait for this one
-        error = exc
-    g.exchange("iris_fw.moe_dispatch", fields, error)
-    made = g.configs.get(("moe", call))
+    made = g.calls.get(key)
     if made is None:
-        made = g.configs[("moe", call)] = MoePlan(g, call)
-        ctx.barrier()  # every rank's buffers and slots are zeroed before any peer writes into them
-    if key is not None:
-        g.calls[key] = made
+        made = g.calls.put(key, _prepare(ctx, g, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank,
+                                         capacity, dtype, mode, tile_rows, programs))
     return made
 
 
@@ -881,9 +892,16 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Te
     ``max_tokens_per_rank * world_size``; rows past it are dropped and counted); ``dtype``: None or
     ``torch.float8_e4m3fn`` (per-token-per-128-channel scales in ``scales``); ``mode``:
     ``"low_latency"``, ``"throughput"`` or ``"auto"``. See the module docstring."""
-    made = plan(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank=max_tokens_per_rank, capacity=capacity,
-                dtype=dtype, ctx=ctx, mode=mode)
-    return made.dispatch(x, topk_idx, topk_weights)
+    from .ccl import api
+
+    ctx = _context.resolve(ctx)
+    ctx._check_open()
+    g = api.group_of(ctx, None)
+    key = _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode)
+    return callpath.call(ctx, g.calls, key,
+                         lambda _: _prepare(ctx, g, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank,
+                                            capacity, dtype, mode, 0, 0),
+                         None, "iris_fw.moe_dispatch", x, topk_idx, topk_weights)
 
 
 def moe_combine(expert_out: torch.Tensor, handle: MoeHandle, *, out: torch.Tensor | None = None) -> torch.Tensor:

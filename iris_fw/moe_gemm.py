@@ -54,8 +54,10 @@ groups with their scales as it loads them (``block_k`` divides 128) and multipli
 **Calls.** Collective, validated like :mod:`iris_fw.moe`'s calls: the dispatch's shape class
 through its plan (the fused plan is its own: its dispatch signals tiles), the weight's shape,
 dtype and the schedule across ranks on the first call of a class (a mismatch or a rank's bad
-argument raises on every rank); later calls check locally and abort the peers' waits on a
-failure. The returned ``y`` and the dispatch's buffers are overwritten by the plan's next call.
+argument raises on every rank); later calls check locally. Both calls take the library's one call
+path (:mod:`iris_fw.callpath`): a host failure on a rank after the ranks agreed — a local check,
+allocating, a launch — aborts the peers' waits (they raise :class:`~iris_fw.PeerFailure` naming
+it). The returned ``y`` and the dispatch's buffers are overwritten by the plan's next call.
 
 Why not an :mod:`iris_fw.engine` pattern: the engine's communicate-first patterns fetch chunks
 into local staging and release *local* per-chunk flags that a tile waits for; here a tile's rows
@@ -77,6 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import callpath
 from . import context as _context
 from . import device as dv
 from . import devinfo
@@ -288,32 +291,45 @@ def _check_weight(ctx, what: str, weight, shape: tuple, dtype: torch.dtype, name
                             f"{ctx.device}, got {list(weight.shape)} {weight.dtype} on {weight.device}")
 
 
-def _collective_check(plan, keys: set, key, label: str, fields: dict, check: Callable[[], None], what: str) -> None:
-    """``check()`` (local validation): on the first call of ``key`` across the ranks (the
-    group's exchange of ``fields`` and any local error: raises on every rank); on later calls
-    locally, a failure aborting the peers' waits before it raises."""
-    if key in keys:
-        try:
-            check()
-        except Exception as exc:
-            moe._abort_peers(plan.ctx, what, exc)
-            raise
-        return
-    error = None
-    try:
+def _prepare(made: moe.MoePlan, label: str, fields: dict, check: Callable[[], None], make: Callable[[], Any]):
+    """The miss path of a fused call on ``made`` (:func:`iris_fw.callpath.plan_call`):
+    ``check()`` validates this rank's arguments; the world group's exchange of ``fields`` and any
+    local error raises on every rank on a mismatch or a rejection; ``make()`` then prepares the
+    call's entry — a failure there, after every rank agreed, aborts the peers."""
+    def checked():
         check()
-    except Exception as exc:
-        error = exc
-    plan.group.exchange(label, fields, error)
-    keys.add(key)
+        return fields, None, None
+
+    return callpath.plan_call(made.ctx, label, checked,
+                              lambda fields_, error, _: made.group.exchange(label, fields_, error),
+                              lambda _state, _agreed: make())
+
+
+def _check_dispatch_gemm(made: moe.MoePlan, weight, out) -> None:
+    """This rank's checks of ``weight [L, H, N]`` and ``out [L, C, N]`` (every call)."""
+    c, ctx, what = made.call, made.ctx, "moe_dispatch_gemm"
+    n = weight.shape[2] if isinstance(weight, torch.Tensor) and weight.dim() == 3 else None
+    if n is None or n < 1:
+        raise ArgumentError(f"{what}: weight must be a [L, H, N] tensor (local experts {c.local_experts}, "
+                            f"hidden {c.hidden}, N >= 1), got "
+                            f"{list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    _check_weight(ctx, what, weight, (c.local_experts, c.hidden, n), c.x_dtype, "weight",
+                  "(local experts, hidden, N)")
+    if out is not None:
+        _check_weight(ctx, what, out, (c.local_experts, c.capacity, n), c.x_dtype, "out",
+                      "(local experts, capacity, N)")
+        if out.stride(-1) != 1:
+            raise ArgumentError(f"{what}: out must have contiguous rows, got strides {list(out.stride())}")
 
 
 class _GemmState:
-    """A fused dispatch plan's GEMM of one ``(N, dtype, schedule)``: its output, launcher, epochs."""
+    """A fused dispatch plan's GEMM of one ``(N, dtype, schedule)``: its output, launcher, epochs;
+    calling it runs one :func:`moe_dispatch_gemm` call (the call path's cached entry)."""
 
     def __init__(self, plan: moe.MoePlan, n: int, weight_dtype: torch.dtype, schedule: str, cfg: TileConfig):
         c, ctx = plan.call, plan.ctx
         dev = ctx.device
+        self.plan = plan
         self.y = torch.empty(c.local_experts, c.capacity, n, dtype=c.x_dtype, device=dev)
         tiles_n = triton.cdiv(n, cfg.block_n)
         work = plan.tiles * c.local_experts * tiles_n
@@ -333,6 +349,24 @@ class _GemmState:
             H=c.hidden, N=n, L=c.local_experts, C=c.capacity, NT=plan.tiles, BM=cfg.block_m, BN=cfg.block_n,
             BK=cfg.block_k, QUANT=c.quant, GROUP=moe.FP8_GROUP, EXACT=_exact(weight_dtype)),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    def __call__(self, x, topk_idx, topk_weights, weight, out) -> "DispatchedGemm":
+        """One call: this rank's checks (the weight, ``out``, the token count), then the dispatch
+        (on the side stream under ``producer_consumer``) and the GEMM."""
+        made = self.plan
+        ctx, c = made.ctx, made.call
+        _check_dispatch_gemm(made, weight, out)
+        y = self.y if out is None else out
+        side = self.side
+        main = side.fork() if side is not None else None
+        d = made(x, topk_idx, topk_weights, stream=side.stream if side is not None else None)
+        scales = made.recv_scales if c.quant else made.recv_x
+        self.launch(made.recv_x, scales, weight, y, made.arrived, made.recv_counts, self.epochs, self.state,
+                    weight.stride(0), weight.stride(1), weight.stride(2), y.stride(0), y.stride(1), ctx.rank,
+                    ctx.heap_bases)
+        if side is not None:
+            side.join(main)
+        return DispatchedGemm(y, d.x, d.counts, d.handle, d.scales)
 
 
 def _mean_rows(ctx, topk_idx, num_experts, max_tokens) -> float | None:
@@ -369,41 +403,13 @@ def moe_dispatch_gemm(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: tor
     programs = cfg.dispatch_programs if sched == "producer_consumer" else 0
     made = moe.plan(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank=max_tokens_per_rank,
                     capacity=capacity, dtype=dtype, mode=mode, ctx=ctx, tile_rows=cfg.block_m, programs=programs)
-    c = made.call
-    states, keys = made.gemm_states, made.gemm_keys
-    what = "moe_dispatch_gemm"
     n = weight.shape[2] if isinstance(weight, torch.Tensor) and weight.dim() == 3 else None
     key = (n, getattr(weight, "dtype", None), getattr(weight, "device", None), sched)
-
-    def check():
-        if n is None or n < 1:
-            raise ArgumentError(f"{what}: weight must be a [L, H, N] tensor (local experts {c.local_experts}, "
-                                f"hidden {c.hidden}, N >= 1), got "
-                                f"{list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-        _check_weight(ctx, what, weight, (c.local_experts, c.hidden, n), c.x_dtype, "weight",
-                      "(local experts, hidden, N)")
-        if out is not None:
-            _check_weight(ctx, what, out, (c.local_experts, c.capacity, n), c.x_dtype, "out",
-                          "(local experts, capacity, N)")
-            if out.stride(-1) != 1:
-                raise ArgumentError(f"{what}: out must have contiguous rows, got strides {list(out.stride())}")
-
-    _collective_check(made, keys, key, "iris_fw.moe_dispatch_gemm",
-                      {"weight N (weight.shape[2])": n, "weight dtype": key[1], "schedule": sched}, check, what)
-    st = states.get(key)
-    if st is None:
-        st = states[key] = _GemmState(made, n, weight.dtype, sched, cfg)
-    y = st.y if out is None else out
-    side = st.side
-    main = side.fork() if side is not None else None
-    d = made.dispatch(x, topk_idx, topk_weights, stream=side.stream if side is not None else None)
-    scales = made.recv_scales if c.quant else made.recv_x
-    st.launch(made.recv_x, scales, weight, y, made.arrived, made.recv_counts, st.epochs, st.state,
-              weight.stride(0), weight.stride(1), weight.stride(2), y.stride(0), y.stride(1), ctx.rank,
-              ctx.heap_bases)
-    if side is not None:
-        side.join(main)
-    return DispatchedGemm(y, d.x, d.counts, d.handle, d.scales)
+    label = "iris_fw.moe_dispatch_gemm"
+    return callpath.call(ctx, made.gemm_calls, key, lambda _: _prepare(
+        made, label, {"weight N (weight.shape[2])": n, "weight dtype": key[1], "schedule": sched},
+        lambda: _check_dispatch_gemm(made, weight, out), lambda: _GemmState(made, n, weight.dtype, sched, cfg)),
+        None, label, x, topk_idx, topk_weights, weight, out)
 
 
 class _CombineState:
@@ -416,7 +422,7 @@ class _CombineState:
         self.comb = plan.comb if c.mode == "low_latency" else ctx.zeros(c.max_tokens, c.topk, c.hidden,
                                                                         dtype=c.x_dtype)
         self.slots = ctx.zeros(2, c.world, dtype=torch.int64)
-        self.launchers: dict = {}
+        # per (I, dtypes): the launch's call epochs and last-program state (kept while the plan lives)
         self.epochs: dict = {}
         self.states: dict = {}
         kp = max(2, triton.next_power_of_2(c.topk))
@@ -424,6 +430,65 @@ class _CombineState:
             H=c.hidden, K=c.topk, KP=kp, BH=min(moe.ROW_BLOCK, triton.next_power_of_2(c.hidden))),
             num_warps=moe.NUM_WARPS)
         ctx.barrier()  # every rank's buffers zeroed before a peer writes into them
+
+
+def _check_gemm_combine(made: moe.MoePlan, h, weight, handle: moe.MoeHandle, out) -> None:
+    """This rank's checks of a :func:`moe_gemm_combine` call (every call)."""
+    c, ctx, what = made.call, made.ctx, "moe_gemm_combine"
+    if handle.generation != made.generation:
+        raise ArgumentError(f"{what}: the handle is from dispatch #{handle.generation} of this plan, which was "
+                            f"overwritten by dispatch #{made.generation} (a handle is valid until the next "
+                            f"dispatch with the same shapes)")
+    i_dim = h.shape[2] if isinstance(h, torch.Tensor) and h.dim() == 3 else None
+    if i_dim is None or i_dim < 1:
+        raise ArgumentError(f"{what}: h must be a [L, C, I] tensor (local experts {c.local_experts}, capacity "
+                            f"{c.capacity}, I >= 1), got "
+                            f"{list(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__}")
+    _check_weight(ctx, what, h, (c.local_experts, c.capacity, i_dim), c.x_dtype, "h",
+                  "(local experts, capacity, I)")
+    if h.stride(-1) != 1:
+        raise ArgumentError(f"{what}: h must have contiguous rows, got strides {list(h.stride())}")
+    _check_weight(ctx, what, weight, (c.local_experts, i_dim, c.hidden), c.x_dtype, "weight",
+                  "(local experts, I, hidden)")
+    if out is not None:
+        _check_weight(ctx, what, out, (handle.tokens, c.hidden), c.x_dtype, "out", "(tokens, hidden)")
+        if out.numel() and out.stride(-1) != 1:
+            raise ArgumentError(f"{what}: out must have contiguous rows, got strides {list(out.stride())}")
+
+
+class _GemmCombine:
+    """A plan's GEMM → combine of one ``(I, h dtype, weight dtype)`` (made after the first call's
+    exchange); calling it runs one :func:`moe_gemm_combine` call (the call path's cached entry)."""
+
+    def __init__(self, made: moe.MoePlan, key: tuple, weight_dtype: torch.dtype):
+        c, ctx = made.call, made.ctx
+        st = made.gemm_combine
+        if st is None:
+            st = made.gemm_combine = _CombineState(made)
+        self.plan, self.st = made, st
+        cfg = tile_config(ctx.device, c.max_tokens * c.world * c.topk / c.num_experts)
+        work = triton.cdiv(c.capacity, cfg.block_m) * c.local_experts * triton.cdiv(c.hidden, cfg.block_n)
+        programs = devinfo.persistent_programs(ctx.device, work)
+        if key not in st.epochs:
+            st.epochs[key] = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+            st.states[key] = torch.zeros(1, dtype=torch.int64, device=ctx.device)
+        self.epochs, self.state = st.epochs[key], st.states[key]
+        self.launch = KernelLauncher(_gemm_combine_kernel, (programs,), constexprs=dict(
+            I=key[0], H=c.hidden, K=c.topk, L=c.local_experts, C=c.capacity, TMAX=c.max_tokens, BM=cfg.block_m,
+            BN=cfg.block_n, BK=cfg.block_k, EXACT=_exact(weight_dtype)), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
+
+    def __call__(self, h, weight, handle, out):
+        made, st = self.plan, self.st
+        c, ctx = made.call, made.ctx
+        _check_gemm_combine(made, h, weight, handle, out)
+        if out is None:
+            out = torch.empty(handle.tokens, c.hidden, dtype=c.x_dtype, device=ctx.device)
+        self.launch(h, weight, made.recv_src, made.recv_counts, st.comb, st.slots, self.epochs, self.state,
+                    h.stride(0), h.stride(1), weight.stride(0), weight.stride(1), weight.stride(2), ctx.rank,
+                    ctx.world_size, ctx.heap_bases)
+        st.reduce(st.comb, made.src_slot, made.weights, out, handle.tokens, out.stride(0))
+        return out
 
 
 def moe_gemm_combine(h: torch.Tensor, weight: torch.Tensor, handle: moe.MoeHandle, *,
@@ -434,59 +499,17 @@ def moe_gemm_combine(h: torch.Tensor, weight: torch.Tensor, handle: moe.MoeHandl
     @ weight[e_k])`` over the rows not dropped; the GEMM's rows go straight to their tokens'
     owners, weighted and summed there. ``out``: a ``[T, H]`` tensor of x's dtype (default a new
     one)."""
-    what = "moe_gemm_combine"
     if not isinstance(handle, moe.MoeHandle):
-        raise ArgumentTypeError(f"{what}: handle must be the MoeHandle moe_dispatch / moe_dispatch_gemm returned, got "
-                                f"{type(handle).__name__}")
+        raise ArgumentTypeError(f"moe_gemm_combine: handle must be the MoeHandle moe_dispatch / moe_dispatch_gemm "
+                                f"returned, got {type(handle).__name__}")
     made = handle.plan
-    c, ctx = made.call, made.ctx
-    keys = made.gemm_combine_keys
     i_dim = h.shape[2] if isinstance(h, torch.Tensor) and h.dim() == 3 else None
     key = (i_dim, getattr(h, "dtype", None), getattr(weight, "dtype", None))
-
-    def check():
-        if handle.generation != made.generation:
-            raise ArgumentError(f"{what}: the handle is from dispatch #{handle.generation} of this plan, which was "
-                                f"overwritten by dispatch #{made.generation} (a handle is valid until the next "
-                                f"dispatch with the same shapes)")
-        if i_dim is None or i_dim < 1:
-            raise ArgumentError(f"{what}: h must be a [L, C, I] tensor (local experts {c.local_experts}, capacity "
-                                f"{c.capacity}, I >= 1), got "
-                                f"{list(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__}")
-        _check_weight(ctx, what, h, (c.local_experts, c.capacity, i_dim), c.x_dtype, "h",
-                      "(local experts, capacity, I)")
-        if h.stride(-1) != 1:
-            raise ArgumentError(f"{what}: h must have contiguous rows, got strides {list(h.stride())}")
-        _check_weight(ctx, what, weight, (c.local_experts, i_dim, c.hidden), c.x_dtype, "weight",
-                      "(local experts, I, hidden)")
-        if out is not None:
-            _check_weight(ctx, what, out, (handle.tokens, c.hidden), c.x_dtype, "out", "(tokens, hidden)")
-            if out.numel() and out.stride(-1) != 1:
-                raise ArgumentError(f"{what}: out must have contiguous rows, got strides {list(out.stride())}")
-
-    _collective_check(made, keys, key, "iris_fw.moe_gemm_combine",
-                      {"I (h.shape[2])": i_dim, "h dtype": key[1], "weight dtype": key[2]}, check, what)
-    st = made.gemm_combine
-    if st is None:
-        st = made.gemm_combine = _CombineState(made)
-    launch = st.launchers.get(key)
-    if launch is None:
-        cfg = tile_config(ctx.device, c.max_tokens * c.world * c.topk / c.num_experts)
-        work = triton.cdiv(c.capacity, cfg.block_m) * c.local_experts * triton.cdiv(c.hidden, cfg.block_n)
-        programs = devinfo.persistent_programs(ctx.device, work)
-        st.epochs[key] = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
-        st.states[key] = torch.zeros(1, dtype=torch.int64, device=ctx.device)
-        launch = st.launchers[key] = KernelLauncher(_gemm_combine_kernel, (programs,), constexprs=dict(
-            I=i_dim, H=c.hidden, K=c.topk, L=c.local_experts, C=c.capacity, TMAX=c.max_tokens, BM=cfg.block_m,
-            BN=cfg.block_n, BK=cfg.block_k, EXACT=_exact(weight.dtype)), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
-    if out is None:
-        out = torch.empty(handle.tokens, c.hidden, dtype=c.x_dtype, device=ctx.device)
-    launch(h, weight, made.recv_src, made.recv_counts, st.comb, st.slots, st.epochs[key], st.states[key],
-           h.stride(0), h.stride(1), weight.stride(0), weight.stride(1), weight.stride(2), ctx.rank, ctx.world_size,
-           ctx.heap_bases)
-    st.reduce(st.comb, made.src_slot, made.weights, out, handle.tokens, out.stride(0))
-    return out
+    label = "iris_fw.moe_gemm_combine"
+    return callpath.call(made.ctx, made.gemm_combines, key, lambda _: _prepare(
+        made, label, {"I (h.shape[2])": i_dim, "h dtype": key[1], "weight dtype": key[2]},
+        lambda: _check_gemm_combine(made, h, weight, handle, out), lambda: _GemmCombine(made, key, weight.dtype)),
+        None, label, h, weight, handle, out)
 
 
 # ---- torch reference ------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Data, poison and reference helpers shared by the tests (run inside rank processes)."""
 
+import time
+
 import pytest
 import torch
 
@@ -143,3 +145,76 @@ def needs_host_shm():
     reason = host_shm_unavailable()
     if reason is not None:
         pytest.skip(f"host_shm transport unavailable here: {reason}")
+
+
+#: Seconds a peer may take to fail after a rank failed on its host inside a call, beyond the call's
+#: own work (the bound of the call path's host failure, iris_fw/callpath.py).
+PEER_FAILS_WITHIN_S = 2.0
+
+
+def boom(*args, **kwargs):
+    """An injected host failure (`inject` of :func:`peer_fails` sets a function of the call to it)."""
+    raise RuntimeError("injected host failure")
+
+
+def peer_fails(ctx, call, inject, where):
+    """Rank W-1 fails on its host inside a call (``where``: ``"plan"`` while planning its first
+    call — every rank's call caches cleared first —, ``"launch"`` inside the launch of a repeated
+    (cached) call, both by ``inject(monkeypatch)`` on that rank only; ``"argument"`` a bad
+    argument at a repeated call); every other rank raises an iris-fw error naming it. ``call(bad)``
+    makes the call (``bad``: with a bad argument on this rank). Returns ``(time, own, text)``:
+    when this rank raised (this machine's clock), how long a successful call took on this rank
+    (timed before: on CPU ranks the interpreter runs the kernels' compute, which an abort does not
+    shorten) and the error's text; :func:`assert_peers_fail_at_once` checks the results. The job
+    is re-armed (``ctx.barrier()``) before it returns."""
+    from iris_fw import callpath, ccl
+
+    failing = ctx.world_size - 1
+    old, ctx.wait_timeout = ctx.wait_timeout, 60.0  # a peer that waited for its bound would show
+    try:
+        ccl.new_group(ctx=ctx)  # the world group exists: the failing call's peers wait on the device
+        call(False)  # planned and cached on every rank
+        ctx.synchronize()
+        ctx.barrier()
+        start = time.time()
+        call(False)
+        ctx.synchronize()
+        own = time.time() - start
+        if where == "plan":  # every rank forgets the call: the next one plans again
+            paths = callpath.state(ctx)
+            paths.ops.clear()
+            for group in paths.groups_once():
+                group.calls.clear()
+        ctx.barrier()
+        if ctx.rank == failing:
+            with pytest.MonkeyPatch.context() as mp:
+                if where in ("plan", "launch"):
+                    inject(mp)
+                with pytest.raises(Exception) as info:
+                    call(where == "argument")
+                    ctx.synchronize()
+            failed_at = time.time()
+            assert not isinstance(info.value, iris_fw.PeerFailure), info.value
+            return failed_at, own, str(info.value)
+        with pytest.raises(iris_fw.IrisError) as info:
+            call(False)
+            ctx.synchronize()
+        raised_at = time.time()
+        text = str(info.value)
+        assert f"rank {failing}" in text, text
+        return raised_at, own, text
+    finally:
+        ctx.wait_timeout = old
+        callpath.state(ctx).ops.clear()
+        try:
+            ctx.barrier()  # re-arms the job
+        except iris_fw.IrisError:
+            ctx.barrier()
+
+
+def assert_peers_fail_at_once(results) -> None:
+    """Every peer of the failed rank (the last) raised within :data:`PEER_FAILS_WITHIN_S` of its
+    failure beyond its own call's work (:func:`peer_fails`'s results)."""
+    failed_at, _, why = results[-1]
+    for rank, (raised_at, own, text) in enumerate(results[:-1]):
+        assert raised_at - failed_at < PEER_FAILS_WITHIN_S + own, (rank, raised_at - failed_at, own, text, why)

@@ -4,17 +4,14 @@ repeated call — makes every peer fail at once (within 2 s beyond the call's ow
 its wait bound) with an iris-fw error naming the failed rank; ``out=`` of the functional ops; the
 call cache."""
 
-import time
-
 import pytest
 import torch
 
+from helpers import assert_peers_fail_at_once, boom, peer_fails
 import iris_fw
 from iris_fw import callpath, ccl, ops
 from iris_fw import flash_decode as fd_module
 
-#: Seconds a peer may take to fail after the failed rank raised (the issue's bound).
-PEER_FAILS_WITHIN_S = 2.0
 #: The calls, each ``(name, make(ctx) -> (call(bad) -> result, reference(result)))``.
 CALLS = ("ccl.all_reduce", "ops.gemm_all_scatter", "ops.gemm_all_reduce", "ops.flash_decode")
 
@@ -33,7 +30,7 @@ def _make(ctx, name):
             return x
 
         def inject(mp):
-            mp.setattr(iris_fw.ccl.algorithm, "choose", _boom)
+            mp.setattr(iris_fw.ccl.algorithm, "choose", boom)
         return call, inject
     if name == "ops.flash_decode":
         q = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(7)).to(dev)  # the same on every rank
@@ -44,7 +41,7 @@ def _make(ctx, name):
             return ops.flash_decode(q, k, v, out=out)
 
         def inject(mp):
-            mp.setattr(fd_module, "FlashDecode", _boom)
+            mp.setattr(fd_module, "FlashDecode", boom)
         return call, inject
     pattern = name.split(".")[1]
     a = torch.randn(16, 8, generator=gen).to(dev, torch.bfloat16)
@@ -58,72 +55,22 @@ def _make(ctx, name):
 
     def inject(mp):
         # the last step of planning, after every buffer was allocated (the heap stays symmetric)
-        mp.setattr(iris_fw.engine.op.Op, "_track_counters", _boom)
+        mp.setattr(iris_fw.engine.op.Op, "_track_counters", boom)
     return call, inject
-
-
-def _boom(*args, **kwargs):
-    raise RuntimeError("injected host failure")
 
 
 def _peer_fails(ctx, name, where):
     """Rank W-1 fails on its host inside ``name`` (``where``: ``"plan"`` while planning its first
     call, ``"argument"`` at a repeated call); every other rank raises an iris-fw error naming it
-    within :data:`PEER_FAILS_WITHIN_S` of the failure (both clocks: this machine's) beyond the
-    time the call's own work takes on that rank (a successful call, timed before: on CPU ranks the
-    interpreter runs the kernels' compute, which an abort does not shorten)."""
-    failing = ctx.world_size - 1
-    call, inject = _make(ctx, name)
-    old, ctx.wait_timeout = ctx.wait_timeout, 60.0  # a peer that waited for its bound would show
-    try:
-        ccl.new_group(ctx=ctx)  # the world group exists: the failing call's peers wait on the device
-        call(False)  # planned and cached on every rank
-        ctx.synchronize()
-        ctx.barrier()
-        start = time.time()
-        call(False)
-        ctx.synchronize()
-        own = time.time() - start
-        if where == "plan":  # every rank forgets the call: the next one plans again
-            paths = callpath.state(ctx)
-            paths.ops.clear()
-            for group in paths.groups_once():
-                group.calls.clear()
-        ctx.barrier()
-        if ctx.rank == failing:
-            with pytest.MonkeyPatch.context() as mp:
-                if where == "plan":
-                    inject(mp)
-                with pytest.raises(Exception) as info:
-                    call(where == "argument")
-                    ctx.synchronize()
-            failed_at = time.time()
-            assert not isinstance(info.value, iris_fw.PeerFailure), info.value
-            return failed_at, own, str(info.value)
-        with pytest.raises(iris_fw.IrisError) as info:
-            call(False)
-            ctx.synchronize()
-        raised_at = time.time()
-        text = str(info.value)
-        assert f"rank {failing}" in text, text
-        return raised_at, own, text
-    finally:
-        ctx.wait_timeout = old
-        callpath.state(ctx).ops.clear()
-        try:
-            ctx.barrier()  # re-arms the job
-        except iris_fw.IrisError:
-            ctx.barrier()
+    at once (:func:`helpers.peer_fails`)."""
+    return peer_fails(ctx, *_make(ctx, name), where)
 
 
 @pytest.mark.parametrize("where", ["plan", "argument"])
 @pytest.mark.parametrize("name", CALLS)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_host_failure_on_one_rank_fails_every_peer_at_once(iris_pool, world_size, name, where):
-    results = iris_pool(world_size).run(_peer_fails, name, where)
-    failed_at, _, why = results[-1]
-    for rank, (raised_at, own, text) in enumerate(results[:-1]):
-        assert raised_at - failed_at < PEER_FAILS_WITHIN_S + own, (rank, raised_at - failed_at, own, text, why)
+    assert_peers_fail_at_once(iris_pool(world_size).run(_peer_fails, name, where))
 
 
 def _out(ctx):

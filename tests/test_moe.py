@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import capture_graph, fresh_seed, on_worlds
+from helpers import assert_peers_fail_at_once, boom, capture_graph, fresh_seed, on_worlds, peer_fails
 from iris_fw import callpath
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.errors import ArgumentError, PeerFailure
@@ -459,6 +459,54 @@ def test_later_bad_token_count_aborts_peers(iris_pool, what):
     want = "more than max_tokens_per_rank = 2" if what == "tokens" else "out must be a [2, 8] tensor"
     assert want in m0 and "rank 0" in m1 and want in m1, runs
     assert t0 < 20 and t1 < 20, runs  # at once, not after the wait timeout (60 s)
+
+
+# ---- a host failure inside the launch of a cached call -------------------------------------------
+
+
+def _launch_fails(ctx, op):
+    """Rank W-1 raises on its host inside the launch of a repeated (cached) dispatch + combine —
+    ``op`` ``"dispatch"``: the dispatch's launch; ``"combine"``: the combine's first launch, after
+    its dispatch ran everywhere — after the ranks agreed on the call: every peer raises
+    PeerFailure naming that rank at once (:func:`helpers.peer_fails`), not after the wait bound.
+    After the re-arming barrier the ranks work on: a call's values against float64."""
+    from iris_fw import moe as moe_module
+    from iris_fw.ops import moe_combine, moe_dispatch
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    gen = torch.Generator().manual_seed(4321 + r)
+    tokens, experts = 1 + r, 2 * w  # ragged token counts
+    x = torch.randn(tokens, 12, generator=gen).to(dev, torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
+    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    made = {}
+
+    def call(bad):
+        d = moe_dispatch(x, idx, wt, experts, max_tokens_per_rank=4)
+        made["plan"] = d.handle.plan
+        return moe_combine(d.x * 2, d.handle)
+
+    def inject(mp):
+        if op == "dispatch":
+            mp.setattr(moe_module.MoePlan, "dispatch", boom)
+        else:
+            mp.setattr(made["plan"], "_push", boom)  # the combine's first launcher
+
+    results = peer_fails(ctx, call, inject, "launch")
+    out = call(False)
+    ctx.synchronize()
+    want = 2 * x.double() * wt.double().sum(1, keepdim=True)  # identity experts: x * 2 * the weights' sum
+    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
+    return results
+
+
+@pytest.mark.parametrize("op", ["dispatch", "combine"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_host_failure_in_a_launch_fails_every_peer_at_once(iris_pool, world_size, op):
+    results = iris_pool(world_size).run(_launch_fails, op)
+    assert_peers_fail_at_once(results)
+    assert all("injected host failure" in text for _, _, text in results), results
+    assert all(f"rank {world_size - 1}" in text for _, _, text in results[:-1]), results
 
 
 # ---- src_slot complete when the dispatch ends (throughput) ----------------------------------------

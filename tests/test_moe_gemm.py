@@ -16,7 +16,7 @@ routing.
 import pytest
 import torch
 
-from helpers import capture_graph, fresh_seed, on_worlds
+from helpers import assert_peers_fail_at_once, boom, capture_graph, fresh_seed, on_worlds, peer_fails
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.errors import ArgumentError
 from test_moe import FP8, _case, check_dispatch, draw
@@ -260,6 +260,54 @@ def test_bad_input_raises_everywhere(iris_pool):
     assert "weight must be a [2, 16, 8]" in runs[0]["weight"] and "rank 0 rejected" in runs[1]["weight"], runs
     assert all("overwritten by dispatch #2" in run["stale"] for run in runs), runs
     assert "weight must be a [2, 8, 16]" in runs[0]["w2"] and "rank 0 rejected" in runs[1]["w2"], runs
+
+
+# ---- a host failure inside the launch of a cached call -------------------------------------------
+
+
+def _launch_fails(ctx, op):
+    """Rank W-1 raises on its host inside the launch of a repeated (cached) moe_dispatch_gemm +
+    moe_gemm_combine — ``op`` ``"dispatch_gemm"``: the GEMM's launch, after its dispatch ran;
+    ``"gemm_combine"``: the GEMM → combine's launch — after the ranks agreed on the call: every
+    peer raises PeerFailure naming that rank at once (:func:`helpers.peer_fails`). After the
+    re-arming barrier the ranks work on: a call's values against float64 (identity experts times
+    2: ``out[t] = 2 x[t] sum_k w[t, k]``)."""
+    from iris_fw.ops import moe_dispatch_gemm, moe_gemm_combine
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    gen = torch.Generator().manual_seed(8765 + r)
+    tokens, experts, hidden, local = 1 + r, 2 * w, 12, 2  # ragged token counts
+    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
+    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    w1 = torch.eye(hidden, device=dev).to(torch.bfloat16).expand(local, hidden, hidden)
+    w2 = (2 * w1).contiguous()
+    made = {}
+
+    def call(bad):
+        d = moe_dispatch_gemm(x, idx, wt, w1, experts, max_tokens_per_rank=4)
+        made["plan"] = d.handle.plan
+        return moe_gemm_combine(d.y, w2, d.handle)
+
+    def inject(mp):
+        calls = made["plan"].gemm_calls if op == "dispatch_gemm" else made["plan"].gemm_combines
+        mp.setattr(calls.values()[0], "launch", boom)  # the call's cached entry: its GEMM launcher
+
+    results = peer_fails(ctx, call, inject, "launch")
+    out = call(False)
+    ctx.synchronize()
+    want = 2 * x.double() * wt.double().sum(1, keepdim=True)
+    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
+    return results
+
+
+@pytest.mark.parametrize("op", ["dispatch_gemm", "gemm_combine"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_host_failure_in_a_launch_fails_every_peer_at_once(iris_pool, world_size, op):
+    results = iris_pool(world_size).run(_launch_fails, op)
+    assert_peers_fail_at_once(results)
+    assert all("injected host failure" in text for _, _, text in results), results
+    assert all(f"rank {world_size - 1}" in text for _, _, text in results[:-1]), results
 
 
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------

@@ -5,11 +5,15 @@
     iris-fw launch -n 2 scripts/profile_op_call.py --out DIR       # W = 2 (two CPU ranks)
     python3 scripts/profile_op_call.py --no-stub                   # on a GPU: launches kept
 
-``KernelLauncher._launch`` — where every launch of the library ends, prepared (:class:`~iris_fw.
-kernel_launcher.PreparedLaunch`) or bound (:class:`~iris_fw.kernel_launcher.BoundLaunch`) — is
-replaced before anything is planned by a function that only counts launches; without a GPU
-this is the default (otherwise Triton's interpreter would run every kernel and the numbers
-would measure the interpreter). Torch's own ops of a call (views, ``copy_``, ``clone``,
+Before anything is planned, the two places where the library's launches end are replaced
+(without a GPU this is the default: otherwise Triton's interpreter would run every kernel and
+the numbers would measure the interpreter): ``KernelLauncher._launch`` (plain and
+:class:`~iris_fw.kernel_launcher.BoundLaunch` launches) by a function that computes the
+launcher's specialization key as the GPU fast path does (``make_key_fn``, made on the
+launcher's first launch) and counts the launch; ``PreparedLaunch.__call__`` (a plan's
+memoized launch, which on a GPU skips the key) by one that only counts. What is left out is
+the driver's launch call itself (the bench's "bare prepared launch" on a GPU) and the fast
+path's hook and global checks. Torch's own ops of a call (views, ``copy_``, ``clone``,
 ``empty``, ``matmul``) run for real — on a CPU host they also compute (small shapes: the
 bench's CPU sizes).
 
@@ -21,9 +25,9 @@ Per case, after its first call (the miss: planned, validated across ranks):
 * ``py calls/call``: Python and C functions called per hit (cProfile's count / calls);
 * a stage table: cProfile's own time (tottime) of every function called during the hits,
   summed by stage (:data:`STAGES`: key/fingerprint, cache look-up, argument checks, bind /
-  memo, prepared launch, torch tensor methods by name, host syncs, ...), as µs per call scaled
-  to the unprofiled time (cProfile's per-call overhead inflates the deep paths, so the shares
-  are approximate);
+  memo, the launch's key and call, torch tensor methods by name, host syncs, ...), as its share
+  and as µs per call scaled to the best unprofiled round (cProfile's per-call overhead inflates
+  the deep paths, and on a shared host a preempted call inflates one stage: approximate);
 * the top ``--top`` functions by own time (pstats).
 
 The raw text goes to stdout, and with ``--out DIR`` to ``DIR/w{W}_rank{r}.txt`` (the summary table
@@ -51,8 +55,10 @@ from iris_fw import kernel_launcher as _launcher
 
 #: (stage, predicate on (file, line, function name)) in order; the first match names a function's stage.
 STAGES = [
-    ("prepared launch (stubbed launch included)", lambda f, fn: fn in ("_launch", "_count") and "kernel_launcher" in f
-     or "<BoundLaunch" in f or ("kernel_launcher" in f and fn in ("__call__", "launch_on", "_resolve"))),
+    ("launch: specialization key (plain/bound launches)", lambda f, fn: f.startswith("<KernelLauncher key") or fn in ("spec_key", "_item", "_int_item")
+     or f.endswith("profile_op_call.py") and fn == "_count"),
+    ("launch: prepared/bound call (stub included)", lambda f, fn: f.endswith("profile_op_call.py") and fn == "_prepared"
+     or "<BoundLaunch" in f or ("kernel_launcher" in f and fn in ("__call__", "launch_on", "_resolve", "_launch"))),
     ("key / fingerprint", lambda f, fn: fn in ("input_fingerprint", "_key", "_fast_ok", "_heap_offset", "offset_of",
                                                "operands_key", "exact", "<genexpr>")),
     ("cache look-up (call path)", lambda f, fn: f.endswith("callpath.py") or fn in ("group_of", "resolve", "state")
@@ -101,11 +107,21 @@ def main() -> int:
     stub = not opts.no_stub or not torch.cuda.is_available()
     launches = [0]
 
-    def _count(self, args, stream):
+    key_fns = {}
+
+    def _count(self, args, stream):  # a plain or bound launch: the specialization key, as on a GPU
+        launches[0] += 1
+        key_fn = key_fns.get(self)
+        if key_fn is None:
+            key_fn = key_fns[self] = _launcher.make_key_fn(self._flags, args, self._desc_cls)
+        key_fn(args, None, None)
+
+    def _prepared(self, stream=None):  # a prepared launch: no key (its resolved entry), no launch
         launches[0] += 1
 
     if stub:  # before anything binds a launcher (BoundLaunch keeps the bound method it was made with)
         _launcher.KernelLauncher._launch = _count
+        _launcher.PreparedLaunch.__call__ = _prepared
 
     from iris_fw.bench import host
 
@@ -121,7 +137,7 @@ def main() -> int:
                 print(line, flush=True)
 
         say(f"# profile_op_call: W = {w}, rank {rank}, {ctx.device}, "
-            f"{'launches stubbed (KernelLauncher._launch counts only)' if stub else 'real launches'}")
+            f"{'launches stubbed (plain/bound: specialization key computed, no launch; prepared: counted only)' if stub else 'real launches'}")
         say(f"# host: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
             f"Python {platform.python_version()}, torch {torch.__version__}; {opts.rounds} rounds x {opts.calls} "
             f"calls timed, {opts.profiled_calls} calls profiled; {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
@@ -163,7 +179,7 @@ def main() -> int:
             by_stage = defaultdict(float)
             for key, v in st.stats.items():
                 by_stage[stage_of(key)] += v[2] / n * 1e6
-            scale = us / total_prof if total_prof else 0.0
+            scale = min(per) / total_prof if total_prof else 0.0  # to the best round (the least disturbed)
             say(f"\n== {name}: {us:.2f} us per call (median of {opts.rounds} rounds; min {min(per):.2f}), "
                 f"{nlaunch:g} stubbed launch(es) per call, {ncalls:.0f} function calls per call; "
                 f"profiled {total_prof:.2f} us per call")

@@ -23,7 +23,8 @@ Per case, after its first call (the miss: planned, validated across ranks):
   (the summary gives the best round's, the maximum over ranks at W > 1: on a shared host the
   best round is the one least disturbed by other processes);
 * ``py calls/call``: Python and C functions called per hit (cProfile's count / calls);
-* a stage table: cProfile's own time (tottime) of every function called during the hits,
+* a stage table: cProfile's own time (tottime) of every function called during the hits (the
+  median over :data:`CHUNKS` short profiled runs: robust to a preempted call),
   summed by stage (:data:`STAGES`: key/fingerprint, cache look-up, argument checks, bind /
   memo, the launch's key and call, torch tensor methods by name, host syncs, ...), as its share
   and as µs per call scaled to the best unprofiled round (cProfile's per-call overhead inflates
@@ -53,6 +54,8 @@ import iris_fw  # noqa: F401  (first: the interpreter switch on a CPU host)
 import torch
 from iris_fw import kernel_launcher as _launcher
 
+#: Short profiled runs per case (each function's time: its median over them).
+CHUNKS = 15
 #: (stage, predicate on (file, line, function name)) in order; the first match names a function's stage.
 STAGES = [
     ("launch: specialization key (plain/bound launches)", lambda f, fn: f.startswith("<KernelLauncher key") or fn in ("spec_key", "_item", "_int_item")
@@ -166,18 +169,25 @@ def main() -> int:
                 per.append((time.perf_counter_ns() - t0) / opts.calls / 1e3)
             nlaunch = launches[0] / (opts.rounds * opts.calls)
             ctx.synchronize()
-            prof = cProfile.Profile()
-            n = opts.profiled_calls
-            prof.enable()
-            for _ in range(n):
-                fn()
-            prof.disable()
-            st = pstats.Stats(prof)
-            total_prof = sum(v[2] for v in st.stats.values()) / n * 1e6
-            ncalls = sum(v[1] for v in st.stats.values()) / n
+            # profiled in CHUNKS short runs; each function's numbers are its median over them, so
+            # that a call preempted by another process (a shared host) does not inflate one stage
+            n = max(1, opts.profiled_calls // CHUNKS)
+            runs = []
+            for _ in range(CHUNKS):
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(n):
+                    fn()
+                prof.disable()
+                runs.append(pstats.Stats(prof).stats)
+            keys = set().union(*runs)
+            stats = {k: tuple(statistics.median(r[k][i] if k in r else 0 for r in runs) for i in range(4))
+                     for k in keys}
+            total_prof = sum(v[2] for v in stats.values()) / n * 1e6
+            ncalls = sum(v[1] for v in stats.values()) / n
             us = statistics.median(per)
             by_stage = defaultdict(float)
-            for key, v in st.stats.items():
+            for key, v in stats.items():
                 by_stage[stage_of(key)] += v[2] / n * 1e6
             scale = min(per) / total_prof if total_prof else 0.0  # to the best round (the least disturbed)
             say(f"\n== {name}: {us:.2f} us per call (median of {opts.rounds} rounds; min {min(per):.2f}), "
@@ -189,7 +199,7 @@ def main() -> int:
                     continue
                 say(f"   {stage:<48} {t * scale:>16.2f} {t / total_prof:>7.1%}")
             say(f"   top {opts.top} by own time (profiled us per call): {'calls':>6} {'own':>7} {'cum':>7}  function")
-            for key, v in sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:opts.top]:
+            for key, v in sorted(stats.items(), key=lambda kv: -kv[1][2])[:opts.top]:
                 f, line, fn = key
                 where = fn if f == "~" else f"{os.path.relpath(f) if f.startswith('/') else f}:{line}({fn})"
                 say(f"   {'':<41} {v[1] / n:>6.1f} {v[2] / n * 1e6:>7.2f} {v[3] / n * 1e6:>7.2f}  {where}")

@@ -457,7 +457,7 @@ def check_out(out, call: DecodeCall, device) -> None:
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"flash_decode: out must be a torch.Tensor or None, got {type(out).__name__}")
     shape = (call.batch, call.q_heads, call.v_head_dim)
-    if tuple(out.shape) != shape or out.dtype != call.dtype or out.device != device or not out.is_contiguous():
+    if out.shape != shape or out.dtype != call.dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"flash_decode: out must be a contiguous {list(shape)} tensor of dtype {call.dtype} on "
                          f"{device}, got {list(out.shape)} {out.dtype} on {out.device}"
                          + ("" if out.is_contiguous() else " (not contiguous)"))
@@ -524,17 +524,18 @@ def _key(q, k, v, kv_lens, sm_scale, scheduler, block_table):
         return None
     if kv_lens is not None and not isinstance(kv_lens, torch.Tensor):
         return None
-    lens = None if kv_lens is None else (kv_lens.dtype, tuple(kv_lens.shape), kv_lens.device, kv_lens.is_contiguous())
+    lens = None if kv_lens is None else (kv_lens.dtype, kv_lens.shape, kv_lens.device, kv_lens.is_contiguous())
+    ks, vs = k.shape, v.shape  # (each .shape makes a new torch.Size: read once)
+    kd, vd = len(ks), len(vs)
     if block_table is None:
-        layout = (k.shape[:1] + k.shape[2:], v.shape[:1] + v.shape[2:], k.dim() == 4 and v.dim() == 4
-                  and k.shape[1] == v.shape[1])
+        layout = (ks[:1] + ks[2:], vs[:1] + vs[2:], kd == 4 and vd == 4 and ks[1] == vs[1])
     elif isinstance(block_table, torch.Tensor):
-        layout = (k.shape[1:], v.shape[1:], k.shape[0] == v.shape[0], block_table.dtype, block_table.shape[:1],
+        layout = (ks[1:], vs[1:], ks[0] == vs[0], block_table.dtype, block_table.shape[:1],
                   block_table.device, block_table.dim() == 2 and block_table.stride(-1) == 1)
     else:
         return None
-    return ("flash_decode", scheduler, q.dtype, k.dtype, v.dtype, tuple(q.shape), q.device, k.device, v.device,
-            k.dim(), v.dim(), layout, lens, sm_scale)
+    return ("flash_decode", scheduler, q.dtype, k.dtype, v.dtype, q.shape, q.device, k.device, v.device,
+            kd, vd, layout, lens, sm_scale)
 
 
 class FlashDecode:

@@ -186,7 +186,10 @@ def measured_config(m: int, device: torch.device, n: int | None = None, k: int |
 def exact(dtype: torch.dtype) -> bool:
     """Whether ``tl.dot`` must multiply exactly: fp32 inputs unless torch allows TF32 matmuls
     (``torch.backends.cuda.matmul.allow_tf32``), as torch does."""
-    return dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    if dtype != torch.float32:
+        return False
+    get = getattr(torch._C, "_get_cublas_allow_tf32", None)  # what the attribute returns, without its
+    return not (get() if get is not None else torch.backends.cuda.matmul.allow_tf32)  # __getattr__ (µs)
 
 
 def tma_ok(t: torch.Tensor) -> bool:

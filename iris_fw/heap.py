@@ -67,8 +67,11 @@ def _caller_site() -> str:
 
 def span_bytes(t: torch.Tensor) -> int:
     """Bytes from ``t``'s first element to just past its last one (strides included)."""
-    if not t.numel():
+    n = t.numel()
+    if not n:
         return 0
+    if t.is_contiguous():  # (the common case, on a collective's hit path: no generator)
+        return n * t.element_size()
     return t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
 
 

@@ -249,7 +249,9 @@ _INPUT_IS_RESULT_AT_ONE_RANK = frozenset(
 def _identity(src, dst) -> None:
     """A one-rank group's collective: ``dst`` = ``src`` (nothing to do when they are one tensor)."""
     if dst.data_ptr() != src.data_ptr():
-        dst.view(-1).copy_(src.view(-1))
+        # one copy; a view only where the shapes differ (a view costs as much host time as the copy)
+        shape = src.shape
+        (dst if dst.shape == shape else dst.view(shape)).copy_(src)
 
 
 def _check_tensor(ctx, t, name: str) -> torch.Tensor:
@@ -278,7 +280,10 @@ def _op_name(op, dtype) -> str:
 def _fast_ok(ctx, *tensors) -> bool:
     """Whether the call's tensors can take the cached path (else the full checks report them)."""
     dev = ctx.device
-    return all(isinstance(t, torch.Tensor) and t.device == dev and t.is_contiguous() for t in tensors)
+    for t in tensors:  # (a loop: a generator per call costs a µs on the hit path)
+        if not (isinstance(t, torch.Tensor) and t.device == dev and t.is_contiguous()):
+            return False
+    return True
 
 
 def _group_rank(g: Group, rank, name: str, group_rank=None) -> int:

@@ -305,14 +305,20 @@ def _prepare(made: moe.MoePlan, label: str, fields: dict, check: Callable[[], No
                               lambda _state, _agreed: make())
 
 
+def _free_dim(what: str, t, name: str, shape: str, dims: str) -> int:
+    """The last dimension of the 3-d tensor ``t`` (the one the call leaves free: N, I), at least 1;
+    else raises naming ``name``, its expected ``shape`` and ``dims``."""
+    size = t.shape[2] if isinstance(t, torch.Tensor) and t.dim() == 3 else None
+    if size is None or size < 1:
+        got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ArgumentError(f"{what}: {name} must be a {shape} tensor ({dims}), got {got}")
+    return size
+
+
 def _check_dispatch_gemm(made: moe.MoePlan, weight, out) -> None:
     """This rank's checks of ``weight [L, H, N]`` and ``out [L, C, N]`` (every call)."""
     c, ctx, what = made.call, made.ctx, "moe_dispatch_gemm"
-    n = weight.shape[2] if isinstance(weight, torch.Tensor) and weight.dim() == 3 else None
-    if n is None or n < 1:
-        raise ArgumentError(f"{what}: weight must be a [L, H, N] tensor (local experts {c.local_experts}, "
-                            f"hidden {c.hidden}, N >= 1), got "
-                            f"{list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    n = _free_dim(what, weight, "weight", "[L, H, N]", f"local experts {c.local_experts}, hidden {c.hidden}, N >= 1")
     _check_weight(ctx, what, weight, (c.local_experts, c.hidden, n), c.x_dtype, "weight",
                   "(local experts, hidden, N)")
     if out is not None:
@@ -439,11 +445,7 @@ def _check_gemm_combine(made: moe.MoePlan, h, weight, handle: moe.MoeHandle, out
         raise ArgumentError(f"{what}: the handle is from dispatch #{handle.generation} of this plan, which was "
                             f"overwritten by dispatch #{made.generation} (a handle is valid until the next "
                             f"dispatch with the same shapes)")
-    i_dim = h.shape[2] if isinstance(h, torch.Tensor) and h.dim() == 3 else None
-    if i_dim is None or i_dim < 1:
-        raise ArgumentError(f"{what}: h must be a [L, C, I] tensor (local experts {c.local_experts}, capacity "
-                            f"{c.capacity}, I >= 1), got "
-                            f"{list(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__}")
+    i_dim = _free_dim(what, h, "h", "[L, C, I]", f"local experts {c.local_experts}, capacity {c.capacity}, I >= 1")
     _check_weight(ctx, what, h, (c.local_experts, c.capacity, i_dim), c.x_dtype, "h",
                   "(local experts, capacity, I)")
     if h.stride(-1) != 1:

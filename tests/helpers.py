@@ -212,9 +212,13 @@ def peer_fails(ctx, call, inject, where):
             ctx.barrier()
 
 
-def assert_peers_fail_at_once(results) -> None:
+def assert_peers_fail_at_once(results, injected: str | None = None) -> None:
     """Every peer of the failed rank (the last) raised within :data:`PEER_FAILS_WITHIN_S` of its
-    failure beyond its own call's work (:func:`peer_fails`'s results)."""
+    failure beyond its own call's work (:func:`peer_fails`'s results); with ``injected``, every
+    rank's error holds that text and every peer's names the failed rank."""
     failed_at, _, why = results[-1]
     for rank, (raised_at, own, text) in enumerate(results[:-1]):
         assert raised_at - failed_at < PEER_FAILS_WITHIN_S + own, (rank, raised_at - failed_at, own, text, why)
+    if injected is not None:
+        assert all(injected in text for _, _, text in results), results
+        assert all(f"rank {len(results) - 1}" in text for _, _, text in results[:-1]), results

@@ -305,9 +305,7 @@ def _launch_fails(ctx, op):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_host_failure_in_a_launch_fails_every_peer_at_once(iris_pool, world_size, op):
     results = iris_pool(world_size).run(_launch_fails, op)
-    assert_peers_fail_at_once(results)
-    assert all("injected host failure" in text for _, _, text in results), results
-    assert all(f"rank {world_size - 1}" in text for _, _, text in results[:-1]), results
+    assert_peers_fail_at_once(results, "injected host failure")
 
 
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------

@@ -295,8 +295,10 @@ class LlamaTP:
             full = part
         else:
             full = fns.all_gather(part, self.world)                           # [W * T, NL]
-            # contiguous: a padded gather leaves rows of W * NL > (Hq + 2 Hkv) D elements, and torch's
-            # GPU attention given v with that row stride (450 bf16 elements at W = 3) was wrong
+            # contiguous: a padded gather leaves rows of W * NL > (Hq + 2 Hkv) D elements. At W = 3 (the
+            # only padded GPU configuration tested) the bf16 logits were off by up to 4.39 on one H100
+            # while every op was right; v reaching torch's attention with that row stride (450
+            # elements) is the suspected cause (scripts/diag_sdpa_stride.py measures it)
             full = full.view(self.world, t, self.qkv_per_rank).transpose(0, 1).reshape(t, -1)[:, :self.qkv_cols]
             full = full.contiguous()
         q, k, v = full.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)

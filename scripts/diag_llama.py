@@ -94,8 +94,8 @@ class CheckedF:
 
     def linear(self, x, w, bias=None):
         out = F.linear(x, w, bias)
-        want = x.detach().cpu().double() @ w.detach().cpu().double().T
-        scale = (x.detach().cpu().double().abs() @ w.detach().cpu().double().abs().T).max().item()
+        xd, wd = x.detach().cpu().double(), w.detach().cpu().double()
+        want, scale = xd @ wd.T, (xd.abs() @ wd.abs().T).max().item()
         self.chk._note(f"F.linear {list(x.shape[-1:])}x{list(w.shape)}", out, want, scale)
         return out
 

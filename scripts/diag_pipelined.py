@@ -22,16 +22,16 @@ from iris_fw import ccl, ops
 from iris_fw.engine.contract import PatternError
 
 
-def _inputs(seed, shape, world, dtype, device):
-    """Every rank's input of one call (the same on every rank: each builds all of them)."""
+def _inputs(seed, shape, world, dtype):
+    """Every rank's input of one call, on the host (the same on every rank: each builds all of them)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*shape, generator=g).to(dtype) for _ in range(world)], device
+    return [torch.randn(*shape, generator=g).to(dtype) for _ in range(world)]
 
 
 def _case_ccl_all_reduce(ctx, calls, algorithm, heap):
     n = 4096 + 37
     w, r = ctx.world_size, ctx.rank
-    data = [_inputs(1000 + i, (n,), w, torch.float32, ctx.device)[0] for i in range(calls)]
+    data = [_inputs(1000 + i, (n,), w, torch.float32) for i in range(calls)]
     make = ctx.zeros if heap else (lambda *s, **k: torch.zeros(*s, device=ctx.device, **k))
     ts = [make(n, dtype=torch.float32) for _ in range(calls)]
     for t, d in zip(ts, data):
@@ -43,7 +43,7 @@ def _case_ccl_all_reduce(ctx, calls, algorithm, heap):
 
 def _case_all_gather(ctx, calls):
     n, w, r = 2048 + 5, ctx.world_size, ctx.rank
-    data = [_inputs(2000 + i, (n,), w, torch.float32, ctx.device)[0] for i in range(calls)]
+    data = [_inputs(2000 + i, (n,), w, torch.float32) for i in range(calls)]
     src = [ctx.zeros(n, dtype=torch.float32) for _ in range(calls)]
     for s, d in zip(src, data):
         s.copy_(d[r])
@@ -55,7 +55,7 @@ def _case_all_gather(ctx, calls):
 
 def _case_reduce_scatter(ctx, calls):
     n, w, r = 1024 + 3, ctx.world_size, ctx.rank
-    data = [_inputs(3000 + i, (w * n,), w, torch.float32, ctx.device)[0] for i in range(calls)]
+    data = [_inputs(3000 + i, (w * n,), w, torch.float32) for i in range(calls)]
     src = [ctx.zeros(w * n, dtype=torch.float32) for _ in range(calls)]
     for s, d in zip(src, data):
         s.copy_(d[r])

@@ -167,7 +167,28 @@ class HeaderIO:
                 self._stream = self._buffer = None
 
 
-class GpuIpcTransport(Transport):
+class DeviceHeapTransport(Transport):
+    """The teardown every transport of a device heap shares (gpu_ipc, nvshmem): wait for this
+    device, meet the peers (none still reads or writes this heap), drop the heap and the header
+    reader, then :meth:`_release` what the transport mapped and allocated. Subclasses set
+    ``_bootstrap`` and ``_header_io`` (a :class:`HeaderIO`)."""
+
+    def synchronize(self):
+        torch.cuda.synchronize(self.device)
+
+    def close(self):
+        self.synchronize()
+        self._bootstrap.barrier()  # no peer still reads or writes our heap
+        self.heap = None
+        self._header_io.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Unmap the peers' heaps and free this rank's (also after a failed set-up)."""
+        raise NotImplementedError
+
+
+class GpuIpcTransport(DeviceHeapTransport):
     name = "gpu_ipc"
 
     @classmethod
@@ -260,7 +281,7 @@ class GpuIpcTransport(Transport):
             self.bases.append(mapped.value)
         problems = [p for p in bootstrap.all_gather(problem) if p]
         if problems:
-            self._free()
+            self._release()
             raise IrisError("gpu_ipc set-up failed: " + "; ".join(problems))
         self._check_bases()
         self.heap = self.wrap(self._own, heap_size)[0]
@@ -280,17 +301,7 @@ class GpuIpcTransport(Transport):
         tensor = torch.as_tensor(owner, device=self.device)
         return tensor, owner
 
-    def synchronize(self):
-        torch.cuda.synchronize(self.device)
-
-    def close(self):
-        self.synchronize()
-        self._bootstrap.barrier()  # no peer still reads or writes our heap
-        self.heap = None
-        self._header_io.close()
-        self._free()
-
-    def _free(self):
+    def _release(self):
         for address in self._opened:
             self._rt("IpcCloseMemHandle", ctypes.c_void_p(address))
         self._opened = []

@@ -31,8 +31,7 @@ from iris_fw import devinfo, env, interpreting
 from . import library as nv
 from iris_fw.errors import EnvironmentVariableError, IrisError
 from iris_fw.hookspecs import hookimpl
-from iris_fw.transport_base import Transport
-from iris_fw.transports.gpu_ipc import GpuIpcTransport, HeaderIO, _DeviceBlock, _Runtime
+from iris_fw.transports.gpu_ipc import DeviceHeapTransport, GpuIpcTransport, HeaderIO, _DeviceBlock, _Runtime
 
 #: Bytes of the symmetric heap NVSHMEM keeps for itself (teams, collectives' work arrays) on top
 #: of iris-fw's heap, when iris-fw sizes it (``NVSHMEM_SYMMETRIC_SIZE`` unset).
@@ -50,7 +49,7 @@ def _mpi_library() -> str | None:
     return MPI.Get_library_version()
 
 
-class NvshmemTransport(Transport):
+class NvshmemTransport(DeviceHeapTransport):
     name = "nvshmem"
 
     @classmethod
@@ -199,16 +198,6 @@ class NvshmemTransport(Transport):
         """As gpu_ipc's; nothing is written to a peer on another node (see header_words)."""
         if self.bases[rank]:
             self._header_io.write(self.bases[rank] + 8 * slot, values)
-
-    def synchronize(self):
-        torch.cuda.synchronize(self.device)
-
-    def close(self):
-        self.synchronize()
-        self._bootstrap.barrier()  # no peer still reads or writes our heap
-        self.heap = None
-        self._header_io.close()
-        self._release()
 
     def _release(self):
         if self._attached:

@@ -80,10 +80,13 @@ def _close_others(ctx) -> None:
                 pass
 
 
-def _worker(conn, env: dict, heap_size: int, wait_timeout: float) -> None:
+def _worker(conn, env: dict, heap_size: int, wait_timeout: float, threads: int) -> None:
     _exit_with_parent()
     os.environ.update(env)
-    import iris_fw
+    import iris_fw  # first: its import sets the interpreter switch
+    import torch
+
+    torch.set_num_threads(threads)  # the pool's ranks share the host's cores (RankPool)
 
     try:
         ctx = iris_fw.init(heap_size=heap_size, wait_timeout=wait_timeout)
@@ -145,11 +148,16 @@ class RankPool:
         self._rendezvous = Rendezvous()  # on 127.0.0.1, as iris-fw launch's
         spawn = mp.get_context("spawn")
         self._conns, self._procs = [], []
+        # the host's cores split between the ranks of every pool running at once (pytest-xdist's
+        # workers each hold pools): float64 references on a GPU machine's 16 cores with ~18 ranks
+        # of 16 threads each ran many times slower than with their share
+        pools = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        threads = max(1, (os.cpu_count() or 1) // (world_size * pools))
         for rank in range(world_size):
             parent, child = spawn.Pipe()
             env = rank_environ(rank, world_size, self._rendezvous.port, self._prefix, base={})
             env.update(self._rendezvous.environ())
-            proc = spawn.Process(target=_worker, args=(child, env, heap_size, wait_timeout), daemon=True)
+            proc = spawn.Process(target=_worker, args=(child, env, heap_size, wait_timeout, threads), daemon=True)
             proc.start()
             child.close()
             self._conns.append(parent)

@@ -13,10 +13,12 @@ fixtures ``iris_pool`` (a factory: ``iris_pool(world_size)``) and ``on_gpu``.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -40,6 +42,8 @@ POOL_WAIT_TIMEOUT_S = 120.0
 _POISONED = "AcceleratorError"
 #: After one rank fails, seconds the others get to report before the pool is killed.
 _FAILURE_GRACE_S = 10.0
+#: Seconds to wait for a lost rank's process to finish exiting, for its exit status.
+_EXIT_WAIT_S = 3.0
 
 
 def torchrun(n: int) -> list[str]:
@@ -87,6 +91,7 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float, threads: int) 
     import torch
 
     torch.set_num_threads(threads)  # the pool's ranks share the host's cores (RankPool)
+    faulthandler.enable()  # a rank that dies in native code says where, on its stderr
 
     try:
         ctx = iris_fw.init(heap_size=heap_size, wait_timeout=wait_timeout)
@@ -179,9 +184,10 @@ class RankPool:
         replies = self._collect(timeout)
         failures = [(r, rep) for r, rep in enumerate(replies) if rep is None or rep[0] != "ok"]
         if failures:
-            if any(rep is None for rep in replies) or any(_POISONED in str(rep[1]) for _, rep in failures if rep):
-                # a rank is stuck (in a collective with a failed rank), or a device fault poisoned
-                # a rank's GPU context (every later CUDA call there fails): start afresh
+            if any(rep is None or rep[0] == "lost" for rep in replies) or any(
+                    _POISONED in str(rep[1]) for _, rep in failures if rep):
+                # a rank is stuck (in a collective with a failed rank) or gone, or a device fault
+                # poisoned a rank's GPU context (every later CUDA call there fails): start afresh
                 self.close()
             raise RankFailure(self._describe(getattr(fn, "__qualname__", repr(fn)), failures))
         return [rep[1] for rep in replies]
@@ -199,12 +205,27 @@ class RankPool:
                         try:
                             replies[rank] = conn.recv()
                         except EOFError:
-                            replies[rank] = ("error", f"rank {rank} exited (code {self._procs[rank].exitcode})")
+                            replies[rank] = ("lost", f"rank {rank} exited ({self._exit_status(rank)})")
                     elif not self._procs[rank].is_alive():
-                        replies[rank] = ("error", f"rank {rank} died (exit code {self._procs[rank].exitcode})")
-            if any(r is not None and r[0] == "error" for r in replies):
+                        replies[rank] = ("lost", f"rank {rank} died ({self._exit_status(rank)})")
+            if any(r is not None and r[0] != "ok" for r in replies):
                 deadline = min(deadline, now + _FAILURE_GRACE_S)
         return replies
+
+    def _exit_status(self, rank: int) -> str:
+        """How rank ``rank``'s process ended: its exit code or the signal that killed it (waits a
+        little for a process still exiting)."""
+        proc = self._procs[rank]
+        proc.join(_EXIT_WAIT_S)
+        code = proc.exitcode
+        if code is None:
+            return "still exiting"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
 
     def _describe(self, what: str, failures: list) -> str:
         parts = [f"{what} failed on {len(failures)} of {self.world_size} ranks"]

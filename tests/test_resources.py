@@ -4,6 +4,7 @@ context (never a crash), and segments of ranks that died during set-up."""
 import gc
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import triton
 import triton.language as tl
 
 import iris_fw
+import iris_fw.testing
 from iris_fw import device as dv
 from iris_fw.errors import ContextClosed, HeapTooLarge
 from iris_fw.transports import host_shm
@@ -270,3 +272,23 @@ def test_a_failed_setup_unlinks_its_segments_at_once(monkeypatch, fails_at):
         for n in os.listdir("/dev/shm"):
             if n.startswith(prefix):
                 os.unlink(os.path.join("/dev/shm", n))
+
+
+def _die_on_rank_one(ctx):
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    ctx.barrier()
+
+
+def _world_size(ctx):
+    return ctx.world_size
+
+
+def test_a_rank_lost_in_a_pool_is_named_and_the_pool_replaced(iris_pool):
+    """A pool rank that dies in native code (SIGSEGV here) is reported with its signal, and the
+    next test gets a fresh pool instead of a broken pipe to the dead rank."""
+    pool = iris_pool(2)
+    with pytest.raises(iris_fw.testing.RankFailure, match=r"rank 1 (exited|died) \(killed by SIGSEGV\)"):
+        pool.run(_die_on_rank_one)
+    assert pool.broken
+    assert iris_pool(2).run(_world_size) == [2, 2]

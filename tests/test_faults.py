@@ -73,10 +73,19 @@ def _alive(pid: int) -> str | None:
         return None
 
 
-def _mpirun_ended_it(out: str, pid: int | None) -> bool:
-    """Whether mpirun ended the job for rank 1: its report names rank 1's pid, or rank 1 called
-    MPI_Abort after its own failure (its message names it)."""
-    return (pid is not None and f"PID {pid} RUNNING AT" in out) or "rank 1 failed during iris_fw.init" in out
+def _launcher_ended_it(launcher: str, out: str, pid: int | None) -> bool:
+    """Whether the launcher ended the job for rank 1 before a survivor noticed (its SIGTERM
+    kills a rank whose watchdog was not asked to handle it, IRIS_FW_LAUNCHER_SIGNALS): mpirun's
+    report names rank 1's pid, or rank 1 called MPI_Abort after its own failure (its message names
+    it); torchrun's report gives rank 1 as the root cause (seen on one H100, 2026-11-27: rank 1
+    SIGKILLed between two calls, torchrun's SIGTERM reached rank 0 0.15 s later, before its next
+    call)."""
+    if launcher == "mpirun":
+        return (pid is not None and f"PID {pid} RUNNING AT" in out) or "rank 1 failed during iris_fw.init" in out
+    if launcher == "torchrun":
+        root = out.split("Root Cause (first observed failure):", 1)
+        return len(root) == 2 and re.search(r"^\s*rank\s*: 1 \(local_rank", root[1], re.M) is not None
+    return False
 
 
 def run_scenario(launcher: str, fault: str, when: str, work: str, tmp_path) -> dict:
@@ -106,13 +115,13 @@ def run_scenario(launcher: str, fault: str, when: str, work: str, tmp_path) -> d
     for rank in range(n):
         if rank == 1:
             continue
-        if rank not in survivors and launcher == "mpirun" and _mpirun_ended_it(out, pid_of.get(1)):
-            # mpirun's own failure detection ended the job first: a rank that died makes it kill
-            # every rank (its report names the dead rank's pid), and MPI_Abort from a rank that
-            # failed in set-up does the same (that rank's message names it)
+        if rank not in survivors and _launcher_ended_it(launcher, out, pid_of.get(1)):
+            # the launcher's own failure detection ended the job first: a rank that died makes
+            # mpirun kill every rank and torchrun stop them (their reports name the dead rank),
+            # and MPI_Abort from a rank that failed in set-up does the same (its message names it)
             with open(stamp) as f:
                 survivors[rank] = (ended - float(f.read()),
-                                   f"ended by mpirun, which names rank 1 (pid {pid_of.get(1)}) or rank 1 aborted")
+                                   f"ended by {launcher}, which names rank 1 (pid {pid_of.get(1)}) or rank 1 aborted")
         assert rank in survivors, f"rank {rank} did not report its failure: " + where
         seconds, msg = survivors[rank]
         assert seconds <= BOUND_S, f"rank {rank} failed after {seconds} s (bound {BOUND_S} s): " + where

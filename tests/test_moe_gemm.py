@@ -74,7 +74,8 @@ def check_out(ctx, got, d, h, w2, xs, idxs, ws, case):
     hc = h.cpu().double()
     for l in range(local):
         for s in range(counts[l]):
-            mine[(int(src_r[l, s]), int(src_t[l, s]), int(src_k[l, s]))] = hc[l, s]
+            # a clone: pickling a view sends its whole storage ([L, C, N] doubles) once per row
+            mine[(int(src_r[l, s]), int(src_t[l, s]), int(src_k[l, s]))] = hc[l, s].clone()
     everyone = {}
     for part in ctx.bootstrap.all_gather(mine):
         everyone.update(part)

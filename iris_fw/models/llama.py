@@ -295,10 +295,10 @@ class LlamaTP:
             full = part
         else:
             full = fns.all_gather(part, self.world)                           # [W * T, NL]
-            # contiguous: a padded gather leaves rows of W * NL > (Hq + 2 Hkv) D elements. At W = 3 (the
-            # only padded GPU configuration tested) the bf16 logits were off by up to 4.39 on one H100
-            # while every op was right; v reaching torch's attention with that row stride (450
-            # elements) is the suspected cause (scripts/diag_sdpa_stride.py measures it)
+            # contiguous: a padded gather leaves rows of W * NL > (Hq + 2 Hkv) D elements, and torch's
+            # fused attention misreads rows that are not 16-byte aligned: on one H100, a bf16 v with a
+            # 450-element row stride (W = 3's) gave an error of 3.49, strides of 64 or 448 gave 0.008
+            # (scripts/diag_sdpa_stride.py, docs/gpu-tests.md run 17)
             full = full.view(self.world, t, self.qkv_per_rank).transpose(0, 1).reshape(t, -1)[:, :self.qkv_cols]
             full = full.contiguous()
         q, k, v = full.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)

@@ -64,16 +64,18 @@ def _model(ctx, dtype, gpu: bool):
 
 
 class _HF:
-    """transformers' decode step over a ``StaticCache`` of ``length + SLACK`` positions holding
-    the first ``length`` keys and values of ``tp``'s cache (W = 1: one rank holds them all)."""
+    """transformers' decode step of ``tokens [B]`` over a ``StaticCache`` of ``length + SLACK``
+    positions holding the first ``length`` keys and values of ``tp``'s cache (W = 1: one rank
+    holds them all)."""
 
-    def __init__(self, model, tp, batch: int, length: int):
+    def __init__(self, model, tp, batch: int, length: int, tokens: torch.Tensor):
         from transformers import StaticCache
 
         self.model, self.length = model, length
         self.cache = StaticCache(config=model.config, max_cache_len=length + SLACK)
         dev = tp.ctx.device
-        self.tokens = tp.next_tokens.clone()[:, None]
+        # the tokens iris-fw's step is fed (tp.next_tokens has moved on if a capture ran a step)
+        self.tokens = tokens.clone()[:, None]
         self.position = torch.full((batch, 1), length, dtype=torch.int64, device=dev)
         with torch.no_grad():  # initializes the layers' tensors (one token at position 0), then the state
             model(input_ids=self.tokens, past_key_values=self.cache, position_ids=torch.zeros_like(self.position),
@@ -90,7 +92,7 @@ class _HF:
             layer.cumulative_length.fill_(self.length)
 
     def step(self, forward=None) -> torch.Tensor:
-        forward = forward or self.model
+        forward = self.model if forward is None else forward  # (a model's truth value is its len())
         with torch.no_grad():
             out = forward(input_ids=self.tokens, past_key_values=self.cache, position_ids=self.position,
                           use_cache=True)
@@ -165,7 +167,7 @@ class ModelBench:
             notes["iris_fw compiled"] = why
         hf, err = None, None
         if "transformers" not in skipped:
-            why = _attempt(ctx, lambda: holder.setdefault("hf", _HF(model, tp, batch, length)))
+            why = _attempt(ctx, lambda: holder.setdefault("hf", _HF(model, tp, batch, length, tok)))
             if why is None:
                 hf = holder["hf"]
                 with torch.no_grad():

@@ -45,6 +45,8 @@ IDLE, IN_HOST_CALL, IN_GROUP_CALL = 0, 1, 2
 #: Failure kinds on a board (0: none) and the error a peer raises for each.
 _FAILED = {1: CallMismatch, 2: WaitTimeout, 3: PeerFailure}
 _KIND = {cls: kind for kind, cls in _FAILED.items()}
+#: How the abort for a call mismatch found while waiting (:meth:`Calls.mismatch`) begins its cause.
+_MISMATCH_CAUSE = "CallMismatch: "
 #: Seconds between two looks at the peers' boards and counters while a rank waits.
 CHECK_INTERVAL_S = 0.1
 #: Validated calls named per kernel in a message (the rest: "…").
@@ -180,7 +182,10 @@ class Calls:
         board: in this host call or a later one, or — while the job is aborted and this is not
         the barrier that recovers from it (``recovering``) — inside a call before this one, see
         :func:`iris_fw.callpath.fail`), it launched a kernel this rank did not, or (``group``: this
-        rank waits in a group's exchange) it entered a later host call. Called between polls of a
+        rank waits in a group's exchange) it entered a later host call — :class:`~iris_fw.PeerFailure`
+        with the abort's cause where the job was aborted by another rank's host failure inside a call
+        (:meth:`~iris_fw.watchdog.Watchdog.host_failure`: the failed rank's board no longer says so once
+        it entered its re-arming barrier), else :class:`CallMismatch`. Called between polls of a
         wait."""
         ctx = self._ctx()
         aborted = None
@@ -199,6 +204,16 @@ class Calls:
                 error.from_peer = p  # (not this rank's own timeout)
                 raise error
             if group and state == IN_HOST_CALL and seq > self.host_seq:
+                failed = ctx.watchdog.host_failure()
+                if failed is not None and failed[0] != ctx.rank and f"failed: {_MISMATCH_CAUSE}" not in failed[1]:
+                    # the job was aborted by a rank's host failure inside a call (its board, overwritten by
+                    # its next host call — the re-arming barrier —, no longer says so): that failure is why
+                    # the peer went on, and what this rank raises (an abort for a call mismatch found
+                    # while waiting: the mismatch below, as before)
+                    origin, text = failed
+                    error = PeerFailure(f"rank {ctx.rank} in {mine}: {text}")
+                    error.rank = error.from_peer = origin
+                    raise error
                 raise self.mismatch(f"rank {p} is in {text} (its host call #{seq}) while rank {ctx.rank} is in {mine}: "
                                     f"rank {p} went on without this call (it skipped it, or called another collective)")
         found = self.ahead(peers)
@@ -214,7 +229,7 @@ class Calls:
         """A :class:`CallMismatch` found while waiting: on the board, and the job's device waits
         aborted (a peer waiting on the device raises it as the cause)."""
         error = self.fail(CallMismatch(text))
-        self._ctx().abort(f"CallMismatch: {text}")
+        self._ctx().abort(f"{_MISMATCH_CAUSE}{text}")
         self._told = True  # (until the re-arm: the peer's counters stay ahead)
         return error
 

@@ -59,7 +59,8 @@ so every rank takes the same path on every call) is validated across ranks (the 
 exchange, :meth:`iris_fw.ccl.Group.exchange`, bounded by the context's ``wait_timeout``): a
 mismatch, or a rank's bad argument — a routing index outside ``[-1, E)`` included (checked on
 the host on this first call) — raises on every rank. It then allocates the plan's symmetric
-buffers (one barrier); later calls are a dictionary look-up, the local checks that depend on
+buffers (one exchange of the world group: a rank failing before it fails its peers there at once);
+later calls are a dictionary look-up, the local checks that depend on
 ``T`` (:func:`check_tokens`; the combine's ``out`` rows) and one or two launches. Every call goes
 through the library's one call path (:func:`iris_fw.callpath.call` /
 :func:`~iris_fw.callpath.plan_call`): a host failure on a rank after the ranks agreed — planning
@@ -639,7 +640,17 @@ class MoePlan:
         # combine rows back at the source: one per (token, k), or (throughput) one per (token, rank)
         self.comb = ctx.zeros(T, K if c.mode == "low_latency" else W, H, dtype=c.x_dtype)
         self.src_slot = ctx.zeros(T, K, dtype=i32)
-        self.slots = ctx.zeros(5, W, dtype=i64)  # dispatch entry, done; combine entry, done; scatter done
+        # Barrier slots: dispatch entry, done; combine entry, done; scatter done. A slot holds the epoch
+        # of its rank's last arrival and a wait passes at ">= epoch", so a slot array must have exactly
+        # one epoch counter (two would let the call with the lower count pass at once on an older,
+        # higher arrival). Here each row belongs to one kernel of this plan with one grid and one
+        # counter: rows 0-1 the dispatch (low_latency's kernel or throughput's pack: one mode per plan,
+        # epochs["dispatch"]), 2-3 the combine push (epochs["combine"]), 4 the scatter
+        # (epochs["scatter"]). Plans never share slots: each agreed MoeCall (shapes, mode, fused tile
+        # rows and programs: everything a kernel's constexprs or grid depend on) gets its own plan and
+        # its own allocation, so two plans alive at once — two sizes alternating — each count their
+        # own calls. The fused GEMM -> combine of iris_fw.moe_gemm has slots of its own per plan.
+        self.slots = ctx.zeros(5, W, dtype=i64)
         self.tiles = triton.cdiv(C, c.tile_rows) if c.tile_rows else 1
         # rows arrived per fused-GEMM tile (peers add to it); a plain dispatch passes counters instead (unused)
         self.arrived = ctx.zeros(L, self.tiles, dtype=i32) if c.tile_rows else self.counters
@@ -836,24 +847,34 @@ def _key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, 
 
 
 def _prepare(ctx, g, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode, tile_rows,
-             programs) -> MoePlan:
+             programs, rejected: BaseException | None = None) -> MoePlan:
     """The miss path of a dispatch (:func:`iris_fw.callpath.plan_call`): the arguments checked
     locally and agreed across ranks (the world group's exchange: a rank's bad argument raises on
     every rank), then the plan made — or the group's plan of the same agreed call. A failure
     while making it (allocating, building the launchers), after every rank agreed, aborts the
-    peers."""
+    peers. ``rejected``: the caller's rejection of an argument of its own (reported like this
+    rank's bad argument)."""
     label = "iris_fw.moe_dispatch"
 
     def check():
         call = check_args(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,
                           tile_rows, programs)
+        if rejected is not None:
+            raise rejected
         return call.fields(ctx.device.type, True), call, None
 
     def make(call, _agreed) -> MoePlan:
         made = g.configs.get(("moe", call))
         if made is None:
-            made = g.configs[("moe", call)] = MoePlan(g, call)
-            ctx.barrier()  # every rank's buffers and slots are zeroed before any peer writes into them
+            made = MoePlan(g, call)
+            # every rank's buffers and slots are zeroed before any peer writes into them: the group's
+            # exchange (it synchronizes this rank's device work first), not ctx.barrier() — a rank that
+            # failed while making its plan (plan_call aborts the job: callpath.fail) never comes, and a
+            # barrier, which is also how a job recovers, would wait for it and then pair with that rank's
+            # re-arming ctx.barrier(); the exchange sees the failure (the rank's call board, or the
+            # abort's record once the board moved on) and raises PeerFailure naming it at once
+            g.sync(f"{label}: the plan's buffers zeroed")
+            g.configs[("moe", call)] = made  # kept once every rank has made it
         return made
 
     return callpath.plan_call(ctx, label, check, lambda fields, error, _: g.exchange(label, fields, error), make)
@@ -861,12 +882,16 @@ def _prepare(ctx, g, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank
 
 def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
          max_tokens_per_rank: int, capacity: int | None = None, dtype: torch.dtype | None = None,
-         ctx: Any = None, mode: str = "auto", tile_rows: int = 0, programs: int = 0) -> MoePlan:
+         ctx: Any = None, mode: str = "auto", tile_rows: int = 0, programs: int = 0,
+         rejected: BaseException | None = None) -> MoePlan:
     """The :class:`MoePlan` :func:`moe_dispatch` runs for such arguments (collective on a cache
     miss: validated across ranks, then allocated; a hit checks nothing — calling the plan,
     ``plan(x, topk_idx, topk_weights)``, checks the call's token count). ``tile_rows`` and
     ``programs`` (internal, :mod:`iris_fw.moe_gemm`): the fused expert GEMM's tile rows (0:
-    none) and a cap on the dispatch kernels' programs (0: none)."""
+    none) and a cap on the dispatch kernels' programs (0: none). ``rejected`` (internal): the
+    caller rejected an argument of its own (:mod:`iris_fw.moe_gemm`'s ``schedule``) — on a miss
+    it goes into the validation exchange with this rank's checks (every rank raises); the caller
+    passes it only where :func:`cached_plan` found no plan."""
     from .ccl import api
 
     ctx = _context.resolve(ctx)
@@ -877,8 +902,20 @@ def plan(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, nu
     made = g.calls.get(key)
     if made is None:
         made = g.calls.put(key, _prepare(ctx, g, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank,
-                                         capacity, dtype, mode, tile_rows, programs))
+                                         capacity, dtype, mode, tile_rows, programs, rejected))
     return made
+
+
+def cached_plan(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,
+                tile_rows: int = 0, programs: int = 0) -> MoePlan | None:
+    """The :class:`MoePlan` :func:`plan` has cached for these arguments, or None (a look-up:
+    nothing planned, no group made)."""
+    paths = ctx.extensions.get(callpath.EXTENSION)
+    g = paths.groups.get(None) if paths is not None else None
+    if g is None:
+        return None
+    return g.calls.get(_key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,
+                            tile_rows, programs))
 
 
 def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,

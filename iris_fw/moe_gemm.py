@@ -54,10 +54,15 @@ groups with their scales as it loads them (``block_k`` divides 128) and multipli
 **Calls.** Collective, validated like :mod:`iris_fw.moe`'s calls: the dispatch's shape class
 through its plan (the fused plan is its own: its dispatch signals tiles), the weight's shape,
 dtype and the schedule across ranks on the first call of a class (a mismatch or a rank's bad
-argument raises on every rank); later calls check locally. Both calls take the library's one call
-path (:mod:`iris_fw.callpath`): a host failure on a rank after the ranks agreed — a local check,
-allocating, a launch — aborts the peers' waits (they raise :class:`~iris_fw.PeerFailure` naming
-it). The returned ``y`` and the dispatch's buffers are overwritten by the plan's next call.
+argument raises on every rank); later calls check locally. A bad ``schedule=`` is bad input like
+the others: checked with the arguments before the ranks agree on a first call (every rank
+raises), and on a cached call raised with the peers aborted (they raise
+:class:`~iris_fw.PeerFailure` naming the rank and the error; :func:`_reject_schedule`). Both calls
+take the library's one call path (:mod:`iris_fw.callpath`): a host failure on a rank after the
+ranks agreed — a local check, allocating, a launch — aborts the peers' waits (they raise
+:class:`~iris_fw.PeerFailure` naming it). The returned ``y`` and the dispatch's buffers are
+overwritten by the plan's next call. A plan's GEMM → combine calls of every ``I`` share its one
+set of barrier slots with one epoch sequence (:class:`_CombineState`).
 
 Why not an :mod:`iris_fw.engine` pattern: the engine's communicate-first patterns fetch chunks
 into local staging and release *local* per-chunk flags that a tile waits for; here a tile's rows
@@ -344,6 +349,9 @@ class _GemmState:
             dispatch = max(plan.nprog, plan.nprog_scatter if c.mode == "throughput" else 0)
             programs = max(1, min(work, devinfo.num_sms(dev) - dispatch))
         self.programs = programs
+        # local only: the GEMM's last program (tilecomm.last_program, on this grid's own counter) zeroes
+        # the plan's ``arrived`` counters; no cross-rank slot is waited on with these epochs, so GEMMs of
+        # several N on one plan (each its own epochs and grid) share nothing epoch-ordered
         self.epochs = torch.zeros(programs, dtype=torch.int64, device=dev)
         self.state = torch.zeros(1, dtype=torch.int64, device=dev)
         self.side = None
@@ -385,11 +393,37 @@ def _mean_rows(ctx, topk_idx, num_experts, max_tokens) -> float | None:
 
 
 def _resolve_schedule(device: torch.device, schedule) -> str:
+    """The schedule ``schedule=`` names on ``device`` (``"auto"`` resolved), else an
+    :class:`~iris_fw.errors.ArgumentError` naming ``schedule`` and the accepted values."""
     if not isinstance(schedule, str) or schedule not in ("auto", *SCHEDULES):
         raise ArgumentError(f"moe_dispatch_gemm: schedule must be 'auto' or one of {SCHEDULES}, got {schedule!r}")
     if schedule == "auto":
         return "producer_consumer" if device.type == "cuda" else "bulk_sync"
     return schedule
+
+
+def _reject_schedule(ctx, label: str, error: ArgumentError, cfg: TileConfig, plan_args: tuple) -> None:
+    """This rank's ``schedule=`` is bad (``error``); raises it, so that every rank raises.
+
+    Where no fused plan of this call's shape class is cached (under either schedule's dispatch
+    programs), every rank plans the call now (the ranks make the same calls, so their caches
+    agree): the error goes with the arguments into the plan's validation exchange, before the
+    ranks agree (as :mod:`iris_fw.ccl` checks an unknown algorithm name): every rank raises — the
+    ranks that passed the bad schedule this error, the others a
+    :class:`~iris_fw.engine.contract.CollectiveMismatch` (a ValueError too) naming the rank and
+    the error. Where a plan is cached, the peers may be on the cached path, already inside the
+    call's kernels, which no exchange reaches: the error takes the call path's way for a host
+    failure after the ranks agreed (:func:`iris_fw.callpath.fail`): the peers' waits abort at
+    once and they raise :class:`~iris_fw.PeerFailure` naming this rank and the error (a rank
+    whose schedule is bad too raises this error); ``ctx.barrier()`` re-arms the job."""
+    x, topk_idx, topk_weights, num_experts, max_tokens, capacity, dtype, mode = plan_args
+    if any(moe.cached_plan(ctx, *plan_args, tile_rows=cfg.block_m, programs=programs) is not None
+           for programs in {cfg.dispatch_programs, 0}):
+        callpath.fail(ctx, label, error)
+        raise error
+    moe.plan(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank=max_tokens, capacity=capacity,
+             dtype=dtype, mode=mode, ctx=ctx, tile_rows=cfg.block_m, programs=0, rejected=error)
+    raise error  # (not reached: the exchange raised on every rank)
 
 
 def moe_dispatch_gemm(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, weight: torch.Tensor,
@@ -404,14 +438,18 @@ def moe_dispatch_gemm(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: tor
     x's dtype for ``y`` (default: the plan's buffer). See the module docstring."""
     ctx = _context.resolve(ctx)
     ctx._check_open()
-    sched = _resolve_schedule(ctx.device, schedule)
+    label = "iris_fw.moe_dispatch_gemm"
     cfg = tile_config(ctx.device, _mean_rows(ctx, topk_idx, num_experts, max_tokens_per_rank))
+    try:
+        sched = _resolve_schedule(ctx.device, schedule)
+    except ArgumentError as exc:  # bad input: raised on every rank (see _reject_schedule)
+        _reject_schedule(ctx, label, exc, cfg, (x, topk_idx, topk_weights, num_experts, max_tokens_per_rank,
+                                                capacity, dtype, mode))
     programs = cfg.dispatch_programs if sched == "producer_consumer" else 0
     made = moe.plan(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank=max_tokens_per_rank,
                     capacity=capacity, dtype=dtype, mode=mode, ctx=ctx, tile_rows=cfg.block_m, programs=programs)
     n = weight.shape[2] if isinstance(weight, torch.Tensor) and weight.dim() == 3 else None
     key = (n, getattr(weight, "dtype", None), getattr(weight, "device", None), sched)
-    label = "iris_fw.moe_dispatch_gemm"
     return callpath.call(ctx, made.gemm_calls, key, lambda _: _prepare(
         made, label, {"weight N (weight.shape[2])": n, "weight dtype": key[1], "schedule": sched},
         lambda: _check_dispatch_gemm(made, weight, out), lambda: _GemmState(made, n, weight.dtype, sched, cfg)),
@@ -419,7 +457,8 @@ def moe_dispatch_gemm(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: tor
 
 
 class _CombineState:
-    """A plan's GEMM → combine buffers (allocated on every rank after the first call's exchange)."""
+    """A plan's GEMM → combine buffers, barrier slots, call epochs and grid, shared by its calls
+    of every ``(I, dtypes)`` (allocated on every rank after the first call's exchange)."""
 
     def __init__(self, plan: moe.MoePlan):
         c, ctx = plan.call, plan.ctx
@@ -427,15 +466,33 @@ class _CombineState:
         # one row per (token, k) at the source: the low_latency combine's buffer, else one of its own
         self.comb = plan.comb if c.mode == "low_latency" else ctx.zeros(c.max_tokens, c.topk, c.hidden,
                                                                         dtype=c.x_dtype)
+        # The entry / done barrier of every moe_gemm_combine call on this plan, whatever its I or
+        # dtypes: one slot array, so ONE epoch sequence (``epochs``, ``state``) and one grid
+        # (``programs``: the tiles are over the output [L, C, H], whatever I is) for all of them. A
+        # slot holds the epoch of its rank's last arrival and a wait passes at ``>= epoch``: two
+        # counters on one slot array (as per-I epochs were) would let a call with the lower
+        # count pass its barriers at once on a peer's older, higher arrival — a peer's rows still
+        # on their way when its combine buffer is read, or overwritten while being read — and an
+        # arrival with the lower count overwrite a higher one a peer still waits for. Each plan
+        # has its own state (``plan.gemm_combine``): plans never share slots; nor with the
+        # plan's own dispatch / combine barriers (its ``slots``, each row with its own counter).
+        # (low_latency: ``comb`` is the plan's moe_combine buffer, written under two barriers —
+        # safe: passing either one's entry means every peer entered that call, so its earlier
+        # work on its stream, a reduce of ``comb`` included, is done.)
         self.slots = ctx.zeros(2, c.world, dtype=torch.int64)
-        # per (I, dtypes): the launch's call epochs and last-program state (kept while the plan lives)
-        self.epochs: dict = {}
-        self.states: dict = {}
+        self.cfg = tile_config(dev, c.max_tokens * c.world * c.topk / c.num_experts)
+        work = triton.cdiv(c.capacity, self.cfg.block_m) * c.local_experts * triton.cdiv(c.hidden, self.cfg.block_n)
+        self.programs = devinfo.persistent_programs(dev, work)
+        self.epochs = torch.zeros(self.programs, dtype=torch.int64, device=dev)
+        self.state = torch.zeros(1, dtype=torch.int64, device=dev)
         kp = max(2, triton.next_power_of_2(c.topk))
         self.reduce = KernelLauncher(moe._combine_reduce_kernel, (plan.nprog,), constexprs=dict(
             H=c.hidden, K=c.topk, KP=kp, BH=min(moe.ROW_BLOCK, triton.next_power_of_2(c.hidden))),
             num_warps=moe.NUM_WARPS)
-        ctx.barrier()  # every rank's buffers zeroed before a peer writes into them
+        # every rank's buffers zeroed before a peer writes into them: the group's exchange, not
+        # ctx.barrier(), so that a rank failing above (aborting the job) fails its peers here at
+        # once (see iris_fw.moe's plan allocation)
+        plan.group.sync("iris_fw.moe_gemm_combine: the plan's GEMM -> combine buffers zeroed")
 
 
 def _check_gemm_combine(made: moe.MoePlan, h, weight, handle: moe.MoeHandle, out) -> None:
@@ -463,19 +520,15 @@ class _GemmCombine:
     exchange); calling it runs one :func:`moe_gemm_combine` call (the call path's cached entry)."""
 
     def __init__(self, made: moe.MoePlan, key: tuple, weight_dtype: torch.dtype):
-        c, ctx = made.call, made.ctx
+        c = made.call
         st = made.gemm_combine
         if st is None:
             st = made.gemm_combine = _CombineState(made)
         self.plan, self.st = made, st
-        cfg = tile_config(ctx.device, c.max_tokens * c.world * c.topk / c.num_experts)
-        work = triton.cdiv(c.capacity, cfg.block_m) * c.local_experts * triton.cdiv(c.hidden, cfg.block_n)
-        programs = devinfo.persistent_programs(ctx.device, work)
-        if key not in st.epochs:
-            st.epochs[key] = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
-            st.states[key] = torch.zeros(1, dtype=torch.int64, device=ctx.device)
-        self.epochs, self.state = st.epochs[key], st.states[key]
-        self.launch = KernelLauncher(_gemm_combine_kernel, (programs,), constexprs=dict(
+        cfg = st.cfg
+        # the plan's one epoch sequence and grid for its barrier slots (see _CombineState)
+        self.epochs, self.state = st.epochs, st.state
+        self.launch = KernelLauncher(_gemm_combine_kernel, (st.programs,), constexprs=dict(
             I=key[0], H=c.hidden, K=c.topk, L=c.local_experts, C=c.capacity, TMAX=c.max_tokens, BM=cfg.block_m,
             BN=cfg.block_n, BK=cfg.block_k, EXACT=_exact(weight_dtype)), num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)

@@ -426,6 +426,17 @@ class Watchdog:
         with self._lock:
             return self._context() is not None and self._read(self.rank, dev.HDR_ABORT.value, 1)[0] != 0
 
+    def host_failure(self) -> tuple[int, str] | None:
+        """``(origin, text)`` of the first host failure inside a call (:meth:`abort`, the call
+        path's :func:`iris_fw.callpath.fail`) recorded on this rank since its last barrier, while
+        the abort word is set; else None. The record outlives the failed rank's call board, which
+        its next host call (the re-arming barrier) overwrites."""
+        with self._lock:
+            if self._context() is None or self._read(self.rank, dev.HDR_ABORT.value, 1)[0] == 0:
+                return None
+            hosts = [(origin, text) for _, origin, kind, text, _ in self._records() if kind == CAUSE_HOST]
+        return hosts[0] if hosts else None
+
     def failure(self, consume: bool = True) -> BaseException | None:
         """The error this rank's host should raise after its device work finished, or ``None``:
         its own timed-out wait or failed pointer check; else the job's first cause when a wait

@@ -507,6 +507,48 @@ def test_a_host_failure_in_a_launch_fails_every_peer_at_once(iris_pool, world_si
     assert_peers_fail_at_once(results, "injected host failure")
 
 
+def _plan_fails(ctx):
+    """Rank W-1 raises on its host while it makes the MoePlan of a new shape class — after the
+    ranks agreed on the call, after its buffers were allocated, before the plan's allocation
+    barrier that its peers wait in: every peer raises PeerFailure naming that rank at once (the
+    call path's abort, seen by the barrier), not at the failed rank's later re-arming barrier
+    (which the allocation barrier used to pair with: a CallMismatch or a hang later). After the
+    re-arming barrier the ranks work on."""
+    from iris_fw import moe as moe_module
+    from iris_fw.ops import moe_combine, moe_dispatch
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    gen = torch.Generator().manual_seed(1234 + r)
+    tokens, experts = 1 + r, 2 * w
+    x = torch.randn(tokens, 12, generator=gen).to(dev, torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
+    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    calls = [0]
+
+    def call(bad):
+        calls[0] += 1
+        # the third call (the failing one) and later ones: a shape class of its own, planned anew
+        d = moe_dispatch(x, idx, wt, experts, max_tokens_per_rank=4 if calls[0] <= 2 else 5)
+        return moe_combine(d.x * 2, d.handle)
+
+    def inject(mp):
+        mp.setattr(moe_module, "KernelLauncher", boom)  # the plan's launchers, made after its buffers
+
+    results = peer_fails(ctx, call, inject, "plan")
+    out = call(False)
+    ctx.synchronize()
+    want = 2 * x.double() * wt.double().sum(1, keepdim=True)
+    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_host_failure_while_planning_fails_every_peer_at_once(iris_pool, world_size):
+    results = iris_pool(world_size).run(_plan_fails)
+    assert_peers_fail_at_once(results, "injected host failure")
+    assert all(isinstance(text, str) and "CallMismatch" not in text for _, _, text in results), results
+
+
 # ---- src_slot complete when the dispatch ends (throughput) ----------------------------------------
 
 

@@ -13,6 +13,8 @@ bf16, fp16 and fp8; both schedules. On GPUs the sizes grow and a CUDA graph repl
 routing.
 """
 
+import time
+
 import pytest
 import torch
 
@@ -315,6 +317,195 @@ def _launch_fails(ctx, op):
 def test_a_host_failure_in_a_launch_fails_every_peer_at_once(iris_pool, world_size, op):
     results = iris_pool(world_size).run(_launch_fails, op)
     assert_peers_fail_at_once(results, "injected host failure")
+
+
+# ---- a host failure while planning ----------------------------------------------------------------
+
+
+def _plan_fails(ctx, where):
+    """Rank W-1 raises on its host while it makes a plan, after the ranks agreed on the call and
+    after its buffers were allocated, before the allocation barrier its peers wait in —
+    ``where`` ``"dispatch_gemm"``: the fused dispatch's MoePlan of a new shape class;
+    ``"gemm_combine"``: that plan's GEMM -> combine state (made by its first moe_gemm_combine):
+    every peer raises PeerFailure naming that rank at once (:func:`helpers.peer_fails`). After
+    the re-arming barrier the ranks work on."""
+    from iris_fw import moe as moe_module
+    from iris_fw import moe_gemm
+    from iris_fw.ops import moe_dispatch_gemm, moe_gemm_combine
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    gen = torch.Generator().manual_seed(9753 + r)
+    tokens, experts, hidden, local = 1 + r, 2 * w, 12, 2
+    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
+    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    w1 = torch.eye(hidden, device=dev).to(torch.bfloat16).expand(local, hidden, hidden)
+    w2 = (2 * w1).contiguous()
+    calls = [0]
+
+    def call(bad):
+        calls[0] += 1
+        # the third call (the failing one) and later ones: a shape class of its own, planned anew
+        d = moe_dispatch_gemm(x, idx, wt, w1, experts, max_tokens_per_rank=4 if calls[0] <= 2 else 5)
+        return moe_gemm_combine(d.y, w2, d.handle)
+
+    def inject(mp):
+        if where == "dispatch_gemm":
+            mp.setattr(moe_module, "KernelLauncher", boom)  # the MoePlan's launchers, made after its buffers
+            return
+        real = moe_gemm.KernelLauncher
+
+        def launcher(kernel, *args, **kwargs):  # the GEMM -> combine state's, made after its buffers
+            if kernel is moe_module._combine_reduce_kernel:
+                boom()
+            return real(kernel, *args, **kwargs)
+
+        mp.setattr(moe_gemm, "KernelLauncher", launcher)
+
+    results = peer_fails(ctx, call, inject, "plan")
+    out = call(False)
+    ctx.synchronize()
+    want = 2 * x.double() * wt.double().sum(1, keepdim=True)
+    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
+    return results
+
+
+@pytest.mark.parametrize("where", ["dispatch_gemm", "gemm_combine"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_host_failure_while_planning_fails_every_peer_at_once(iris_pool, world_size, where):
+    results = iris_pool(world_size).run(_plan_fails, where)
+    assert_peers_fail_at_once(results, "injected host failure")
+
+
+# ---- schedule= ------------------------------------------------------------------------------------
+
+_SCHEDULE_ERROR = "schedule must be 'auto' or one of ('producer_consumer', 'bulk_sync')"
+
+
+def _schedule_case(ctx):
+    """One rank's call data for the schedule tests: ``call(schedule, max_tokens)`` makes a
+    moe_dispatch_gemm + moe_gemm_combine (identity experts times 2; ``max_tokens`` picks the shape
+    class) and returns its output; ``want`` its value. (A hidden size no other test of the pooled
+    ranks uses: their cached plans are not these.)"""
+    from iris_fw.ops import moe_dispatch_gemm, moe_gemm_combine
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    gen = torch.Generator().manual_seed(1357 + r)
+    tokens, experts, hidden, local = 2, 2 * w, 20, 2
+    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
+    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    w1 = torch.eye(hidden, device=dev).to(torch.bfloat16).expand(local, hidden, hidden)
+    w2 = (2 * w1).contiguous()
+
+    def call(schedule, max_tokens=2):
+        d = moe_dispatch_gemm(x, idx, wt, w1, experts, max_tokens_per_rank=max_tokens, schedule=schedule)
+        return moe_gemm_combine(d.y, w2, d.handle)
+
+    return call, 2 * x.double() * wt.double().sum(1, keepdim=True)
+
+
+def _bad_schedule_rank(ctx):
+    """A bad ``schedule=`` raises a ValueError naming ``schedule`` and the accepted values on every
+    rank: on a first call (a shape class without a plan) through the validation exchange —
+    passed by one rank (its peers: a CollectiveMismatch naming it) or by every rank (the same
+    error everywhere, nothing aborted) —; on a cached call passed by every rank, the same error
+    everywhere (each rank aborts the job: its peers could be in the call; ``ctx.barrier()``
+    re-arms it). The ranks work on after each."""
+    call, want = _schedule_case(ctx)
+    r = ctx.rank
+    got = {}
+    # (each case a shape class of its own: the check after each caches its plan)
+    for what, schedule, max_tokens in (("first_one", "bogus" if r == 1 else "auto", 3), ("first_all", "eager", 4),
+                                       ("cached_all", None, 5)):
+        if what == "cached_all":
+            call("auto", max_tokens)  # planned and cached on every rank
+            ctx.synchronize()
+        with pytest.raises(ValueError) as info:
+            call(schedule, max_tokens)
+        got[what] = (type(info.value).__name__, str(info.value))
+        if what == "cached_all":
+            ctx.barrier()  # re-arms the job
+        out = call("auto", max_tokens)
+        ctx.synchronize()
+        torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
+    return got
+
+
+def test_bad_schedule_raises_everywhere(iris_pool):
+    runs = iris_pool(2).run(_bad_schedule_rank)
+    (kind0, first0), (kind1, first1) = runs[0]["first_one"], runs[1]["first_one"]
+    assert kind1 == "ArgumentError" and f"{_SCHEDULE_ERROR}, got 'bogus'" in first1, runs
+    assert kind0 == "CollectiveMismatch" and "rank 1 rejected its arguments" in first0, runs
+    assert f"{_SCHEDULE_ERROR}, got 'bogus'" in first0, runs
+    for what, bad in (("first_all", "'eager'"), ("cached_all", "None")):
+        want = ("ArgumentError", f"moe_dispatch_gemm: {_SCHEDULE_ERROR}, got {bad}")
+        assert runs[0][what] == runs[1][what] == want, runs
+
+
+def _cached_bad_schedule(ctx):
+    """A bad ``schedule=`` on rank W-1 only, at a cached call (its peers on the cached path, in
+    the call's kernels): rank W-1 raises the ValueError, its peers PeerFailure naming it and the
+    error, at once (:func:`helpers.peer_fails`); the ranks work on after the re-arming barrier."""
+    call, want = _schedule_case(ctx)
+    results = peer_fails(ctx, lambda bad: call("bogus" if bad else "auto"), None, "argument")
+    out = call("auto")
+    ctx.synchronize()
+    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_bad_schedule_on_a_cached_call_fails_every_peer_at_once(iris_pool, world_size):
+    results = iris_pool(world_size).run(_cached_bad_schedule)
+    assert_peers_fail_at_once(results, _SCHEDULE_ERROR)
+
+
+# ---- two I sizes and two plans alternating ------------------------------------------------------
+
+
+#: (max_tokens_per_rank, I) per call: two plans (two shape classes) alive at once, each alternating two I.
+_ALTERNATING = [(4, 8), (4, 24), (5, 8), (5, 24), (4, 8), (4, 24), (5, 24)]
+
+
+def _alternating_rank(ctx, mode):
+    """moe_gemm_combine with two intermediate sizes I alternating on each of two plans alive at
+    once, rank 1 entering every GEMM -> combine 0.5 s after rank 0: every call's values are
+    right on every rank. (A plan's GEMM -> combine barrier slots once had an epoch counter per
+    I: a call of the second I passed its barriers at once on rank 1's arrivals from the first
+    I's call, and rank 0 summed rank 1's stale rows.) ``h = [x, 0]`` and ``weight = scale(I) *
+    [eye; noise]``: ``out[t] = scale(I) * x[t] * sum_k w[t, k]``."""
+    from iris_fw.ops import moe_dispatch, moe_gemm_combine
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    gen = torch.Generator().manual_seed(2468 + r)
+    tokens, experts, hidden, local = 3, 2 * w, 8, 2
+    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
+    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    scale = {8: 2.0, 24: 3.0}
+    plans = set()
+    for max_tokens, i_dim in _ALTERNATING:
+        d = moe_dispatch(x, idx, wt, experts, max_tokens_per_rank=max_tokens, mode=mode)
+        plans.add(id(d.handle.plan))
+        h = torch.zeros(local, d.x.shape[1], i_dim, dtype=torch.bfloat16, device=dev)
+        h[:, :, :hidden] = d.x
+        weight = torch.randn(local, i_dim, hidden, generator=gen).to(dev, torch.bfloat16)  # rows past H: h is 0
+        weight[:, :hidden, :] = scale[i_dim] * torch.eye(hidden, device=dev).to(torch.bfloat16)
+        if r == 1:
+            time.sleep(0.5)  # CPU ranks launch on the host: rank 0 is in the call long before rank 1
+        out = moe_gemm_combine(h, weight, d.handle)
+        ctx.synchronize()
+        want = scale[i_dim] * x.double() * wt.double().sum(1, keepdim=True)
+        torch.testing.assert_close(out.double().cpu(), want.cpu(), rtol=2 ** -6, atol=1e-6,
+                                   msg=lambda m, c=(max_tokens, i_dim): f"call {c} on rank {r}: {m}")
+    assert len(plans) == 2
+    return True
+
+
+@pytest.mark.parametrize("mode", ["low_latency", "throughput"])
+def test_two_sizes_alternating(iris_pool, mode):
+    assert iris_pool(2).run(_alternating_rank, mode) == [True, True]
 
 
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------

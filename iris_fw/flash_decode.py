@@ -532,7 +532,10 @@ def _key(q, k, v, kv_lens, sm_scale, scheduler, block_table):
     ks, vs = k.shape, v.shape  # (each .shape makes a new torch.Size: read once)
     kd, vd = len(ks), len(vs)
     if block_table is None:
-        layout = (ks[:1] + ks[2:], vs[:1] + vs[2:], kd == 4 and vd == 4 and ks[1] == vs[1])
+        if kd == 4 and vd == 4:  # (the usual case: no torch.Size slices, each a new object)
+            layout = (ks[0], ks[2], ks[3], vs[0], vs[2], vs[3], ks[1] == vs[1])
+        else:
+            layout = (ks[:1] + ks[2:], vs[:1] + vs[2:], False)
     elif isinstance(block_table, torch.Tensor):
         layout = (ks[1:], vs[1:], ks[0] == vs[0], block_table.dtype, block_table.shape[:1],
                   block_table.device, block_table.dim() == 2 and block_table.stride(-1) == 1)

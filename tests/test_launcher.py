@@ -605,6 +605,13 @@ def test_prepared_launch_with_replaced_arguments(monkeypatch):
     assert prepared.args == args
     prepared.launch_with(((1, b),))
     _check_last(jit, lau, (a, b, 16, 5, 7), "fast")
+    # a constexpr between runtime parameters: the replaced values land in their kernel positions
+    jit, lau = _fake(_plain_middle, {"SHIFT": 7}, monkeypatch)
+    prepared = lau.prepare(a, b, 19)
+    prepared()
+    for out, n in ((c, 20), (a, 31)):
+        prepared.launch_with(((1, out), (2, n)))
+        _check_last(jit, lau, (a, out, n), "fast")
 
 
 def test_non_cuda_and_kill_switch_stay_slow(monkeypatch):

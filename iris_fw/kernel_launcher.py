@@ -664,21 +664,88 @@ class PreparedLaunch:
     changed: launch hooks or pre-run hooks set, a global the kernel uses changed, the current
     device or the compile options (debug, instrumentation) changed. The arguments must not be
     mutated (a plan's memoized arguments are not); a descriptor's memory must stay where it was
-    (a plan is keyed by its operands' ``data_ptr``)."""
+    (a plan is keyed by its operands' ``data_ptr``).
 
-    __slots__ = ("launcher", "args", "_ready")
+    :meth:`launch_with` launches with a few runtime arguments replaced for one call (a fresh
+    output tensor, a length that grows): the resolved entry serves while each new value
+    specializes as the prepared one did."""
+
+    __slots__ = ("launcher", "args", "_ready", "_items")
 
     def __init__(self, launcher: KernelLauncher, args: tuple):
         self.launcher, self.args, self._ready = launcher, args, None
+        self._items = None  # {runtime index: (specialization item, index in the kernel args)}, made on use
 
     def __call__(self, stream=None) -> None:
         """Launch on ``stream`` (a ``torch.cuda.Stream``; None: the current stream)."""
         ready = self._ready
-        lau = self.launcher
         if ready is None:
-            lau._launch(self.args, stream)
+            self.launcher._launch(self.args, stream)
             self._resolve()
             return
+        self._fire(ready, ready[2], self.args, stream)
+
+    def launch_with(self, changes, stream=None) -> None:
+        """Launch with ``changes`` — ``((runtime argument index, value), ...)`` — in place of
+        the prepared arguments at those indices, for this call only. The resolved entry is
+        used when every new value has the specialization key item of the one it replaces (a
+        tensor: its type, dtype and, where specialized, 16-byte alignment; an int: its range
+        class, ``== 1`` and divisibility by 16 where specialized): the kernel Triton would
+        launch for them is the same one. Otherwise, and before the first resolved launch, the
+        launcher's full path on the replaced arguments."""
+        ready = self._ready
+        args = self.args
+        if ready is None:
+            full = list(args)
+            for i, value in changes:
+                full[i] = value
+            self.launcher._launch(tuple(full), stream)
+            self._resolve()
+            return
+        final = ready[2]
+        items = self._items
+        if items is None:
+            items = self._items = {}
+        flags, desc = self.launcher._flags, self.launcher._desc_cls
+        rebuilt = None
+        for i, value in changes:
+            seen = items.get(i)
+            if seen is None:
+                spec, align = flags[i]
+                pos = self._final_index(i)
+                seen = items[i] = (_item(args[i], spec, align, desc), pos, spec, align)
+            item, pos, spec, align = seen
+            try:
+                same = pos is not None and _item(value, spec, align, desc) == item
+            except _Unsupported:
+                same = False
+            if not same:
+                full = list(args)
+                for j, v in changes:
+                    full[j] = v
+                return self.launcher._launch(tuple(full), stream)
+            if rebuilt is None:
+                rebuilt = list(final)
+            rebuilt[pos] = value
+        if rebuilt is None:
+            return self._fire(ready, final, args, stream)
+        full = list(args)
+        for i, value in changes:
+            full[i] = value
+        self._fire(ready, tuple(rebuilt), tuple(full), stream)
+
+    def _final_index(self, i: int):
+        """Where runtime argument ``i`` sits in the resolved kernel arguments (None where they
+        were re-encoded: TMA descriptors expanded on Triton 3.6)."""
+        lau = self.launcher
+        if self._ready is None or self._ready[6]:
+            return None
+        return i if lau._prefix else lau._runtime_pos[i]
+
+    def _fire(self, ready, final, args, stream) -> None:
+        """The resolved launch of ``final`` (kernel arguments), unless something that could
+        change the outcome changed: then the launcher's path on ``args``."""
+        lau = self.launcher
         state = lau._state
         rt, comp, fn = state[0], state[1], state[2]
         chain = state[3]
@@ -686,16 +753,16 @@ class PreparedLaunch:
         if (enter is not None and (type(enter) is not chain or enter.calls)) or \
                 (leave is not None and (type(leave) is not chain or leave.calls)) or \
                 rt.add_stages_inspection_hook is not None or fn.pre_run_hooks:
-            return lau._launch(self.args, stream)
+            return lau._launch(args, stream)
         for (name, _), (val, globals_dict) in fn.used_global_vals.items():
             now = globals_dict.get(name, _NOT_PRESENT)
             if now is not val and now != val:
-                return lau._launch(self.args, stream)
-        launch, head, final, as_tuple, device, opts = ready
+                return lau._launch(args, stream)
+        launch, head, _, as_tuple, device, opts, _ = ready
         get_device = state[5]
         if get_device() != device or (fn.debug, rt.debug, comp.instrumentation_mode,
                                       comp.fpsan_homomorphic_casts if state[4] else None) != opts:
-            return lau._launch(self.args, stream)
+            return lau._launch(args, stream)
         handle = state[6](device) if stream is None else stream.cuda_stream
         if as_tuple:
             launch(lau._g0, lau._g1, lau._g2, handle, *head, final)
@@ -716,9 +783,12 @@ class PreparedLaunch:
             return
         launch, head, as_tuple = entry[0], entry[1], entry[2]
         kernel_args = lau.bound_args(self.args)
+        expanded = False
         if not as_tuple:
             unwrapped = _expanded_tensordesc_launch(launch, lau._version)
             if unwrapped is not None:
                 launch, expand = unwrapped
-                kernel_args = expand(kernel_args)
-        self._ready = (launch, head, kernel_args, as_tuple, device, opts)
+                plain, kernel_args = kernel_args, expand(kernel_args)
+                # (descriptors re-encoded: positions moved, launch_with takes the launcher's path)
+                expanded = len(plain) != len(kernel_args) or any(a is not b for a, b in zip(plain, kernel_args))
+        self._ready = (launch, head, kernel_args, as_tuple, device, opts, expanded)

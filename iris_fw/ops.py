@@ -35,12 +35,20 @@ compare that fingerprint and launch — a loop allocates nothing after its first
 failure on one rank inside a call (an ``out`` that does not fit, an error while planning)
 aborts the peers' waits: they raise :class:`~iris_fw.PeerFailure` naming the rank at once.
 
-**Results.** The fused GEMM ops compute into their op's symmetric workspace (peers write into
-it), which the next call overwrites: without ``out`` the result is copied into a new tensor,
-with ``out`` into ``out`` (no other allocation). A result that is not in a workspace is
-returned as it is. For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with
-:func:`plan` and call it: it returns its own output buffer, overwritten by the next call.
-``flash_decode`` writes straight into ``out`` or a new tensor (its result is never a workspace).
+**Results.** Without ``out`` a call returns a new tensor, with ``out`` (checked before anything
+is launched) it fills ``out`` and returns it; no call hands back memory the next call overwrites.
+Whether that costs a copy depends on where the op's last step writes (per op):
+
+* ``gemm_reduce_scatter``: the last step is this rank's reduction of the partials, which writes
+  straight into ``out`` (when contiguous) or the new tensor — no copy.
+* ``gemm_all_scatter``, ``gemm_all_reduce``: the result is the op's symmetric workspace (peers write
+  their blocks into it; the next call overwrites it): copied into ``out`` or a new tensor.
+* ``all_gather_gemm``: the result is the op's output buffer, bound into its prepared GEMM launches
+  (the next call overwrites it): copied into ``out`` or a new tensor.
+* ``flash_decode`` writes straight into ``out`` or a new tensor (its result is never a workspace).
+
+For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with :func:`plan` and call it:
+it returns its own output buffer, overwritten by the next call.
 """
 
 from __future__ import annotations
@@ -86,8 +94,9 @@ def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = 
                      config: GemmConfig | None = None, comm_sms: int | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``a[M, K] @ b[K, N/W]`` on every rank, gathered column-wise: returns ``C[M, N]``, column
-    block ``r`` being rank ``r``'s product — in ``out`` (``[M, N]``) when given, else a new tensor
-    copied out of the op's workspace (peers write into it; the next call overwrites it)."""
+    block ``r`` being rank ``r``'s product — in ``out`` (``[M, N]``) when given, else a new tensor;
+    either is copied from the op's symmetric workspace (peers write into it; the next call
+    overwrites it)."""
     return _call("gemm_all_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -95,7 +104,8 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | No
                     config: GemmConfig | None = None, comm_sms: int | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]`` — in ``out`` (``[M, N/W]``)
-    when given, else a new tensor copied out of the op's workspace."""
+    when given, else a new tensor; either is copied from the op's output buffer (bound into its
+    prepared launches; the next call overwrites it)."""
     return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -103,7 +113,8 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None
                         config: GemmConfig | None = None, comm_sms: int | None = None,
                         out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]`` — in
-    ``out`` when given, else a new tensor copied out of the op's workspace."""
+    ``out`` when given, else a new tensor, written there by the op's last step (this rank's
+    reduction of the partials): no copy (a non-contiguous ``out`` gets a copy)."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -114,6 +125,6 @@ def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
     :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
     ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`.
-    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor copied out of the
-    op's workspace."""
+    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor; either is copied
+    from the op's symmetric workspace (peers write into it; the next call overwrites it)."""
     return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

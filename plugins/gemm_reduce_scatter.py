@@ -174,17 +174,23 @@ class GemmReduceScatter(Pattern):
         shift = (((ctx.rank + 1) % world) * Mo) // cfg.block_m
         args = Args(a_src, b_src, partials, buffers["stash"], M, N, K, Mo, a.stride(0), a.stride(1), b.stride(0),
                     b.stride(1), ctx.rank, world, ctx.heap_bases, shift)
-        n, reduce = Mo * N, buffers["reduce"]
+        n = Mo * N
+        reduce = buffers["reduce"].prepare(partials, out, n, world)  # (the output: runtime argument 1)
 
         def finish():
             if n:
-                reduce(partials, out, n, world)
+                reduce()
+
+        def finish_into(dst):  # the reduction straight into dst (a functional call's new tensor or out)
+            if n:
+                reduce.launch_with(((1, dst),))
 
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg,
             num_tiles=triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            comm_bytes=(M - Mo) * N * a.element_size(), flops=2 * M * N * K, result=out, finish=finish))
+            comm_bytes=(M - Mo) * N * a.element_size(), flops=2 * M * N * K, result=out, finish=finish,
+            finish_into=finish_into))
 
     @staticmethod
     def reference(rank, world_size, inputs):

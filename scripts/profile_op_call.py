@@ -11,7 +11,10 @@ the numbers would measure the interpreter): ``KernelLauncher._launch`` (plain an
 :class:`~iris_fw.kernel_launcher.BoundLaunch` launches) by a function that computes the
 launcher's specialization key as the GPU fast path does (``make_key_fn``, made on the
 launcher's first launch) and counts the launch; ``PreparedLaunch.__call__`` (a plan's
-memoized launch, which on a GPU skips the key) by one that only counts. What is left out is
+memoized launch, which on a GPU skips the key) by one that only counts, and
+``PreparedLaunch.launch_with`` (a prepared launch with a few arguments replaced) by one that
+compares each new value's key item with the prepared one's and rebuilds the argument list, as
+on a GPU, then counts. What is left out is
 the driver's launch call itself (the bench's "bare prepared launch" on a GPU) and the fast
 path's hook and global checks. Torch's own ops of a call (views, ``copy_``, ``clone``,
 ``empty``, ``matmul``) run for real — on a CPU host they also compute (small shapes: the
@@ -60,7 +63,7 @@ CHUNKS = 15
 STAGES = [
     ("launch: specialization key (plain/bound launches)", lambda f, fn: f.startswith("<KernelLauncher key") or fn in ("spec_key", "_item", "_int_item")
      or f.endswith("profile_op_call.py") and fn == "_count"),
-    ("launch: prepared/bound call (stub included)", lambda f, fn: f.endswith("profile_op_call.py") and fn == "_prepared"
+    ("launch: prepared/bound call (stub included)", lambda f, fn: f.endswith("profile_op_call.py") and fn in ("_prepared", "_prepared_with")
      or "<BoundLaunch" in f or ("kernel_launcher" in f and fn in ("__call__", "launch_on", "_resolve", "_launch"))),
     ("key / fingerprint", lambda f, fn: fn in ("input_fingerprint", "_key", "_fast_ok", "_heap_offset", "offset_of",
                                                "operands_key", "exact", "<genexpr>")),
@@ -122,9 +125,25 @@ def main() -> int:
     def _prepared(self, stream=None):  # a prepared launch: no key (its resolved entry), no launch
         launches[0] += 1
 
+    def _prepared_with(self, changes, stream=None):  # launch_with: what it does on a GPU, but the launch
+        launches[0] += 1
+        flags, args, final = self.launcher._flags, self.args, list(self.args)
+        items = self._items
+        if items is None:  # the prepared values' key items, once (as launch_with keeps them)
+            items = self._items = {}
+        for i, value in changes:  # each new value's key item against the prepared one's, the list rebuilt
+            spec, align = flags[i]
+            item = items.get(i)
+            if item is None:
+                item = items[i] = _launcher._item(args[i], spec, align, None)
+            if _launcher._item(value, spec, align, None) != item:
+                return self.launcher._launch(tuple(final), stream)
+            final[i] = value
+
     if stub:  # before anything binds a launcher (BoundLaunch keeps the bound method it was made with)
         _launcher.KernelLauncher._launch = _count
         _launcher.PreparedLaunch.__call__ = _prepared
+        _launcher.PreparedLaunch.launch_with = _prepared_with
 
     from iris_fw.bench import host
 

@@ -75,7 +75,8 @@ def test_a_host_failure_on_one_rank_fails_every_peer_at_once(iris_pool, world_si
 
 def _out(ctx):
     """``out=``: the result written into ``out`` (returned), the same values as without it; a new
-    tensor otherwise, never the op's workspace; flash_decode's ``out`` likewise."""
+    tensor otherwise, never the op's workspace (gemm_all_reduce: copied out of it;
+    gemm_reduce_scatter: written there by its last step); flash_decode's ``out`` likewise."""
     w = ctx.world_size
     gen = torch.Generator().manual_seed(99 + ctx.rank)
     a = torch.randn(16, 8, generator=gen).to(ctx.device, torch.bfloat16)
@@ -95,6 +96,21 @@ def _out(ctx):
     entries = callpath.state(ctx).ops.values()
     assert [type(e).__name__ for e in entries] == ["method"], entries
     assert entries[0].__self__.result_in_workspace  # so the functional call copied it out
+    # gemm_reduce_scatter's last step is this rank's reduction: it writes straight into out (when
+    # contiguous) or a new tensor, never the op's own output buffer
+    a2 = torch.randn(8 * w, 8, generator=gen).to(ctx.device, torch.bfloat16)
+    plain = ops.gemm_reduce_scatter(a2, b)
+    out = torch.full((8, 8), float("nan"), device=ctx.device, dtype=torch.bfloat16)
+    got = ops.gemm_reduce_scatter(a2, b, out=out)
+    strided = torch.full((8, 16), float("nan"), device=ctx.device, dtype=torch.bfloat16)[:, ::2]  # copied into
+    got_strided = ops.gemm_reduce_scatter(a2, b, out=strided)
+    again = ops.gemm_reduce_scatter(a2, b)
+    ctx.synchronize()
+    assert got is out and got_strided is strided and plain.data_ptr() != again.data_ptr()
+    assert torch.equal(out, plain) and torch.equal(strided, plain) and torch.equal(again, plain)
+    op = callpath.state(ctx).ops.values()[-1].__self__
+    assert op.pattern.name == "gemm_reduce_scatter" and op.delivers_into
+    assert op.buffers["out"].data_ptr() not in (plain.data_ptr(), again.data_ptr())
     ctx.barrier()
 
 

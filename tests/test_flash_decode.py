@@ -173,6 +173,47 @@ def test_flash_decode(world, on_gpu):
     assert world.run(_decode_rank, runs)[0] == runs
 
 
+def _layout_rank(ctx, scheduler):
+    """A decode loop on one KV cache: ``k``/``v`` views of it one token longer per call, ``q``
+    and ``kv_lens`` refilled in place, the output new (``out`` None) or given. Every call reuses
+    the plan's one prepared launch for that operand layout (``seq`` and the output replaced),
+    and every output is right."""
+    from iris_fw.flash_decode import flash_decode, plan
+
+    case = CASES[0]
+    calls = 3
+    data = _draw(ctx, case, 1, fresh_seed(ctx), calls)  # (slices of case 1: none empty)
+    dev, r = ctx.device, ctx.rank
+    last = data[-1]
+    b, _, hkv, d = last["ks"][r].shape
+    top = max(1, last["ks"][r].shape[1])
+    k_cache = torch.full((b, top, hkv, d), float("nan"), dtype=case[5], device=dev)
+    v_cache = torch.full((b, top, hkv, last["vs"][r].shape[3]), float("nan"), dtype=case[5], device=dev)
+    q = torch.empty_like(last["q"], device=dev)
+    outs, given = [], torch.empty(q.shape[0], q.shape[1], v_cache.shape[3], dtype=q.dtype, device=dev)
+    for i, step in enumerate(data):
+        n = step["ks"][r].shape[1]
+        k_cache[:, :n].copy_(step["ks"][r])
+        v_cache[:, :n].copy_(step["vs"][r])
+        q.copy_(step["q"])
+        got = flash_decode(q, k_cache[:, :n], v_cache[:, :n], scheduler=scheduler, out=given if i == 1 else None)
+        ctx.synchronize()  # (the next step refills the cache and q in place)
+        check(ctx, got, step, None, f"{scheduler} decode step {i}")
+        outs.append(got)
+    assert outs[1] is given and outs[0] is not outs[2]
+    fd = plan(q, k_cache[:, :1], v_cache[:, :1], scheduler=scheduler)
+    launches = fd._current()
+    assert len(launches["prepared"]) == 1, launches["prepared"]
+    return True
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_one_prepared_launch_per_operand_layout(iris_pool, scheduler):
+    """A decode loop whose slices grow in one cache launches the plan's one prepared launch per
+    call (``seq`` and the output given anew each call)."""
+    assert all(iris_pool(2).run(_layout_rank, scheduler))
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_flash_decode_all_cases(iris_pool, world_size):

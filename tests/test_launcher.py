@@ -576,6 +576,44 @@ def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
         lau.prepare(a, a)
 
 
+def test_prepared_launch_with_replaced_arguments(monkeypatch):
+    """``launch_with`` replaces runtime arguments for one call: while each new value specializes
+    as the prepared one (a tensor of its dtype and alignment, an int of its class), the resolved
+    kernel launches on the new values without the key; otherwise the launcher's path does, with
+    the kernel Triton would use; the prepared arguments themselves never change."""
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    a, b, c, u = _t(), _t(), _t(), _t(offset=1)
+    args = (a, a, 16, 5, 7)
+    prepared = lau.prepare(*args)
+    prepared.launch_with(((1, b), (3, 6)))  # before the first resolved launch: the launcher's path
+    _check_last(jit, lau, (a, b, 16, 6, 7), "slow")
+    calls = []
+    real_key = lau._state[7]
+    lau._state = lau._state[:7] + ((lambda *k: calls.append(k) or real_key(*k)),) + lau._state[8:]
+    for q, j in ((b, 6), (c, 9), (a, 5)):
+        prepared.launch_with(((1, q), (3, j)))
+        _check_last(jit, lau, (a, q, 16, j, 7), "fast")
+    prepared()
+    _check_last(jit, lau, args, "fast")
+    assert not calls, "launch_with computed the specialization key for values of the prepared specialization"
+    lau._state = lau._state[:7] + (real_key,) + lau._state[8:]
+    for changed in ((1, u), (3, 1), (3, 32), (3, 2 ** 40), (2, 17)):  # another alignment, int class, divisibility
+        prepared.launch_with((changed,))
+        full = list(args)
+        full[changed[0]] = changed[1]
+        _check_last(jit, lau, tuple(full), jit.calls[-1][0])  # (slow the first time, then its variant)
+    assert prepared.args == args
+    prepared.launch_with(((1, b),))
+    _check_last(jit, lau, (a, b, 16, 5, 7), "fast")
+    # a constexpr between runtime parameters: the replaced values land in their kernel positions
+    jit, lau = _fake(_plain_middle, {"SHIFT": 7}, monkeypatch)
+    prepared = lau.prepare(a, b, 19)
+    prepared()
+    for out, n in ((c, 20), (a, 31)):
+        prepared.launch_with(((1, out), (2, n)))
+        _check_last(jit, lau, (a, out, n), "fast")
+
+
 def test_non_cuda_and_kill_switch_stay_slow(monkeypatch):
     jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
     jit.backend = "hip"

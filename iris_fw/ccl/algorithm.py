@@ -173,7 +173,8 @@ def chunks(numel: int, cap_elems: int):
         yield start, min(cap_elems, numel - start)
 
 
-#: Buffer pairs a one-chunk call keeps a prepared launch for (each holds its tensors alive).
+#: Inputs a one-chunk call keeps a prepared launch for (each holds its input and the output of the
+#: call that prepared it alive).
 PREPARED_PER_CALL = 4
 
 
@@ -182,7 +183,7 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
     length, *tail)``, ``start`` counted in *elements* of the flattened (contiguous) tensors —
     whatever their shape, e.g. an all-gather's ``[W, n]`` output; a one-chunk message launches
     without slicing — through a :class:`~iris_fw.kernel_launcher.PreparedLaunch` for each of
-    the last :data:`PREPARED_PER_CALL` buffer pairs —, an empty one not at all (every member
+    the last :data:`PREPARED_PER_CALL` inputs, given the call's output —, an empty one not at all (every member
     sees the same size: it is part of the validated call)."""
     pieces = list(chunks(numel, cap_elems)) if numel else []
     if len(pieces) == 1:
@@ -190,14 +191,20 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
         prepared = {}
 
         def run_one(src, dst):
-            # the same buffers again (an engine's loop): one prepared launch, no key computed
-            key = (src.data_ptr(), dst.data_ptr())
+            # the same input again (an engine's loop): one prepared launch, no key computed; a new
+            # output tensor (a functional call's, e.g. torch.ops.iris_fw.all_gather_into_tensor)
+            # replaces the prepared one for the call (PreparedLaunch.launch_with)
+            key = src.data_ptr()
             launch_one = prepared.get(key)
             if launch_one is None:
                 if len(prepared) >= PREPARED_PER_CALL:
                     del prepared[next(iter(prepared))]
                 launch_one = prepared[key] = launch.prepare(src, dst, *args, length, *tail)
-            launch_one()
+                launch_one()
+            elif launch_one.args[1] is dst:
+                launch_one()
+            else:
+                launch_one.launch_with(((1, dst),))
 
         return run_one
 

@@ -327,6 +327,17 @@ def _heap_offset(ctx, t) -> int | None:
     return ctx.heap.offset_of(t) if t.device == ctx.device else None
 
 
+def _contiguous_heap_offset(heap, t, numel: int) -> int | None:
+    """:meth:`~iris_fw.heap.SymmetricHeap.offset_of` of a contiguous tensor of ``numel`` elements
+    on this rank's device (a hit's key: :func:`_fast_ok` checked that much, nothing read twice)."""
+    if not numel:
+        return heap.offset_of(t)
+    offset = t.data_ptr() - heap.base
+    if heap.start <= offset and offset + numel * t.element_size() <= heap.size:
+        return offset
+    return None
+
+
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: GroupLike = None,
                            async_op: bool = False, *, algorithm: str = "auto",
                            ctx: Context | None = None) -> Work | None:
@@ -334,10 +345,11 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order.
     Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
-    fast = _fast_ok(ctx, output_tensor, input_tensor)
-    offset = _heap_offset(ctx, input_tensor) if fast else None
-    key = (("all_gather", input_tensor.dtype, output_tensor.dtype, input_tensor.numel(), output_tensor.numel(),
-            offset, algorithm) if fast else None)
+    key = None
+    if _fast_ok(ctx, output_tensor, input_tensor):
+        n = input_tensor.numel()
+        key = ("all_gather", input_tensor.dtype, output_tensor.dtype, n, output_tensor.numel(),
+               _contiguous_heap_offset(ctx.heap, input_tensor, n), algorithm)
 
     def prepare(g):
         def check():

@@ -115,6 +115,11 @@ class Plan:
     patterns). ``comm_bytes`` (bytes this rank moves to or from peers) and ``flops`` feed the
     default SM split. ``finish`` (optional) runs on the host after the kernels (a local
     reduction, …) and must only enqueue device work. ``result`` is what the op returns.
+    ``finish_into`` (optional, with ``finish``): the same step writing the result into a given
+    contiguous tensor of the result's shape and dtype instead of ``result`` — set where the
+    result's last writer is this rank's ``finish`` (no peer writes it), so that a functional
+    ``iris_fw.ops`` call delivers into a new tensor or ``out`` without a copy
+    (:meth:`Scheduler.run` with ``into``).
     ``copies`` (optional, communicate-first): the chunks ``fetch`` delivers, as :class:`Copy`
     steps in order. ``steps``: passes over the tiles (see "Multi-step patterns" above; 1 for a
     one-pass pattern). ``memo``: what a scheduler derives from the plan once (its launchers and
@@ -136,6 +141,7 @@ class Plan:
     flops: int
     result: Any
     finish: Callable[[], Any] | None = None
+    finish_into: Callable[[Any], Any] | None = None
     copies: list[Copy] | None = None
     steps: int = 1
     library: Callable[[], Any] | None = None

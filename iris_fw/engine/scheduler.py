@@ -98,10 +98,17 @@ class Scheduler:
         """Enqueue one call's kernels."""
         raise NotImplementedError
 
-    def run(self, ctx, plan: Plan, ws: Workspace):
+    def run(self, ctx, plan: Plan, ws: Workspace, into=None):
+        """Enqueue one call (its kernels, later steps, ``finish``); returns the result. ``into``
+        (a contiguous tensor of the result's shape and dtype; only for a plan with
+        :attr:`Plan.finish_into`, on a scheduler that keeps this method): ``finish_into(into)``
+        runs in place of ``finish`` and ``into`` is returned."""
         self.launch(ctx, plan, ws)
         if plan.steps > 1 and not self.multi_step:
             launch_steps(ctx, plan, ws)
+        if into is not None:
+            plan.finish_into(into)
+            return into
         if plan.finish is not None:
             plan.finish()
         return plan.result

@@ -57,3 +57,19 @@ def test_back_to_back_ops(n):
     cases = _run(n, "ops.")
     assert {f"ops.{op} auto" for op in ("gemm_all_reduce", "gemm_reduce_scatter", "gemm_all_scatter",
                                         "all_gather_gemm")} <= cases, cases
+
+
+def test_all_gather_gemm_hung_shape():
+    """``scripts/diag_agg_hang.py`` at W = 2, every scheduler: ``all_gather_gemm`` back to back at
+    the shape that hung on one H100 under MPS (16x4096 per rank @ 4096x8192, 300 calls; a small
+    shape and 3 calls on CPU ranks), every call checked."""
+    calls = "3" if iris_fw.interpreting() else "300"
+    script = os.path.join(ROOT, "scripts", "diag_agg_hang.py")
+    res = subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", str(_ranks(2)), script, calls, "all"],
+                         capture_output=True, text=True, timeout=900)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:]
+    lines = re.findall(r"^(?:\[rank \d+\] )?rank \d+ ([^:\n]+): (.*)$", res.stdout, re.M)
+    ran = {case for case, what in lines if not what.startswith("n/a")}
+    assert {"auto", "producer_consumer", "wg_specialized", "copy_engine"} <= ran, out[-3000:]
+    assert all(what.startswith(f"{calls} calls, 0 wrong") for case, what in lines if case in ran), out[-3000:]

@@ -201,6 +201,64 @@ def test_lost_producer_times_out_naming_the_flag(iris_pool):
     iris_pool(1).run(_lost_producer)
 
 
+def _consumer_first(ctx, pattern):
+    """``producer_consumer`` with its consumer kernel run to its end *before* its producer kernel
+    starts — the interpreter runs each launch to its end in launch order, so this is the
+    dispatch order that hung on one H100 under MPS (the consumer's programs resident on every SM
+    before the producer had one), made certain: every item is then produced by the consumer
+    program that needs it (``helps``), and the producer finds every item claimed. Without it
+    the consumer waits for flags nobody sets until WaitTimeout. Two calls (the epochs and claims
+    of a second call), results against float64."""
+    import iris_fw.schedulers.producer_consumer as pc
+
+    real_producer, real_consumer = pc.launch_producer, pc.launch_consumer
+    launches, deferred = [], []
+
+    def producer(*a, **k):  # deferred until the consumer has run
+        launches.append(("producer", k))
+        deferred.append((a, k))
+
+    def consumer(*a, **k):
+        launches.append(("consumer", k))
+        real_consumer(*a, **k)
+        for a2, k2 in deferred:
+            real_producer(*a2, **k2)
+        deferred.clear()
+
+    pc.launch_producer, pc.launch_consumer = producer, consumer
+    try:
+        for kind in ("ragged", "aligned"):
+            inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
+            mine = inputs[ctx.rank]
+            op = ops.plan(pattern, *mine, ctx=ctx, scheduler="producer_consumer")
+            for call in range(2):
+                if call:
+                    inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
+                    for dst, src in zip(mine, inputs[ctx.rank]):
+                        dst.copy_(src)
+                _poison(op)
+                launches.clear()
+                out = op(*mine)
+                assert [name for name, _ in launches] == ["producer", "consumer"], launches
+                kw = launches[1][1]
+                assert kw["helps"] and kw["entry"] and kw["exit"], kw  # it may produce: it has the barriers
+                ctx.synchronize()
+                want = op.pattern.reference(ctx.rank, ctx.world_size, inputs)
+                _check(out, want, torch.bfloat16, f"{pattern} consumer first, {kind} call {call} rank {ctx.rank}")
+                del out
+            del op
+            ctx.barrier()
+    finally:
+        pc.launch_producer, pc.launch_consumer = real_producer, real_consumer
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_consumer_before_producer_makes_progress(iris_pool, pattern):
+    """The GPU hang of ``all_gather_gemm`` under MPS (docs/gpu-tests.md, 2026-11-25 third
+    session), by construction on CPU ranks: the consumer kernel runs entirely before its producer."""
+    iris_pool(2).run(_consumer_first, pattern)
+
+
 def _auto_choice(ctx):
     from iris_fw.engine.tuning import lookup
 

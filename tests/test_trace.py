@@ -377,14 +377,15 @@ def _check_alignment(iris_pool, tmp_path, world):
         assert all(abs(o) <= bound + granularity for o in offsets), (offsets, bound)
     slack = 2 * max(align["bounds_ns"]) / 1e3 + 1.0  # us
     events = _x_events(merged)
-    # A rank arrives at the op's entry barrier inside its entry_barrier event, and at the
-    # all-reduce's inside its push event (then waits in arrivals): no rank's wait may end before
-    # every rank started the event it arrives in.
+    # A rank arrives at the op's entry barrier inside its entry_barrier event (by whichever
+    # program starts first: no later than the earliest one), and at the all-reduce's inside its
+    # push event (then waits in arrivals): no rank's wait may end before every rank started the
+    # event it arrives in.
     for arrive, wait in (("entry_barrier", "entry_barrier"), ("push", "arrivals")):
         waits = [e for e in events if e["name"] == wait]
         assert {e["pid"] for e in waits} == set(range(world))
         entered = {r: min(e["ts"] for e in events if e["name"] == arrive and e["pid"] == r
-                          and e["args"]["program"] == 0) for r in range(world)}
+                          and (arrive == "entry_barrier" or e["args"]["program"] == 0)) for r in range(world)}
         for e in waits:
             assert e["ts"] + e["dur"] >= max(entered.values()) - slack, (wait, e, entered)
     per_rank = [json.load(open(str(tmp_path / f"aligned.rank{r}.json"))) for r in range(world)]

@@ -45,8 +45,9 @@ def default_comm_sms(plan: Plan, sms: int) -> int:
 class Workspace:
     """Per-op scheduler state: ``grids`` (programs per kernel role, fixed for the op's life),
     one device state region per role (``state[role]``, int64 on the heap), the item ``flags``
-    (int64 on the heap), cached launchers, and a side stream for two-stream schedules. ``name``
-    labels the op's kernels in traces (``"pattern/scheduler"``, set by the op)."""
+    (int64 on the heap: ``num_items`` release flags, then as many claim slots — see
+    :func:`~iris_fw.engine.skeletons.claim`), cached launchers, and a side stream for two-stream
+    schedules. ``name`` labels the op's kernels in traces (``"pattern/scheduler"``, set by the op)."""
 
     grids: dict[str, int]
     state: dict[str, torch.Tensor]
@@ -91,7 +92,7 @@ class Scheduler:
         if plan.steps > 1 and not self.multi_step:
             grids["steps"] = devinfo.persistent_programs(ctx.device, plan.num_tiles)
         state = {role: ctx.zeros(state_slots(ctx.world_size, n), dtype=torch.int64) for role, n in grids.items()}
-        flags = ctx.zeros(max(plan.num_items, 1), dtype=torch.int64)
+        flags = ctx.zeros(2 * max(plan.num_items, 1), dtype=torch.int64)  # release flags, then claims
         return Workspace(grids=grids, state=state, flags=flags)
 
     def launch(self, ctx, plan: Plan, ws: Workspace) -> None:
@@ -303,18 +304,30 @@ def launch_producer(ctx, plan: Plan, ws: Workspace, *, role: str = "producer", s
 
 
 def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", sync: bool, queue: bool,
-                    fixed_flag: int = 0, entry: bool = False, exit: bool = False, stream=None) -> None:
+                    fixed_flag: int = 0, entry: bool = False, exit: bool = False, helps: str | None = None,
+                    stream=None) -> None:
     """The consumer skeleton over the plan's tiles; ``fixed_flag``: items are published with this
-    constant (not the epoch) and reset by the kernel's last program; ``stream``: as for
-    :func:`launch_producer`."""
-    key = ("consumer", role, sync, queue, fixed_flag, entry, exit)
+    constant (not the epoch) and reset by the kernel's last program; ``helps``: the role of the
+    producer kernel (:func:`launch_producer`, with ``sync``) that releases the items — a consumer
+    program that needs an item whose producer program has not started this call produces the
+    item itself (:func:`~iris_fw.engine.skeletons.obtain`; a communicate-first consumer then
+    fetches: give it ``entry`` and ``exit``); ``stream``: as for :func:`launch_producer`."""
+    key = ("consumer", role, sync, queue, fixed_flag, entry, exit, helps)
     call = _memoized(ctx, plan, ws, key)
     if call is None:
+        owners, nowners = ws.state[role], 1  # (unused without helps)
+        if helps is not None:
+            if fixed_flag or not sync:
+                raise ArgumentError("launch_consumer: helps needs sync and items released with the epoch "
+                                    "(no fixed_flag)")
+            first = ST_ARRIVE.value + ctx.world_size  # the producer's programs' call counters
+            nowners = ws.grids[helps]
+            owners = ws.state[helps][first:first + nowners]
         call = _prepare(ctx, plan, ws, key, role, _consumer_kernel,
                         dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, QUEUE=queue,
-                             FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit),
+                             FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit, HELP=helps is not None, OWNERS=nowners),
                         ws.state[role], ws.flags, plan.num_tiles, plan.num_items, fixed_flag, ctx.rank,
-                        ctx.world_size, ctx.heap_bases)
+                        ctx.world_size, ctx.heap_bases, owners)
     call(stream)
 
 

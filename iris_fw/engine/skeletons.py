@@ -6,6 +6,8 @@ slots on the heap (:func:`state_slots` long, zeroed once when the op is created)
 
     [ST_QUEUE]   dynamic tile queue: a ticket counter that only grows
     [ST_DONE]    programs finished, over all calls (finds the last program of a call)
+    [ST_OPENED]  the last call whose entry barrier a program of this kernel opened (the first
+                 program of a call to get there announces the rank)
     [ST_ARRIVE + p]            cross-rank barrier: rank p's arrival (in every rank's heap)
     [ST_ARRIVE + W + pid]      program ``pid``'s call counter (its epoch)
     [ST_ARRIVE + W + NPROG + pid * W + p]  multi-step patterns: program ``pid`` of rank ``p``
@@ -17,13 +19,26 @@ replays correctly. Items are released as ``flag = e`` and acquired as ``flag >= 
 queue's base is ``(e-1) * (tiles + programs)`` (every call draws exactly that many tickets);
 the cross-rank barrier writes ``2e-1`` on entry and ``2e`` on exit.
 
-**Barriers folded into kernels.** ``ENTRY``: program 0 announces this rank's arrival on every
-peer and every program waits (bounded) until every rank arrived — inputs are ready and outputs
-free to overwrite. ``EXIT``: each program fences its stores; the last program of the rank to
-finish announces and waits for every rank — deliveries are complete when the kernel ends. The
-scheduler chooses which of its kernels carries them (the one that communicates). A failed wait
-(a timeout, or the abort word: reported by the host at the next synchronization) makes programs
-skip their work rather than send stale data, and a consumer stops at its first failed acquire.
+**Barriers folded into kernels.** ``ENTRY``: the first program of the call to start announces
+this rank's arrival on every peer and every program waits (bounded) until every rank arrived —
+inputs are ready and outputs free to overwrite. ``EXIT``: each program fences its stores; the
+last program of the rank to finish announces and waits for every rank — deliveries are complete
+when the kernel ends. The scheduler chooses which of its kernels carries them (the ones that
+communicate). A failed wait (a timeout, or the abort word: reported by the host at the next
+synchronization) makes programs skip their work rather than send stale data, and a consumer
+stops at its first failed acquire.
+
+**Forward progress.** Nothing makes the programs of a launch, or of two launches on two
+streams, resident at the same time: the hardware dispatches them in no promised order, and
+under CUDA MPS other clients' programs share the SMs (the share caps a client; it reserves
+nothing). So on its own rank a program only ever waits for a program that is already running:
+the entry barrier's announcer is whichever program started first; a consumer that needs an item
+(a chunk or a tile released by a producer) whose producer program has not started this call
+produces it itself (:func:`obtain`), and otherwise waits for the item's producer program or
+claimant — running, and needing nothing more on this rank. Every item is *claimed* before it is
+produced (:func:`claim`, one slot per item after the release flags), so exactly one program
+produces it. Waits for other ranks (entry, exit and step barriers) assume what every cross-rank
+wait assumes: each rank's kernels get SMs (under MPS, a share per rank).
 
 Under Triton's interpreter the programs of one launch run one after another, so nothing here
 makes a program wait for a later program of the same launch: entry waits are for other ranks,
@@ -49,6 +64,7 @@ from .. import trace as tr
 # ---- state region layout (int64 slots) -----------------------------------------------------------
 ST_QUEUE = tl.constexpr(0)
 ST_DONE = tl.constexpr(1)
+ST_OPENED = tl.constexpr(2)
 ST_ARRIVE = tl.constexpr(8)
 
 _GPU = tl.constexpr("gpu")
@@ -73,9 +89,14 @@ def begin_call(st, world_size):
 
 @triton.jit
 def entry_barrier(st, epoch, rank, world_size, heap_bases):
-    """Program 0 announces this rank; every program waits for every rank. Returns 1, or 0 if a
-    wait gave up."""
-    if tl.program_id(0) == 0:
+    """The first program of the call to get here announces this rank; every program waits for
+    every rank. Returns 1, or 0 if a wait gave up.
+
+    The first to arrive, not program 0: a program waits for its own rank's announcement too, and
+    nothing makes program 0 resident before the others (programs of a grid larger than the SMs
+    free to it — under CUDA MPS other clients' programs share the SMs — would spin while program 0
+    waited for an SM). The announcer is running, so the announcement comes."""
+    if tl.atomic_max(st + ST_OPENED, epoch, sem="relaxed", scope=_GPU) < epoch:
         tc.arrive(st + ST_ARRIVE, 2 * epoch - 1, rank, world_size, heap_bases)
     return tc.wait_arrivals(st + ST_ARRIVE, 2 * epoch - 1, rank, world_size, heap_bases)
 
@@ -249,49 +270,109 @@ def no_traffic(args, item, STEP: tl.constexpr, CFG: tl.constexpr):
 
 
 @triton.jit
+def claim(flags, num_items, item, epoch):
+    """Claim item ``item`` of call ``epoch``: true for exactly one program of all the op's
+    kernels (its slot ``flags[num_items + item]`` holds the last call the item was claimed in).
+    The claimant produces the item and releases it; nobody else does its work."""
+    return tl.atomic_max(flags + num_items + item, epoch, sem="relaxed", scope=_GPU) < epoch
+
+
+@triton.jit
+def produce_item(args, item, flags, epoch, rank, heap_bases,
+                 PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr,
+                 COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, trace, TRACE: tl.constexpr, TRAFFIC: tl.constexpr,
+                 ring, events):
+    """The producer's work on item ``item``: fetch a chunk (communicate-first) or produce and
+    stash a tile (compute-first); with ``SYNC``, release it. Returns the trace ring's event count."""
+    if TRACE:
+        t = tr.record_start(trace, TRACE)
+    if COMM_FIRST:
+        FETCH(args, item, CFG)
+        if TRACE:
+            events = deliver_end_at(trace, TRACE, ring, events, t, tr.FETCH, args, item, 0, CFG, TRAFFIC)
+    else:
+        STASH(args, item, PRODUCE(args, item, CFG, False), CFG)
+        if TRACE:
+            events = tr.record_at(trace, TRACE, ring, events, t, tr.PRODUCE, tr.COMPUTE, item)
+    if SYNC:
+        release(flags, item, epoch, rank, heap_bases)
+    return events
+
+
+@triton.jit
 def produce_role(args, first, count, step, flags, epoch, rank, heap_bases,
                  PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr,
                  COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, trace, TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
     """Items ``first, first+step, …`` below ``count``: fetch chunks (communicate-first) or
-    produce and stash tiles (compute-first); with ``SYNC``, release each one. Traced, the ring
-    stays open over the loop (one event per item, no counter round trip)."""
-    if TRACE:
-        ring, events = tr.ring_open(trace, TRACE, heap_bases, rank)
+    produce and stash tiles (compute-first); with ``SYNC``, each one only if this program wins
+    its :func:`claim` (a consumer that found it unreleased may have claimed and produced it
+    already), and released. Traced, the ring stays open over the loop (one event per item, no
+    counter round trip)."""
+    ring, events = tr.ring_open(trace, TRACE, heap_bases, rank)
     for item in range(first, count, step):
-        if TRACE:
-            t = tr.record_start(trace, TRACE)
-        if COMM_FIRST:
-            FETCH(args, item, CFG)
-            if TRACE:
-                events = deliver_end_at(trace, TRACE, ring, events, t, tr.FETCH, args, item, 0, CFG, TRAFFIC)
-        else:
-            STASH(args, item, PRODUCE(args, item, CFG, False), CFG)
-            if TRACE:
-                events = tr.record_at(trace, TRACE, ring, events, t, tr.PRODUCE, tr.COMPUTE, item)
+        mine = 1
         if SYNC:
-            release(flags, item, epoch, rank, heap_bases)
-    if TRACE:
-        tr.ring_close(TRACE, ring, events)
+            mine = claim(flags, count, item, epoch)
+        if mine:
+            events = produce_item(args, item, flags, epoch, rank, heap_bases, PRODUCE, STASH, FETCH, CFG, COMM_FIRST,
+                                  SYNC, trace, TRACE, TRAFFIC, ring, events)
+    tr.ring_close(TRACE, ring, events)
 
 
 @triton.jit
-def consume_tile(args, tile, flags, target, rank, heap_bases,
+def obtain(args, item, flags, num_items, epoch, target, rank, heap_bases, owners,
+           PRODUCE: tl.constexpr, STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr,
+           COMM_FIRST: tl.constexpr, HELP: tl.constexpr, OWNERS: tl.constexpr, trace, TRACE: tl.constexpr,
+           TRAFFIC: tl.constexpr, ring, events):
+    """Wait (bounded) until item ``item`` reaches ``target``.
+
+    With ``HELP`` the items are produced by ``OWNERS`` producer programs, item ``i`` by program
+    ``i % OWNERS`` (:func:`produce_role`), whose call counters are ``owners[0:OWNERS]``. An item
+    not yet released whose producer program has not started this call is claimed and produced by
+    this program itself (unless someone claimed it first). So the wait that follows is only ever
+    for a running program: the item's claimant, or its producer program, which started and will
+    claim it or find it claimed — never for a producer program that may not be resident (see
+    :func:`consume_tile`). While the producer runs, consumers wait as without ``HELP``: the
+    schedule's split of the SMs holds. Returns ``(ok, events)``."""
+    if HELP:
+        if tl.load(flags + item, volatile=True) < target:
+            if tl.load(owners + item % OWNERS, volatile=True) < epoch:
+                if claim(flags, num_items, item, epoch):
+                    events = produce_item(args, item, flags, epoch, rank, heap_bases, PRODUCE, STASH, FETCH, CFG,
+                                          COMM_FIRST, True, trace, TRACE, TRAFFIC, ring, events)
+    if TRACE:
+        ok, events = traced_acquire_at(flags, item, target, rank, heap_bases, trace, TRACE, ring, events)
+    else:
+        ok = acquire(flags, item, target, rank, heap_bases)
+    return ok, events
+
+
+@triton.jit
+def consume_tile(args, tile, flags, num_items, epoch, target, rank, heap_bases, owners,
                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
-                 CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, trace, TRACE: tl.constexpr,
+                 STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr, COMM_FIRST: tl.constexpr,
+                 SYNC: tl.constexpr, HELP: tl.constexpr, OWNERS: tl.constexpr, trace, TRACE: tl.constexpr,
                  TRAFFIC: tl.constexpr, ring, events):
     """The consumer's work on one tile: compute from staged operands and deliver it
     (communicate-first), or reload a stashed tile and send it (compute-first). With ``SYNC`` it
-    first acquires the item it depends on, and skips the tile if that wait gave up. Returns
+    first obtains the item it depends on (:func:`obtain`: with ``HELP`` it produces the item
+    itself when the item's producer program has not started), and skips the tile if that wait
+    gave up. Returns
     ``(ok, events)``: 1, or 0 if the acquire gave up; traced, the event count of the ring the
-    caller holds open (``ring``, ``events``: :func:`iris_fw.trace.ring_open`; untraced 0)."""
+    caller holds open (``ring``, ``events``: :func:`iris_fw.trace.ring_open`; untraced 0).
+
+    Why ``HELP`` exists: a consumer kernel on another stream (``producer_consumer``), or the
+    consumer programs of one kernel (``wg_specialized``), may be resident on every SM this
+    process can use before the producer's programs get one — nothing orders two streams'
+    dispatch, and under CUDA MPS another client's programs share the SMs. A consumer that only
+    spun on the flag would then wait for a producer that never runs (seen on one H100 under MPS:
+    ``all_gather_gemm`` hung in its 93rd back-to-back call)."""
     ok = 1
     if COMM_FIRST:
         if SYNC:
-            if TRACE:
-                ok, events = traced_acquire_at(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases, trace,
-                                               TRACE, ring, events)
-            else:
-                ok = acquire(flags, DEPENDS(args, tile, CFG), target, rank, heap_bases)
+            ok, events = obtain(args, DEPENDS(args, tile, CFG), flags, num_items, epoch, target, rank, heap_bases,
+                                owners, PRODUCE, STASH, FETCH, CFG, COMM_FIRST, HELP, OWNERS, trace, TRACE, TRAFFIC,
+                                ring, events)
         if ok:
             if TRACE:
                 t = tr.record_start(trace, TRACE)
@@ -304,10 +385,8 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
                 events = tr.record_at(trace, TRACE, ring, events, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
     else:
         if SYNC:
-            if TRACE:
-                ok, events = traced_acquire_at(flags, tile, target, rank, heap_bases, trace, TRACE, ring, events)
-            else:
-                ok = acquire(flags, tile, target, rank, heap_bases)
+            ok, events = obtain(args, tile, flags, num_items, epoch, target, rank, heap_bases, owners, PRODUCE, STASH,
+                                FETCH, CFG, COMM_FIRST, HELP, OWNERS, trace, TRACE, TRAFFIC, ring, events)
         if ok:
             if TRACE:
                 t = tr.record_start(trace, TRACE)
@@ -318,9 +397,10 @@ def consume_tile(args, tile, flags, target, rank, heap_bases,
 
 
 @triton.jit
-def consume_role(args, first, num_tiles, step, st, flags, epoch, target, rank, heap_bases,
+def consume_role(args, first, num_tiles, step, st, flags, num_items, epoch, target, rank, heap_bases, owners,
                  PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
-                 CFG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, QUEUE: tl.constexpr,
+                 STASH: tl.constexpr, FETCH: tl.constexpr, CFG: tl.constexpr, COMM_FIRST: tl.constexpr,
+                 SYNC: tl.constexpr, HELP: tl.constexpr, OWNERS: tl.constexpr, QUEUE: tl.constexpr,
                  NPROG: tl.constexpr, trace, TRACE: tl.constexpr, TRAFFIC: tl.constexpr):
     """Tiles ``first, first+step, …`` (or, with ``QUEUE``, whatever the dynamic queue hands out
     to the kernel's ``NPROG`` programs) through :func:`consume_tile`. After an acquire gave up
@@ -333,14 +413,16 @@ def consume_role(args, first, num_tiles, step, st, flags, epoch, target, rank, h
         tile = next_tile(st, epoch, num_tiles, NPROG)
         while tile < num_tiles:
             if ok:
-                ok, events = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD,
-                                          DEPENDS, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC, ring, events)
+                ok, events = consume_tile(args, tile, flags, num_items, epoch, target, rank, heap_bases, owners,
+                                          PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, SYNC, HELP,
+                                          OWNERS, trace, TRACE, TRAFFIC, ring, events)
             tile = next_tile(st, epoch, num_tiles, NPROG)
     else:
         for tile in range(first, num_tiles, step):
             if ok:
-                ok, events = consume_tile(args, tile, flags, target, rank, heap_bases, PRODUCE, CONSUME, RELOAD,
-                                          DEPENDS, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC, ring, events)
+                ok, events = consume_tile(args, tile, flags, num_items, epoch, target, rank, heap_bases, owners,
+                                          PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, SYNC, HELP,
+                                          OWNERS, trace, TRACE, TRAFFIC, ring, events)
     tr.ring_close(TRACE, ring, events)
 
 
@@ -430,13 +512,18 @@ def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_
 
 @triton.jit
 def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_flag, rank, world_size, heap_bases,
-                     trace, ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
+                     owners, trace, ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
                      PRODUCE: tl.constexpr, CONSUME: tl.constexpr, RELOAD: tl.constexpr, DEPENDS: tl.constexpr,
                      NPROG: tl.constexpr, COMM_FIRST: tl.constexpr, SYNC: tl.constexpr, QUEUE: tl.constexpr,
                      FIXED: tl.constexpr, ENTRY: tl.constexpr, EXIT: tl.constexpr, TRAFFIC: tl.constexpr = None,
-                     TRACE: tl.constexpr = _NO_TRACE):
+                     STASH: tl.constexpr = None, FETCH: tl.constexpr = None, HELP: tl.constexpr = False,
+                     OWNERS: tl.constexpr = 1, TRACE: tl.constexpr = _NO_TRACE):
     """Acquires items released with the epoch, or (``FIXED``) with the constant ``fixed_flag`` —
-    then the last program resets the ``num_flags`` flags for the next call."""
+    then the last program resets the ``num_flags`` flags for the next call. With ``HELP`` (items
+    released by the ``OWNERS`` programs of a producer *kernel* whose call counters are ``owners``:
+    not ``FIXED``), an item whose producer program has not started is produced by the consumer
+    program that needs it (:func:`obtain`); a communicate-first consumer that helps fetches from
+    peers, so it then carries ``ENTRY`` and ``EXIT`` like the producer."""
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
@@ -445,8 +532,9 @@ def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_fl
     if FIXED:
         target = fixed_flag
     if ok:
-        consume_role(args, tl.program_id(0), num_tiles, NPROG, st, flags, epoch, target, rank, heap_bases,
-                     PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG, trace, TRACE, TRAFFIC)
+        consume_role(args, tl.program_id(0), num_tiles, NPROG, st, flags, num_flags, epoch, target, rank, heap_bases,
+                     owners, PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, SYNC, HELP, OWNERS,
+                     QUEUE, NPROG, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases, NPROG, EXIT, FIXED, trace, TRACE, started)
 
 
@@ -459,25 +547,28 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
                         ENTRY: tl.constexpr, EXIT: tl.constexpr, TRAFFIC: tl.constexpr = None,
                         TRACE: tl.constexpr = _NO_TRACE):
     """One kernel, two roles: programs below ``PRODUCERS`` produce and release, the others
-    acquire and consume. Communicate-first: the fetching programs join the (dynamic) compute
-    queue once their chunks are fetched."""
+    acquire and consume — and produce an item themselves when its producer program has not
+    started (:func:`obtain`), so a consumer program never waits for a producer program that is
+    not resident. Communicate-first: the fetching programs join the (dynamic) compute queue once
+    their chunks are fetched."""
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
     args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
     pid = tl.program_id(0)
+    counters = st + ST_ARRIVE + world_size  # every program's call counter: the producers' come first
     if ok:
         if pid < PRODUCERS:
             produce_role(args, pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases,
                          PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True, trace, TRACE, TRAFFIC)
             if COMM_FIRST:
-                consume_role(args, 0, num_tiles, 1, st, flags, epoch, epoch, rank, heap_bases,
-                             PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, True, NPROG, trace, TRACE,
-                             TRAFFIC)
+                consume_role(args, 0, num_tiles, 1, st, flags, num_items, epoch, epoch, rank, heap_bases, counters,
+                             PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, True, True, PRODUCERS,
+                             True, NPROG, trace, TRACE, TRAFFIC)
         else:
-            consume_role(args, pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, epoch, epoch, rank,
-                         heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, COMM_FIRST, NPROG,
-                         trace, TRACE, TRAFFIC)
+            consume_role(args, pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, num_items, epoch, epoch, rank,
+                         heap_bases, counters, PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, True,
+                         True, PRODUCERS, COMM_FIRST, NPROG, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 

@@ -17,6 +17,9 @@ graph of :data:`~iris_fw.bench.ccl.GRAPH_CALLS` pairs:
   one GPU);
 * ``torch_local`` — that baseline's local torch work alone (sort by expert, gather the rows,
   weighted ``index_add_`` back): the part one GPU can run without NCCL;
+* ``copy`` — the copy rate of the same bytes: the rows a rank sends, copied there and back by
+  torch on this rank's GPU (``gb_per_s`` of every dispatch + combine row is those bytes both ways
+  over its time, beside this one's);
 * the experts' GEMMs (:data:`FFN`: each expert ``[H, N]`` then ``[N, H]``, weights random,
   bf16): ``dispatch_then_gemm`` (``moe_dispatch``, then torch's grouped GEMM ``torch.bmm`` over
   ``[L, C, H] @ [L, H, N]``; fp8 rows dequantized first) beside ``dispatch_gemm_fused``
@@ -31,7 +34,10 @@ for the same tokens, where neither dropped a row): the combine of the identity e
 ``sum_k w[t, k] * x[t]`` over the rows not dropped (float64; fp8: of the dequantized rows), and
 the drops are reported (``dropped``: rows past capacity at this rank; prefill points use a capacity
 of :data:`PREFILL_CAPACITY_FACTOR` times the mean load). ``bytes_per_rank``: the bytes of rows a
-rank sends in one dispatch. On CPU ranks (a smoke run) the shapes shrink to :data:`CPU_SHAPE`.
+rank sends in one dispatch. At W ≥ 2 on GPUs the run first measures the signal round trip between
+ranks 0 and 1 (:func:`iris_fw.bench.protocols.round_trip_us`, a ``round_trip`` row) and every
+dispatch + combine row carries ``over_round_trip`` (its time in round trips). On CPU ranks (a
+smoke run) the shapes shrink to :data:`CPU_SHAPE`.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from ..moe_gemm import moe_dispatch_gemm, moe_gemm_combine
 from ..hookspecs import hookimpl
 from .ccl import GRAPH_CALLS, _attempt, _capture, _nccl_reason
 from .harness import measure_interleaved
+from .protocols import round_trip_us
 
 #: name -> (hidden, experts, topk, tokens per rank)
 SHAPES = {"dsv3_decode": (7168, 256, 8, 128), "dsv3_prefill": (7168, 256, 8, 4096),
@@ -98,6 +105,13 @@ class _Point:
         self.eo = torch.empty(plan.recv_x.shape, dtype=torch.bfloat16, device=dev)
         self.layer_out = torch.empty_like(self.x)
         self.bytes = tokens * topk * (hidden * (1 if dtype is not None else 2) + (4 * plan.call.groups if dtype else 0))
+        self._copy_src = torch.empty(self.bytes, dtype=torch.uint8, device=dev)
+        self._copy_dst = torch.empty_like(self._copy_src)
+
+    def _copy(self, i):
+        """The same bytes as a dispatch + combine moves, copied there and back on this GPU."""
+        self._copy_dst.copy_(self._copy_src)
+        self._copy_src.copy_(self._copy_dst)
 
     def method(self, name):
         if name in moe.MODES:
@@ -111,6 +125,8 @@ class _Point:
             return getattr(self, "_" + name)
         if name == "torch_local":
             return self._torch_local
+        if name == "copy":
+            return self._copy
         if name == "torch_a2a":
             return self._torch_a2a
         raise KeyError(name)
@@ -246,9 +262,14 @@ class MoeBench:
         if not gpu:
             skipped["graphs"] = "CPU ranks: no CUDA graphs (eager only)"
         rows = []
+        rt = None
+        if gpu and w >= 2:
+            rt = round_trip_us(ctx, opts)
+            rows.append({"method": "round_trip", "eager_us": rt})
+            opts.log(f"  signal round trip (ranks 0 <-> 1): {rt:.2f} us")
         for (name, hidden, experts, topk, tokens), (dname, dtype) in itertools.product(shapes, dtypes.items()):
             point = _Point(ctx, name, hidden, experts, topk, tokens, dtype)
-            methods = [*moe.MODES, "torch_local"] + ([] if "torch_a2a" in skipped or dtype is not None
+            methods = [*moe.MODES, "copy", "torch_local"] + ([] if "torch_a2a" in skipped or dtype is not None
                                                      else ["torch_a2a"]) + list(GEMM_METHODS)
             checks = {m: point.check(m) for m in moe.MODES}
             checks["layer_fused"] = point.check_layer()
@@ -271,6 +292,10 @@ class MoeBench:
                        "bytes_per_rank": point.bytes, "capacity": point.plans["low_latency"].call.capacity}
                 if m in checks:
                     row["max_err"], row["ok"], row["dropped"] = checks[m]
+                if (m in moe.MODES or m == "copy") and best.get(m):
+                    row["gb_per_s"] = 2 * point.bytes / best[m] / 1e3  # the rows there and back
+                    if rt and m in moe.MODES:
+                        row["over_round_trip"] = best[m] / rt
                 if m in FUSED and best.get(m) and best.get(FUSED[m]):
                     row["speedup"] = best[FUSED[m]] / best[m]
                 if m in GEMM_METHODS:

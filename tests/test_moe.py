@@ -671,8 +671,9 @@ def test_bench_rows(iris_pool, on_gpu):
     rows = iris_pool(1).run(_bench_rank)[0]
     timed = [r for r in rows if "eager_us" in r]
     gemm = ("dispatch_then_gemm", "dispatch_gemm_fused", "layer_unfused", "layer_fused")
-    assert {(r["method"], r["dtype"]) for r in timed} == {(m, d) for m in ("low_latency", "throughput", "torch_local",
-                                                                         *gemm) for d in ("fp8",)}, rows
+    assert {(r["method"], r["dtype"]) for r in timed} == {(m, d) for m in ("low_latency", "throughput", "copy",
+                                                                         "torch_local", *gemm) for d in ("fp8",)}, rows
+    assert all(r["gb_per_s"] > 0 for r in timed if r["method"] in ("low_latency", "throughput", "copy")), rows
     assert all(r["ok"] is True and r["dropped"] == 0 for r in timed if "ok" in r), rows
     assert {r["method"] for r in timed if "ok" in r} == {"low_latency", "throughput", "layer_fused"}, rows
     assert all(r["speedup"] > 0 for r in timed if r["method"] in ("dispatch_gemm_fused", "layer_fused")), rows

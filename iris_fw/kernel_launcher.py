@@ -29,7 +29,9 @@ The key refines Triton's specialization (``specialize_impl`` in ``specialize.cc`
 ``do_not_specialize_on_alignment``, 16-byte alignment of ``data_ptr()``; ints -> i32/i64/u64
 range and (unless ``do_not_specialize``) ``== 1`` and divisibility by 16; bools, floats,
 ``None`` -> their type; tuples and NamedTuples -> their type and, recursively, their elements
-(always specialized, as Triton does inside tuples); ``TensorDescriptor`` -> base dtype and
+(always specialized, as Triton does inside tuples); a ``tl.constexpr`` inside a tuple (the
+switches of :class:`iris_fw.device.DeviceHeaps`) -> its value and the value's type (a bool, int,
+float, str or None; any other value is not modelled); ``TensorDescriptor`` -> base dtype and
 block shape (what Triton keys on), plus rank, padding, tf32 rounding and base alignment. The
 key also holds the device and the values feeding Triton's compile options (the kernel's
 ``debug``, ``knobs.runtime.debug``, ``knobs.compilation.instrumentation_mode``, and from 3.9
@@ -47,7 +49,7 @@ The slow path is taken whenever equivalence is not proven: the interpreter, laun
 (``knobs.runtime.launch_enter_hook``/``launch_exit_hook`` with any hook), a stages-inspection
 hook, ``pre_run_hooks`` on the kernel, a changed global the kernel uses (Triton raises), an
 argument type the key does not know (JIT functions, ``constexpr`` objects, Gluon descriptors,
-numpy scalars, ...), a non-CUDA target (AMD specializes on more than the key covers), a Triton
+numpy scalars, constexprs of other values, ...), a non-CUDA target (AMD specializes on more than the key covers), a Triton
 release whose launch path was not read here (any but 3.6.x and 3.9.x), or ``IRIS_FW_SLOW_LAUNCH=1``.
 
 Compiled kernels only: a NamedTuple *class* given as a constexpr is passed as
@@ -61,6 +63,7 @@ import inspect
 import operator
 
 import torch
+from triton.language import constexpr as _Constexpr
 
 from . import env
 from .errors import ArgumentTypeError
@@ -106,6 +109,11 @@ def fast_path_supported(version: str) -> bool:
 
 class _Unsupported(Exception):
     """An argument the key does not model: the call takes the slow path."""
+
+
+#: Value types of a ``tl.constexpr`` inside a tuple that the key models (hashable, and keyed with
+#: their type: ``True`` and ``1`` are different constexprs to Triton).
+_PLAIN = frozenset((bool, int, float, str, type(None)))
 
 
 def _int_item(a: int, spec: bool, align: bool) -> str:
@@ -157,6 +165,8 @@ def _item(a, spec: bool, align: bool, desc_cls):
         return (t,) + tuple(_item(x, True, True, desc_cls) for x in a)
     if desc_cls and isinstance(a, desc_cls):
         return _desc_item(a)
+    if t is _Constexpr and type(a.value) in _PLAIN:
+        return (_Constexpr, type(a.value), a.value)
     # Triton checks constexpr, TensorDescriptor, Gluon descriptors and JIT functions before
     # falling back to "has data_ptr": those (and anything else) are not modelled here.
     if type(a).__module__.startswith("triton") or not hasattr(a, "data_ptr"):
@@ -206,7 +216,8 @@ def make_key_fn(flags, sample_args, desc_cls=None):
         desc_cls = _tensor_descriptor_cls()
     flags = tuple((bool(s), bool(a)) for s, a in flags)
     ns = {"_T": _Tensor, "_int_item": _int_item, "_item": _item, "_desc_item": _desc_item,
-          "_spec_key": spec_key, "_Unsupported": _Unsupported, "_flags": flags, "_desc": desc_cls}
+          "_spec_key": spec_key, "_Unsupported": _Unsupported, "_flags": flags, "_desc": desc_cls,
+          "_CX": _Constexpr}
     guards, items = [], []
 
     def gen(e, a, spec, align, top):
@@ -246,6 +257,11 @@ def make_key_fn(flags, sample_args, desc_cls=None):
         elif desc_cls and t is desc_cls:
             guards.append(f"type({e}) is _desc")
             items.append(f"_desc_item({e})")
+        elif t is _Constexpr and type(a.value) in _PLAIN:
+            name = f"_CV{len(ns)}"
+            ns[name] = type(a.value)
+            guards.append(f"type({e}) is _CX and type({e}.value) is {name}")
+            items.append(f"(_CX, {name}, {e}.value)")
         else:
             items.append(f"_item({e}, {spec}, {align}, _desc)")
 

@@ -7,6 +7,7 @@ import torch
 import iris_fw
 from helpers import fresh_seed
 from iris_fw.heap import ALIGN, SymmetricHeap
+from iris_fw.interpreter import interpreting
 
 
 # ---- factories ---------------------------------------------------------------------------
@@ -237,8 +238,11 @@ def test_single_rank_context_lifecycle(tmp_path):
 
     before = {n for n in os.listdir("/dev/shm") if n.startswith("iris_fw")}
     with iris_fw.init(heap_size=1 << 20, bootstrap="single") as ctx:
-        assert (ctx.rank, ctx.world_size) == (0, 1) and ctx.heap_bases.dtype == torch.int64
-        assert ctx.heap_bases.shape == (1,) and ctx.heap_bases.device == ctx.device
+        assert (ctx.rank, ctx.world_size) == (0, 1) and ctx.heap_bases.bases.dtype == torch.int64
+        assert ctx.heap_bases.bases.shape == (1,) and ctx.heap_bases.bases.device == ctx.device
+        # the primitives' compile-time switches come with the argument (decided at init, not at import)
+        assert ctx.heap_bases.CHECK_POINTERS.value is (interpreting() or ctx.debug)
+        assert ctx.heap_bases.NVSHMEM_CALLS.value == ctx.transport.call_mode == 0
         x = ctx.ones(4)
         assert {n for n in os.listdir("/dev/shm") if n.startswith("iris_fw")} <= before, "segment not unlinked"
         del x

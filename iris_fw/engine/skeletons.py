@@ -119,25 +119,25 @@ def next_tile(st, epoch, num_tiles, NPROG: tl.constexpr):
 
 @triton.jit
 def rebuild_args(top0, top1, rest, ARGS: tl.constexpr, NTOP: tl.constexpr):
-    """The pattern's named ``args`` from the kernel's top-level parameters and ``rest``."""
+    """The pattern's named ``args`` from the kernel's top-level parameters and ``rest``.
+
+    Returned, never assigned, and passed on as an argument: Triton turns the constexprs of a
+    tuple assigned to a variable into run-time values, and ``args.heap_bases`` carries two
+    (:class:`iris_fw.device.DeviceHeaps`). Skeletons call this where they pass ``args``."""
     if NTOP == 2:
-        args = ARGS(top0, top1, *rest)
+        return ARGS(top0, top1, *rest)
     elif NTOP == 1:
-        args = ARGS(top0, *rest)
+        return ARGS(top0, *rest)
     else:
-        args = ARGS(*rest)
-    return args
+        return ARGS(*rest)
 
 
 @triton.jit
-def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
-               ARGS: tl.constexpr, NTOP: tl.constexpr, ENTRY: tl.constexpr, trace=None,
-               TRACE: tl.constexpr = _NO_TRACE):
-    """The prologue of every skeleton kernel: the pattern's named ``args`` (:func:`rebuild_args`),
-    this program's epoch for the call (:func:`begin_call`) and, with ``ENTRY``, the cross-rank
-    entry barrier. Returns ``(args, epoch, ok)``; ``ok`` is 0 when the entry wait gave up (the
-    program then skips its work and only ends the call)."""
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+def start_call(st, rank, world_size, heap_bases, ENTRY: tl.constexpr, trace=None, TRACE: tl.constexpr = _NO_TRACE):
+    """The prologue of every skeleton kernel: this program's epoch for the call
+    (:func:`begin_call`) and, with ``ENTRY``, the cross-rank entry barrier. Returns
+    ``(epoch, ok)``; ``ok`` is 0 when the entry wait gave up (the program then skips its work and
+    only ends the call). The pattern's ``args``: :func:`rebuild_args`."""
     epoch = begin_call(st, world_size)
     ok = 1
     if ENTRY:
@@ -146,7 +146,7 @@ def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
         ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
         if TRACE:
             tr.record_wait(trace, TRACE, t, tr.ENTRY_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
-    return args, epoch, ok
+    return epoch, ok
 
 
 @triton.jit
@@ -366,6 +366,31 @@ def end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases,
         tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch, -1, 0)
 
 
+@triton.jit
+def fused_tiles(args, num_tiles, CFG: tl.constexpr, PRODUCE: tl.constexpr, CONSUME: tl.constexpr, NPROG: tl.constexpr,
+                DEPENDS: tl.constexpr, TRAFFIC: tl.constexpr, COMM_FIRST: tl.constexpr, trace, TRACE: tl.constexpr):
+    """The fused skeleton's tile loop: each program computes a tile and delivers it at once."""
+    for tile in range(tl.program_id(0), num_tiles, NPROG):
+        if TRACE:
+            t = tr.record_start(trace, TRACE)
+        value = PRODUCE(args, tile, CFG, False)
+        if COMM_FIRST:
+            if TRACE:
+                peer, nbytes = TRAFFIC(args, DEPENDS(args, tile, CFG), 0, CFG)
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile, peer, nbytes)
+                t = tr.record_start(trace, TRACE)
+            CONSUME(args, tile, value, CFG, False)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
+        else:
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
+                t = tr.record_start(trace, TRACE)
+            CONSUME(args, tile, value, CFG, False)
+            if TRACE:
+                deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+
+
 # ---- kernel skeletons ----------------------------------------------------------------------------
 
 
@@ -384,30 +409,13 @@ def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     if ok:
-        for tile in range(tl.program_id(0), num_tiles, NPROG):
-            if TRACE:
-                t = tr.record_start(trace, TRACE)
-            value = PRODUCE(args, tile, CFG, False)
-            if COMM_FIRST:
-                if TRACE:
-                    peer, nbytes = TRAFFIC(args, DEPENDS(args, tile, CFG), 0, CFG)
-                    tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile, peer, nbytes)
-                    t = tr.record_start(trace, TRACE)
-                CONSUME(args, tile, value, CFG, False)
-                if TRACE:
-                    tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
-            else:
-                if TRACE:
-                    tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
-                    t = tr.record_start(trace, TRACE)
-                CONSUME(args, tile, value, CFG, False)
-                if TRACE:
-                    deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+        fused_tiles(rebuild_args(top0, top1, rest, ARGS, NTOP), num_tiles, CFG, PRODUCE, CONSUME, NPROG, DEPENDS,
+                    TRAFFIC, COMM_FIRST, trace, TRACE)
     if STEPS > 1:
-        run_steps(args, st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
-                  TRACE, TRAFFIC)
+        run_steps(rebuild_args(top0, top1, rest, ARGS, NTOP), st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases,
+                  CFG, STEP, STEPS, NPROG, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -421,10 +429,10 @@ def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     if ok:
-        produce_role(args, tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases,
-                     PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+        produce_role(rebuild_args(top0, top1, rest, ARGS, NTOP), tl.program_id(0), count, NPROG, flags, epoch, rank,
+                     heap_bases, PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -440,13 +448,14 @@ def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_fl
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     target = epoch
     if FIXED:
         target = fixed_flag
     if ok:
-        consume_role(args, tl.program_id(0), num_tiles, NPROG, st, flags, epoch, target, rank, heap_bases,
-                     PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG, trace, TRACE, TRAFFIC)
+        consume_role(rebuild_args(top0, top1, rest, ARGS, NTOP), tl.program_id(0), num_tiles, NPROG, st, flags, epoch,
+                     target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG,
+                     trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases, NPROG, EXIT, FIXED, trace, TRACE, started)
 
 
@@ -464,20 +473,20 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     pid = tl.program_id(0)
     if ok:
         if pid < PRODUCERS:
-            produce_role(args, pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases,
-                         PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True, trace, TRACE, TRAFFIC)
+            produce_role(rebuild_args(top0, top1, rest, ARGS, NTOP), pid, num_items, PRODUCERS, flags, epoch, rank,
+                         heap_bases, PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True, trace, TRACE, TRAFFIC)
             if COMM_FIRST:
-                consume_role(args, 0, num_tiles, 1, st, flags, epoch, epoch, rank, heap_bases,
-                             PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, True, NPROG, trace, TRACE,
-                             TRAFFIC)
+                consume_role(rebuild_args(top0, top1, rest, ARGS, NTOP), 0, num_tiles, 1, st, flags, epoch, epoch, rank,
+                             heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, True, NPROG, trace,
+                             TRACE, TRAFFIC)
         else:
-            consume_role(args, pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, epoch, epoch, rank,
-                         heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, COMM_FIRST, NPROG,
-                         trace, TRACE, TRAFFIC)
+            consume_role(rebuild_args(top0, top1, rest, ARGS, NTOP), pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st,
+                         flags, epoch, epoch, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST,
+                         True, COMM_FIRST, NPROG, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -494,10 +503,10 @@ def _steps_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, False, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, False, trace, TRACE)
     if STEPS > 1:
-        run_steps(args, st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
-                  TRACE, TRAFFIC)
+        run_steps(rebuild_args(top0, top1, rest, ARGS, NTOP), st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases,
+                  CFG, STEP, STEPS, NPROG, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 

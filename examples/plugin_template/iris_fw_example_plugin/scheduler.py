@@ -15,15 +15,21 @@ from iris_fw.engine.scheduler import Scheduler, bind_kernel
 from iris_fw.engine.skeletons import begin_call, end_call, entry_barrier, rebuild_args
 
 @triton.jit
+def _reverse_tiles(args, num_tiles, CFG: tl.constexpr, PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
+                   NPROG: tl.constexpr):
+    for i in range(tl.program_id(0), num_tiles, NPROG):
+        tile = num_tiles - 1 - i
+        CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
+
+
+@triton.jit
 def _reverse_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
                     ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
                     PRODUCE: tl.constexpr, CONSUME: tl.constexpr, NPROG: tl.constexpr):
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
     epoch = begin_call(st, world_size)
     if entry_barrier(st, epoch, rank, world_size, heap_bases):
-        for i in range(tl.program_id(0), num_tiles, NPROG):
-            tile = num_tiles - 1 - i
-            CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
+        # args passed on, never assigned: its heap_bases carries constexprs (rebuild_args says why)
+        _reverse_tiles(rebuild_args(top0, top1, rest, ARGS, NTOP), num_tiles, CFG, PRODUCE, CONSUME, NPROG)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, True, False)
 
 

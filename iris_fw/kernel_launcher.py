@@ -31,7 +31,9 @@ range and (unless ``do_not_specialize``) ``== 1`` and divisibility by 16; bools,
 ``None`` -> their type; tuples and NamedTuples -> their type and, recursively, their elements
 (always specialized, as Triton does inside tuples); a ``tl.constexpr`` inside a tuple (the
 switches of :class:`iris_fw.device.DeviceHeaps`) -> its value and the value's type (a bool, int,
-float, str or None; any other value is not modelled); ``TensorDescriptor`` -> base dtype and
+float, str or None; any other value is not modelled); a ``DeviceHeaps`` as a context builds it
+(a tensor, a bool and an int constexpr) -> one flat item (the bases' dtype and alignment, the
+two values: every launch of a library kernel carries one); ``TensorDescriptor`` -> base dtype and
 block shape (what Triton keys on), plus rank, padding, tf32 rounding and base alignment. The
 key also holds the device and the values feeding Triton's compile options (the kernel's
 ``debug``, ``knobs.runtime.debug``, ``knobs.compilation.instrumentation_mode``, and from 3.9
@@ -66,6 +68,7 @@ import torch
 from triton.language import constexpr as _Constexpr
 
 from . import env
+from .device import DeviceHeaps as _DH
 from .errors import ArgumentTypeError
 from .interpreter import interpreting
 
@@ -159,6 +162,8 @@ def _item(a, spec: bool, align: bool, desc_cls):
         return "u1"
     if a is None:
         return "none"
+    if t is _DH:
+        return _heaps_item(a, desc_cls)
     if isinstance(a, tuple):
         # Triton specializes tuple elements with specialize=True, align=True whatever the
         # parameter says; the (named)tuple type is part of the specialization.
@@ -172,6 +177,16 @@ def _item(a, spec: bool, align: bool, desc_cls):
     if type(a).__module__.startswith("triton") or not hasattr(a, "data_ptr"):
         raise _Unsupported
     return (t, a.dtype, not a.data_ptr() & 15) if spec and align else (t, a.dtype)
+
+
+def _heaps_item(a, desc_cls):
+    """The key of a :class:`iris_fw.device.DeviceHeaps` (a tuple: its elements specialized):
+    flat for the usual one, else as any other tuple's."""
+    bases, checks, calls = a
+    if type(bases) is _Tensor and type(checks) is _Constexpr and type(calls) is _Constexpr and \
+            type(checks.value) is bool and type(calls.value) is int:
+        return (_DH, bases.dtype, not bases.data_ptr() & 15, checks.value, calls.value)
+    return (_DH,) + tuple(_item(x, True, True, desc_cls) for x in a)
 
 
 def spec_key(args, flags, desc_cls=None):
@@ -217,7 +232,7 @@ def make_key_fn(flags, sample_args, desc_cls=None):
     flags = tuple((bool(s), bool(a)) for s, a in flags)
     ns = {"_T": _Tensor, "_int_item": _int_item, "_item": _item, "_desc_item": _desc_item,
           "_spec_key": spec_key, "_Unsupported": _Unsupported, "_flags": flags, "_desc": desc_cls,
-          "_CX": _Constexpr}
+          "_CX": _Constexpr, "_DH": _DH, "_heaps_item": _heaps_item}
     guards, items = [], []
 
     def gen(e, a, spec, align, top):
@@ -244,6 +259,9 @@ def make_key_fn(flags, sample_args, desc_cls=None):
         elif a is None:
             guards.append(f"{e} is None")
             items.append('"none"')
+        elif t is _DH and len(a) == 3:
+            guards.append(f"type({e}) is _DH")
+            items.append(f"_heaps_item({e}, _desc)")
         elif isinstance(a, tuple):
             name = f"_TT{len(ns)}"
             ns[name] = t

@@ -23,6 +23,7 @@ from triton._C.libtriton import native_specialize_impl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import iris_fw
+from iris_fw.device import DeviceHeaps
 from iris_fw import kernel_launcher as lmod
 from iris_fw.kernel_launcher import KernelLauncher, bound_args_template, make_key_fn, spec_key
 
@@ -295,7 +296,11 @@ def _samples():
               # the switches of iris_fw.device.DeviceHeaps: constexprs inside a tuple
               (tensors[0], tl.constexpr(True), tl.constexpr(0)), (tensors[0], tl.constexpr(False), tl.constexpr(0)),
               (tensors[0], tl.constexpr(1), tl.constexpr(0)), (tensors[0], tl.constexpr(True), tl.constexpr(2)),
-              (tensors[0], tl.constexpr("1"), tl.constexpr(None))]
+              (tensors[0], tl.constexpr("1"), tl.constexpr(None)),
+              DeviceHeaps(tensors[0], tl.constexpr(True), tl.constexpr(0)),
+              DeviceHeaps(tensors[0], tl.constexpr(False), tl.constexpr(0)),
+              DeviceHeaps(tensors[1], tl.constexpr(False), tl.constexpr(2)),
+              DeviceHeaps(tensors[0], tl.constexpr(1), tl.constexpr(0))]  # not as a context builds it
     return ints + tensors + descs + scalars + tuples
 
 

@@ -129,19 +129,20 @@ def device_heaps(bases, check_pointers: bool, nvshmem_calls: int = 0) -> DeviceH
 
 
 @triton.constexpr_function
-def _switch(heap_bases, name, bare):
-    # Compiled, a DeviceHeaps argument is a tl.tuple with named fields; interpreted, the
-    # NamedTuple itself. A bare pointer has no such field: ``bare`` is its value.
-    value = getattr(heap_bases, name, None) if isinstance(heap_bases, (tuple, tl.tuple)) else None
-    if value is None:
+def _switch(heap_bases, index, name, bare):
+    # Compiled, a DeviceHeaps argument is a tl.tuple (whose field names Triton 3.6 drops for a
+    # kernel's parameter: fields are read by position); interpreted, the NamedTuple itself. A
+    # bare pointer has no such field: ``bare`` is its value.
+    if not isinstance(heap_bases, (tuple, tl.tuple)):
         return bare
+    value = heap_bases[index]
     value = getattr(value, "value", value)
     if not isinstance(value, (bool, int)):
         raise TypeError(
-            f"heap_bases.{name} is a run-time value here, not a constexpr: Triton turns the constexprs "
-            f"of a tuple assigned to a variable into run-time values. Pass heap_bases (or the named "
-            f"tuple holding it, e.g. a pattern's args) on as an argument without assigning it "
-            f"(iris_fw.engine.skeletons.rebuild_args)")
+            f"heap_bases.{name} is a run-time value here, not a constexpr: Triton turns the constexprs of a "
+            f"tuple assigned to a variable (3.6: or returned from a jit function) into run-time values. Pass "
+            f"heap_bases, or the named tuple holding it (a pattern's args), on as an argument, built where it "
+            f"is passed (iris_fw.engine.skeletons' docstring, \"args\")")
     return value
 
 
@@ -155,20 +156,20 @@ def is_device_heaps(heap_bases):
 def check_pointers(heap_bases):
     """``heap_bases.CHECK_POINTERS``; for a bare pointer, whether kernels run under Triton's
     interpreter (where pointer checks are always on)."""
-    return bool(_switch(heap_bases, "CHECK_POINTERS", triton.knobs.runtime.interpret))
+    return bool(_switch(heap_bases, 1, "CHECK_POINTERS", triton.knobs.runtime.interpret))
 
 
 @triton.constexpr_function
 def nvshmem_calls(heap_bases):
     """``heap_bases.NVSHMEM_CALLS``; 0 for a bare pointer."""
-    return int(_switch(heap_bases, "NVSHMEM_CALLS", 0))
+    return int(_switch(heap_bases, 2, "NVSHMEM_CALLS", 0))
 
 
 @triton.jit
 def bases(heap_bases):
     """The int64 pointer to every rank's heap base, from a :class:`DeviceHeaps` or a bare one."""
     if is_device_heaps(heap_bases):
-        out = heap_bases.bases
+        out = heap_bases[0]  # by position: see _switch
     else:
         out = heap_bases
     return out

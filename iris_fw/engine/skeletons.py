@@ -29,6 +29,14 @@ Under Triton's interpreter the programs of one launch run one after another, so 
 makes a program wait for a later program of the same launch: entry waits are for other ranks,
 and the exit wait is done by the last program.
 
+**args.** A pattern's named ``args`` reach a kernel as ``top0, top1, rest``
+(:func:`iris_fw.engine.contract.split_args`) and are rebuilt, ``ARGS(top0, *rest)`` and the
+like, *where they are passed on* to a role or piece — never assigned to a variable nor returned
+from a jit function: Triton (3.6 and 3.9 on assignment, 3.6 on return too) turns the constexprs
+of such a tuple into run-time values, and ``args.heap_bases`` carries two
+(:class:`iris_fw.device.DeviceHeaps`); :mod:`iris_fw.device` then refuses to compile, naming
+this. A parameter keeps them.
+
 **Tracing.** Every skeleton kernel takes a ``trace`` buffer handle and a ``TRACE`` constexpr
 (:mod:`iris_fw.trace`; ``None`` and 0 unless a trace session is on, and then the kernel is a
 separate compiled variant). Each program records its span in the call (``program``), the entry,
@@ -118,26 +126,12 @@ def next_tile(st, epoch, num_tiles, NPROG: tl.constexpr):
 
 
 @triton.jit
-def rebuild_args(top0, top1, rest, ARGS: tl.constexpr, NTOP: tl.constexpr):
-    """The pattern's named ``args`` from the kernel's top-level parameters and ``rest``.
-
-    Returned, never assigned, and passed on as an argument: Triton turns the constexprs of a
-    tuple assigned to a variable into run-time values, and ``args.heap_bases`` carries two
-    (:class:`iris_fw.device.DeviceHeaps`). Skeletons call this where they pass ``args``."""
-    if NTOP == 2:
-        return ARGS(top0, top1, *rest)
-    elif NTOP == 1:
-        return ARGS(top0, *rest)
-    else:
-        return ARGS(*rest)
-
-
-@triton.jit
 def start_call(st, rank, world_size, heap_bases, ENTRY: tl.constexpr, trace=None, TRACE: tl.constexpr = _NO_TRACE):
     """The prologue of every skeleton kernel: this program's epoch for the call
     (:func:`begin_call`) and, with ``ENTRY``, the cross-rank entry barrier. Returns
     ``(epoch, ok)``; ``ok`` is 0 when the entry wait gave up (the program then skips its work and
-    only ends the call). The pattern's ``args``: :func:`rebuild_args`."""
+    only ends the call). The pattern's ``args`` are built where they are passed on (see the
+    module docstring, "args")."""
     epoch = begin_call(st, world_size)
     ok = 1
     if ENTRY:
@@ -411,11 +405,12 @@ def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
         started = tr.record_start(trace, TRACE)
     epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     if ok:
-        fused_tiles(rebuild_args(top0, top1, rest, ARGS, NTOP), num_tiles, CFG, PRODUCE, CONSUME, NPROG, DEPENDS,
-                    TRAFFIC, COMM_FIRST, trace, TRACE)
+        fused_tiles((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                    num_tiles, CFG, PRODUCE, CONSUME, NPROG, DEPENDS, TRAFFIC, COMM_FIRST, trace, TRACE)
     if STEPS > 1:
-        run_steps(rebuild_args(top0, top1, rest, ARGS, NTOP), st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases,
-                  CFG, STEP, STEPS, NPROG, trace, TRACE, TRAFFIC)
+        run_steps((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                  st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace, TRACE,
+                  TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -431,8 +426,9 @@ def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_
         started = tr.record_start(trace, TRACE)
     epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     if ok:
-        produce_role(rebuild_args(top0, top1, rest, ARGS, NTOP), tl.program_id(0), count, NPROG, flags, epoch, rank,
-                     heap_bases, PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+        produce_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                     tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases, PRODUCE, STASH, FETCH, CFG,
+                     COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -453,9 +449,9 @@ def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_fl
     if FIXED:
         target = fixed_flag
     if ok:
-        consume_role(rebuild_args(top0, top1, rest, ARGS, NTOP), tl.program_id(0), num_tiles, NPROG, st, flags, epoch,
-                     target, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG,
-                     trace, TRACE, TRAFFIC)
+        consume_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                     tl.program_id(0), num_tiles, NPROG, st, flags, epoch, target, rank, heap_bases, PRODUCE, CONSUME,
+                     RELOAD, DEPENDS, CFG, COMM_FIRST, SYNC, QUEUE, NPROG, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases, NPROG, EXIT, FIXED, trace, TRACE, started)
 
 
@@ -477,16 +473,19 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
     pid = tl.program_id(0)
     if ok:
         if pid < PRODUCERS:
-            produce_role(rebuild_args(top0, top1, rest, ARGS, NTOP), pid, num_items, PRODUCERS, flags, epoch, rank,
-                         heap_bases, PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True, trace, TRACE, TRAFFIC)
+            produce_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                         pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases, PRODUCE, STASH, FETCH, CFG,
+                         COMM_FIRST, True, trace, TRACE, TRAFFIC)
             if COMM_FIRST:
-                consume_role(rebuild_args(top0, top1, rest, ARGS, NTOP), 0, num_tiles, 1, st, flags, epoch, epoch, rank,
-                             heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, True, NPROG, trace,
-                             TRACE, TRAFFIC)
+                consume_role((ARGS(top0, top1, *rest) if NTOP == 2 else
+                              ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                             0, num_tiles, 1, st, flags, epoch, epoch, rank, heap_bases, PRODUCE, CONSUME, RELOAD,
+                             DEPENDS, CFG, COMM_FIRST, True, True, NPROG, trace, TRACE, TRAFFIC)
         else:
-            consume_role(rebuild_args(top0, top1, rest, ARGS, NTOP), pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st,
-                         flags, epoch, epoch, rank, heap_bases, PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST,
-                         True, COMM_FIRST, NPROG, trace, TRACE, TRAFFIC)
+            consume_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                         pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, epoch, epoch, rank, heap_bases,
+                         PRODUCE, CONSUME, RELOAD, DEPENDS, CFG, COMM_FIRST, True, COMM_FIRST, NPROG, trace, TRACE,
+                         TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -505,8 +504,9 @@ def _steps_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
         started = tr.record_start(trace, TRACE)
     epoch, ok = start_call(st, rank, world_size, heap_bases, False, trace, TRACE)
     if STEPS > 1:
-        run_steps(rebuild_args(top0, top1, rest, ARGS, NTOP), st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases,
-                  CFG, STEP, STEPS, NPROG, trace, TRACE, TRAFFIC)
+        run_steps((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                  st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace, TRACE,
+                  TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 

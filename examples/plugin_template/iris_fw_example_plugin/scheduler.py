@@ -12,7 +12,7 @@ import triton.language as tl
 from iris_fw.devinfo import persistent_programs
 from iris_fw.engine.contract import split_args
 from iris_fw.engine.scheduler import Scheduler, bind_kernel
-from iris_fw.engine.skeletons import begin_call, end_call, entry_barrier, rebuild_args
+from iris_fw.engine.skeletons import begin_call, end_call, entry_barrier
 
 @triton.jit
 def _reverse_tiles(args, num_tiles, CFG: tl.constexpr, PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
@@ -28,8 +28,10 @@ def _reverse_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, he
                     PRODUCE: tl.constexpr, CONSUME: tl.constexpr, NPROG: tl.constexpr):
     epoch = begin_call(st, world_size)
     if entry_barrier(st, epoch, rank, world_size, heap_bases):
-        # args passed on, never assigned: its heap_bases carries constexprs (rebuild_args says why)
-        _reverse_tiles(rebuild_args(top0, top1, rest, ARGS, NTOP), num_tiles, CFG, PRODUCE, CONSUME, NPROG)
+        # args built where passed on, never assigned nor returned: args.heap_bases carries
+        # constexprs (iris_fw.engine.skeletons' docstring, "args", says why)
+        _reverse_tiles((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                       num_tiles, CFG, PRODUCE, CONSUME, NPROG)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, True, False)
 
 

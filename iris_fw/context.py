@@ -158,7 +158,9 @@ def init(
         ``None``/``"auto"``: ``IRIS_FW_BOOTSTRAP``, else chosen from the environment.
     :param wait_timeout: seconds a device-side wait polls before it gives up and the host
         raises :class:`WaitTimeout` (default ``IRIS_FW_WAIT_TIMEOUT`` or 30).
-    :param debug: check every allocation's offset across ranks (``IRIS_FW_DEBUG=1``).
+    :param debug: check every allocation's offset across ranks, and compile the device
+        primitives' pointer checks into this context's kernels on GPUs (they are always on under
+        the interpreter); default ``IRIS_FW_DEBUG``. See :class:`iris_fw.device.DeviceHeaps`.
     :param registries: use these registries instead of loading the installed plugins.
     :param liveness_timeout: seconds after which a rank that stopped, hangs without a heartbeat
         or never arrived is reported lost by the others (default ``IRIS_FW_LIVENESS_TIMEOUT`` or
@@ -369,9 +371,11 @@ class Context:
     """One rank's handle on the job. Use :func:`init` to create it; it is also a context
     manager, and :meth:`close` is idempotent.
 
-    Attributes: ``rank``, ``world_size``, ``local_rank``, ``device``, ``heap_bases`` (int64
-    ``[world_size]`` on ``device``: every rank's heap base as mapped in this process, the
-    argument every device primitive takes), ``heap_size``, ``transport``, ``bootstrap``,
+    Attributes: ``rank``, ``world_size``, ``local_rank``, ``device``, ``heap_bases`` (the
+    argument every device primitive takes, a :class:`iris_fw.device.DeviceHeaps`: ``.bases``,
+    int64 ``[world_size]`` on ``device``, every rank's heap base as mapped in this process,
+    with this context's compile-time switches: pointer checks (``debug`` or the interpreter)
+    and the transport's NVSHMEM call mode), ``heap_size``, ``transport``, ``bootstrap``,
     ``registries`` (the plugins this context was created with).
     """
 
@@ -383,7 +387,8 @@ class Context:
         self.world_size = bootstrap.world_size
         self.local_rank = bootstrap.local_rank
         self.device = transport.device
-        self.heap_bases = transport.heap_bases
+        self.heap_bases = dev.device_heaps(transport.heap_bases, check_pointers=interpreting() or debug,
+                                           nvshmem_calls=transport.call_mode)
         self.heap_size = heap_size
         self.debug = debug
         self.registries = registries if registries is not None else load_registries()

@@ -1,7 +1,8 @@
 """Device primitives: ``@triton.jit`` functions that reach into a peer's symmetric heap.
 
-This is a leaf module: it imports Triton and nothing from iris-fw's host side (but
-:mod:`iris_fw.env`, to read ``IRIS_FW_DEBUG``), so kernels anywhere can import it.
+This is a leaf module: it imports Triton and nothing from iris-fw's host side, so kernels
+anywhere can import it; it reads nothing from the environment. Its two compile-time switches
+(pointer checks, NVSHMEM calls) travel with ``heap_bases`` (:class:`DeviceHeaps`).
 
 **One argument order for every primitive.** Pointers and values come first (sources before
 destinations, as data flows), then ``rank`` (the calling rank), then the peer rank(s), then
@@ -36,6 +37,8 @@ bound, the error record of a timed-out wait, the device barrier's epoch and slot
 fail-fast state: the abort word every wait polls, a heartbeat, and the record of a pointer
 that failed its check (docs/reliability.md, "Fail fast").
 """
+
+from typing import Any, NamedTuple
 
 import triton
 import triton.language as tl
@@ -91,19 +94,86 @@ HEAP_BASE_ALIGN = tl.constexpr(4096)
 _DELTA_ALIGN_ELEMS = tl.constexpr(16)
 
 
-def _pointer_checks() -> bool:
-    """Whether translation checks its pointers: always under Triton's interpreter (CPU ranks),
-    on GPUs when ``IRIS_FW_DEBUG`` is on when this module is imported (kernels compile with
-    it; the constant is part of every kernel's cache key)."""
-    from . import env
-    from .interpreter import interpreting
+class DeviceHeaps(NamedTuple):
+    """What kernels receive as ``heap_bases`` from a context (``ctx.heap_bases``): every rank's
+    heap base and the two compile-time switches of the primitives, carried *with* the argument
+    every primitive already takes, so a kernel never names them and nothing is decided at
+    import. Triton specializes a kernel on the constexpr fields of a tuple argument: a kernel
+    launched with other switches compiles (and caches) another variant.
 
-    return interpreting() or env.get("IRIS_FW_DEBUG")
+    * ``bases``: int64 tensor ``[world_size]`` on the device (the transport's ``heap_bases``).
+    * ``CHECK_POINTERS``: ``tl.constexpr(bool)``: translation checks its pointers
+      (:func:`translate`); the context's ``debug`` (``IRIS_FW_DEBUG=1``), always under the
+      interpreter. Compiled out when false.
+    * ``NVSHMEM_CALLS``: ``tl.constexpr(int)``: the device-backend seam
+      (:mod:`iris_fw.nvshmem_device`): 0 compiles every primitive as load/store and atomics on
+      translated pointers; 1 reaches peers whose heap base is 0 (not mapped: another node)
+      through NVSHMEM device calls; 2 reaches every peer through them. The transport's
+      ``call_mode`` (non-zero only for ``nvshmem``).
+
+    A bare int64 pointer is accepted wherever a ``DeviceHeaps`` is (kernels written against
+    plain heap-base tensors, Iris-style programs): pointer checks on under the interpreter only,
+    no NVSHMEM calls. Build one with :func:`device_heaps`.
+    """
+
+    bases: Any
+    CHECK_POINTERS: Any
+    NVSHMEM_CALLS: Any
 
 
-#: Translation checks that the pointer lies in the caller's heap and the peer in the world, and
-#: records a failure instead of touching memory (see :func:`translate`). Compiled out when false.
-CHECK_POINTERS = tl.constexpr(_pointer_checks())
+def device_heaps(bases, check_pointers: bool, nvshmem_calls: int = 0) -> DeviceHeaps:
+    """The :class:`DeviceHeaps` of the int64 heap-base tensor ``bases``. Host-side."""
+    if nvshmem_calls not in (0, 1, 2):
+        raise ValueError(f"NVSHMEM call mode must be 0, 1 or 2, got {nvshmem_calls!r}")
+    return DeviceHeaps(bases, tl.constexpr(bool(check_pointers)), tl.constexpr(int(nvshmem_calls)))
+
+
+@triton.constexpr_function
+def _switch(heap_bases, index, name, bare):
+    # Compiled, a DeviceHeaps argument is a tl.tuple (whose field names Triton 3.6 drops for a
+    # kernel's parameter: fields are read by position); interpreted, the NamedTuple itself. A
+    # bare pointer has no such field: ``bare`` is its value.
+    if not isinstance(heap_bases, (tuple, tl.tuple)):
+        return bare
+    value = heap_bases[index]
+    value = getattr(value, "value", value)
+    if not isinstance(value, (bool, int)):
+        raise TypeError(
+            f"heap_bases.{name} is a run-time value here, not a constexpr: Triton turns the constexprs of a "
+            f"tuple assigned to a variable (3.6: or returned from a jit function) into run-time values. Pass "
+            f"heap_bases, or the named tuple holding it (a pattern's args), on as an argument, built where it "
+            f"is passed (iris_fw.engine.skeletons' docstring, \"args\")")
+    return value
+
+
+@triton.constexpr_function
+def is_device_heaps(heap_bases):
+    """Whether ``heap_bases`` is a :class:`DeviceHeaps` (else a bare pointer)."""
+    return isinstance(heap_bases, (tuple, tl.tuple))
+
+
+@triton.constexpr_function
+def check_pointers(heap_bases):
+    """``heap_bases.CHECK_POINTERS``; for a bare pointer, whether kernels run under Triton's
+    interpreter (where pointer checks are always on)."""
+    return bool(_switch(heap_bases, 1, "CHECK_POINTERS", triton.knobs.runtime.interpret))
+
+
+@triton.constexpr_function
+def nvshmem_calls(heap_bases):
+    """``heap_bases.NVSHMEM_CALLS``; 0 for a bare pointer."""
+    return int(_switch(heap_bases, 2, "NVSHMEM_CALLS", 0))
+
+
+@triton.jit
+def bases(heap_bases):
+    """The int64 pointer to every rank's heap base, from a :class:`DeviceHeaps` or a bare one."""
+    if is_device_heaps(heap_bases):
+        out = heap_bases[0]  # by position: see _switch
+    else:
+        out = heap_bases
+    return out
+
 
 # String defaults of constexpr parameters are tl.constexpr objects: Triton 3.6 does not wrap a
 # plain-str default when a jit function calls another.
@@ -114,24 +184,6 @@ _SYS = tl.constexpr("sys")
 _SET = tl.constexpr("set")
 _NO_MODIFIER = tl.constexpr("")
 
-# The device-backend seam (iris_fw/nvshmem_device.py): 0 (the default) compiles every primitive
-# as load/store and atomics on translated pointers; 1 reaches peers whose heap base is 0 (not
-# mapped: another node) through NVSHMEM device calls; 2 reaches every peer through them. A
-# constexpr global, so it is part of every kernel's cache key; only :func:`set_nvshmem_calls`
-# changes it, before kernels compile (the nvshmem transport calls it).
-NVSHMEM_CALLS = tl.constexpr(0)
-
-
-def set_nvshmem_calls(mode: int) -> None:
-    """Compile the primitives with NVSHMEM calls: ``mode`` 0 (none), 1 (peers not mapped here)
-    or 2 (every peer). Kernels compiled under another mode raise Triton's "global variable
-    changed" error at their next launch, so this is set once per process, before kernels
-    compile. Host-side; called by :mod:`iris_fw.transports.nvshmem.library`."""
-    global NVSHMEM_CALLS
-    if mode not in (0, 1, 2):
-        raise ValueError(f"NVSHMEM call mode must be 0, 1 or 2, got {mode!r}")
-    NVSHMEM_CALLS = tl.constexpr(mode)
-
 
 @triton.jit
 def translate(ptr, rank, peer, heap_bases, mask=None):
@@ -141,27 +193,28 @@ def translate(ptr, rank, peer, heap_bases, mask=None):
     will be accessed (as in ``tl.load``; ``None``: all). Costs the two base loads and one scalar
     subtraction; the block's contiguity and alignment are preserved.
 
-    With :data:`CHECK_POINTERS` (always on CPU ranks, ``IRIS_FW_DEBUG=1`` on GPUs) it also
+    With ``heap_bases.CHECK_POINTERS`` (:class:`DeviceHeaps`: always on CPU ranks, on GPUs in a
+    debug context, ``IRIS_FW_DEBUG=1``) it also
     checks that every accessed lane lies inside the caller's heap and that ``peer`` is a rank
     of the world; a lane that fails is redirected to a scratch slot of the caller's header
     (memory outside the heaps is never touched) and the failure is recorded there
     (:func:`record_bad_pointer`), which the host raises as :class:`iris_fw.NotOnHeapError`.
     """
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
-    here = tl.load(heap_bases + rank)
-    if CHECK_POINTERS:
+    here = tl.load(bases(heap_bases) + rank)
+    if check_pointers(heap_bases):
         # Few operations on the block and no nested call unless a lane fails: under the
         # interpreter an operation costs tens of microseconds whatever the block's size, a call
         # (tl.max included) a millisecond. Unsigned compares: a negative peer or offset is a
         # large one. A peer outside the world, or outside the group (whose heap_bases lists its
         # members, then zeros up to the world size), leaves no offset in bounds.
         hdr = here.to(tl.pointer_type(tl.uint64))
-        if NVSHMEM_CALLS:  # a peer whose base is 0 is not mapped here: NVSHMEM calls reach it
+        if nvshmem_calls(heap_bases):  # a peer whose base is 0 is not mapped here: NVSHMEM calls reach it
             peer_ok = tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE)
-            there = tl.load(heap_bases + peer, mask=peer_ok, other=0)
+            there = tl.load(bases(heap_bases) + peer, mask=peer_ok, other=0)
             bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * peer_ok
         else:
-            there = tl.load(heap_bases + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
+            there = tl.load(bases(heap_bases) + peer, mask=tl.cast(peer, tl.uint64) < tl.load(hdr + HDR_WORLD_SIZE), other=0)
             bound = (tl.load(hdr + HDR_HEAP_SIZE) - (ELEM - 1)) * (there != 0)
         offset = ptr.to(tl.uint64) - here.to(tl.uint64)
         if mask is None:
@@ -176,7 +229,7 @@ def translate(ptr, rank, peer, heap_bases, mask=None):
         # touched (selected here, not in the branch above: AMD's compiler takes no pointer out of one)
         out = tl.where(bad, (hdr + HDR_SCRATCH + 4).to(ptr.dtype, bitcast=True), ptr + (there - here) // ELEM)
     else:
-        there = tl.load(heap_bases + peer)
+        there = tl.load(bases(heap_bases) + peer)
         delta = ((there - here) // (ELEM * _DELTA_ALIGN_ELEMS)) * _DELTA_ALIGN_ELEMS
         out = ptr + delta
     return out
@@ -201,7 +254,7 @@ def record_bad_pointer(offset, bad, rank, peer, hdr):
 @triton.jit
 def heap_header(rank, heap_bases):
     """An int64 pointer to the header of ``rank``'s heap."""
-    return tl.load(heap_bases + rank).to(tl.pointer_type(tl.int64))
+    return tl.load(bases(heap_bases) + rank).to(tl.pointer_type(tl.int64))
 
 
 @triton.jit
@@ -211,12 +264,12 @@ def _sink(rank, heap_bases):
 
 
 @triton.jit
-def hinted(ptr, hint: tl.constexpr = None):
+def hinted(ptr, heap_bases, hint: tl.constexpr = None):
     """``ptr`` with the vectorization ``hint`` applied (``tl.multiple_of`` and
     ``tl.max_contiguous``, an int or a tuple per dimension); ``ptr`` itself for ``None`` — and
-    with :data:`CHECK_POINTERS`, whose translation may send lanes to a scratch slot: the block
+    with pointer checks (:func:`check_pointers`), whose translation may send lanes to a scratch slot: the block
     is no longer contiguous there."""
-    if hint is not None and not CHECK_POINTERS:
+    if hint is not None and not check_pointers(heap_bases):
         ptr = tl.max_contiguous(tl.multiple_of(ptr, hint), hint)
     return ptr
 
@@ -236,21 +289,22 @@ def load(ptr, rank, peer, heap_bases, mask=None, other=None, cache_modifier: tl.
          volatile: tl.constexpr = False, hint: tl.constexpr = None):
     """Load from ``peer``'s heap at ``ptr``'s offset; ``mask``/``other``/``cache_modifier``/
     ``volatile`` as in ``tl.load``."""
-    if NVSHMEM_CALLS:
-        return _nvd.load(ptr, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
-                         _sink(rank, heap_bases), mask, other, cache_modifier, volatile, NVSHMEM_CALLS, _load)
-    return _load(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), mask, other, cache_modifier, volatile)
+    if nvshmem_calls(heap_bases):
+        return _nvd.load(ptr, hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint), rank, peer,
+                         bases(heap_bases), _sink(rank, heap_bases), mask, other, cache_modifier, volatile,
+                         nvshmem_calls(heap_bases), _load)
+    return _load(hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint), mask, other, cache_modifier, volatile)
 
 
 @triton.jit
 def store(ptr, value, rank, peer, heap_bases, mask=None, cache_modifier: tl.constexpr = _NO_MODIFIER,
           hint: tl.constexpr = None):
     """Store ``value`` into ``peer``'s heap at ``ptr``'s offset; ``mask`` as in ``tl.store``."""
-    if NVSHMEM_CALLS:
-        _nvd.store(ptr, value, hinted(translate(ptr, rank, peer, heap_bases, mask), hint), rank, peer, heap_bases,
-                   _sink(rank, heap_bases), mask, cache_modifier, NVSHMEM_CALLS)
+    if nvshmem_calls(heap_bases):
+        _nvd.store(ptr, value, hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint), rank, peer,
+                   bases(heap_bases), _sink(rank, heap_bases), mask, cache_modifier, nvshmem_calls(heap_bases))
         return
-    tl.store(hinted(translate(ptr, rank, peer, heap_bases, mask), hint), value, mask=mask, cache_modifier=cache_modifier)
+    tl.store(hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint), value, mask=mask, cache_modifier=cache_modifier)
 
 
 @triton.jit
@@ -261,11 +315,11 @@ def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
 
     ``dst_ptr`` may be any local pointer (it need not be on the heap).
     """
-    if NVSHMEM_CALLS:
+    if nvshmem_calls(heap_bases):
         value = load(src_ptr, rank, peer, heap_bases, mask=mask, other=other, cache_modifier=load_cache_modifier,
                      hint=hint)
     else:
-        value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases, mask), hint), mask=mask, other=other,
+        value = tl.load(hinted(translate(src_ptr, rank, peer, heap_bases, mask), heap_bases, hint), mask=mask, other=other,
                         cache_modifier=load_cache_modifier)
     tl.store(dst_ptr, value, mask=mask, cache_modifier=store_cache_modifier)
 
@@ -279,10 +333,10 @@ def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None, other=None,
     ``src_ptr`` may be any local pointer (it need not be on the heap).
     """
     value = tl.load(src_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
-    if NVSHMEM_CALLS:
+    if nvshmem_calls(heap_bases):
         store(dst_ptr, value, rank, peer, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
     else:
-        tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases, mask), hint), value, mask=mask,
+        tl.store(hinted(translate(dst_ptr, rank, peer, heap_bases, mask), heap_bases, hint), value, mask=mask,
                  cache_modifier=store_cache_modifier)
 
 
@@ -292,14 +346,14 @@ def copy(src_ptr, dst_ptr, rank, src_rank, dst_rank, heap_bases, mask=None, othe
          hint: tl.constexpr = None):
     """Copy from ``src_rank``'s heap at ``src_ptr``'s offset to ``dst_rank``'s heap at
     ``dst_ptr``'s offset; the caller (``rank``) may be either of them or a third rank."""
-    if NVSHMEM_CALLS:
+    if nvshmem_calls(heap_bases):
         value = load(src_ptr, rank, src_rank, heap_bases, mask=mask, other=other, cache_modifier=load_cache_modifier,
                      hint=hint)
         store(dst_ptr, value, rank, dst_rank, heap_bases, mask=mask, cache_modifier=store_cache_modifier, hint=hint)
         return
-    value = tl.load(hinted(translate(src_ptr, rank, src_rank, heap_bases, mask), hint), mask=mask, other=other,
+    value = tl.load(hinted(translate(src_ptr, rank, src_rank, heap_bases, mask), heap_bases, hint), mask=mask, other=other,
                     cache_modifier=load_cache_modifier)
-    tl.store(hinted(translate(dst_ptr, rank, dst_rank, heap_bases, mask), hint), value, mask=mask,
+    tl.store(hinted(translate(dst_ptr, rank, dst_rank, heap_bases, mask), heap_bases, hint), value, mask=mask,
              cache_modifier=store_cache_modifier)
 
 
@@ -354,12 +408,12 @@ def _local_atomic(OP: tl.constexpr, target, val, cmp, mask, sem: tl.constexpr, s
 def _atomic(OP: tl.constexpr, ptr, target, val, cmp, rank, peer, heap_bases, mask, sem: tl.constexpr,
             scope: tl.constexpr):
     """The one implementation of every atomic of this module (and of the flag polls and
-    signals): ``target`` is ``ptr`` translated into ``peer``'s heap. With ``NVSHMEM_CALLS`` on,
-    the NVSHMEM seam (:func:`iris_fw.nvshmem_device.atomic`) reaches the peers it serves by call
+    signals): ``target`` is ``ptr`` translated into ``peer``'s heap. With NVSHMEM calls on
+    (:func:`nvshmem_calls`), the NVSHMEM seam (:func:`iris_fw.nvshmem_device.atomic`) reaches the peers it serves by call
     and the others through :func:`_local_atomic`; otherwise Triton's atomic on ``target``."""
-    if NVSHMEM_CALLS:
-        old = _nvd.atomic(OP, ptr, val, cmp, target, rank, peer, heap_bases, mask, sem, scope, NVSHMEM_CALLS,
-                          _local_atomic)
+    if nvshmem_calls(heap_bases):
+        old = _nvd.atomic(OP, ptr, val, cmp, target, rank, peer, bases(heap_bases), mask, sem, scope,
+                          nvshmem_calls(heap_bases), _local_atomic)
     else:
         old = _local_atomic(OP, target, val, cmp, mask, sem, scope)
     return old
@@ -369,7 +423,7 @@ def _atomic(OP: tl.constexpr, ptr, target, val, cmp, rank, peer, heap_bases, mas
 def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset in ``peer``'s heap; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("add", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -377,7 +431,7 @@ def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically subtract ``val``; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("add", ptr, target, -val, -val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -385,7 +439,7 @@ def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically store ``val`` where the value equals ``cmp``; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases), heap_bases, hint)
     return _atomic("cas", ptr, target, val, cmp, rank, peer, heap_bases, None, sem, scope)
 
 
@@ -393,7 +447,7 @@ def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = _ACQ_R
 def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomically exchange with ``val``; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("xchg", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -401,7 +455,7 @@ def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr =
 def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic bitwise and; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("and", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -409,7 +463,7 @@ def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
               hint: tl.constexpr = None):
     """Atomic bitwise or; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("or", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -417,7 +471,7 @@ def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _
 def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic bitwise xor; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("xor", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -425,7 +479,7 @@ def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic minimum; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("min", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -433,7 +487,7 @@ def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = _ACQ_REL, scope: tl.constexpr = _SYS,
                hint: tl.constexpr = None):
     """Atomic maximum; returns the old value."""
-    target = hinted(translate(ptr, rank, peer, heap_bases, mask), hint)
+    target = hinted(translate(ptr, rank, peer, heap_bases, mask), heap_bases, hint)
     return _atomic("max", ptr, target, val, val, rank, peer, heap_bases, mask, sem, scope)
 
 
@@ -498,7 +552,7 @@ def record_timeout(flag_ptr, cmp: tl.constexpr, value, seen, spins, rank, peer, 
     tl.atomic_add(hdr + HDR_ERR_COUNT, 1, sem="relaxed", scope="sys")
     claimed = tl.atomic_cas(hdr + HDR_ERR_FLAG, tl.cast(0, tl.int64), tl.cast(-1, tl.int64), sem="acq_rel", scope="sys")
     if claimed == 0:
-        offset = flag_ptr.to(tl.int64) - tl.load(heap_bases + rank)
+        offset = flag_ptr.to(tl.int64) - tl.load(bases(heap_bases) + rank)
         tl.store(hdr + HDR_ERR_RANK, rank)
         tl.store(hdr + HDR_ERR_PEER, peer)
         tl.store(hdr + HDR_ERR_OFFSET, offset)

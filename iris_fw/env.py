@@ -164,8 +164,8 @@ VARIABLES: tuple[Variable, ...] = (
              "(`init(wait_timeout=...)` overrides)."),
     Variable("IRIS_FW_DEBUG", "bool", False,
              "Check every heap allocation's offset across ranks as it happens (`init(debug=...)` overrides); "
-             "on GPUs also compile the device pointer checks into every kernel (always on under the interpreter; "
-             "read when `iris_fw.device` is imported)."),
+             "on GPUs also compile the device pointer checks into the context's kernels (always on under the "
+             "interpreter; read by `iris_fw.init`, carried by `ctx.heap_bases`)."),
     Variable("IRIS_FW_LIVENESS_TIMEOUT", "seconds", 10.0,
              "Seconds after which the other ranks report a rank lost that is stopped (SIGSTOP, a debugger), or "
              "whose heartbeat stood still where its process cannot be seen (`init(liveness_timeout=...)` "

@@ -29,7 +29,11 @@ The key refines Triton's specialization (``specialize_impl`` in ``specialize.cc`
 ``do_not_specialize_on_alignment``, 16-byte alignment of ``data_ptr()``; ints -> i32/i64/u64
 range and (unless ``do_not_specialize``) ``== 1`` and divisibility by 16; bools, floats,
 ``None`` -> their type; tuples and NamedTuples -> their type and, recursively, their elements
-(always specialized, as Triton does inside tuples); ``TensorDescriptor`` -> base dtype and
+(always specialized, as Triton does inside tuples); a ``tl.constexpr`` inside a tuple (the
+switches of :class:`iris_fw.device.DeviceHeaps`) -> its value and the value's type (a bool, int,
+float, str or None; any other value is not modelled); a ``DeviceHeaps`` as a context builds it
+(a tensor, a bool and an int constexpr) -> one flat item (the bases' dtype and alignment, the
+two values: every launch of a library kernel carries one); ``TensorDescriptor`` -> base dtype and
 block shape (what Triton keys on), plus rank, padding, tf32 rounding and base alignment. The
 key also holds the device and the values feeding Triton's compile options (the kernel's
 ``debug``, ``knobs.runtime.debug``, ``knobs.compilation.instrumentation_mode``, and from 3.9
@@ -47,7 +51,7 @@ The slow path is taken whenever equivalence is not proven: the interpreter, laun
 (``knobs.runtime.launch_enter_hook``/``launch_exit_hook`` with any hook), a stages-inspection
 hook, ``pre_run_hooks`` on the kernel, a changed global the kernel uses (Triton raises), an
 argument type the key does not know (JIT functions, ``constexpr`` objects, Gluon descriptors,
-numpy scalars, ...), a non-CUDA target (AMD specializes on more than the key covers), a Triton
+numpy scalars, constexprs of other values, ...), a non-CUDA target (AMD specializes on more than the key covers), a Triton
 release whose launch path was not read here (any but 3.6.x and 3.9.x), or ``IRIS_FW_SLOW_LAUNCH=1``.
 
 Compiled kernels only: a NamedTuple *class* given as a constexpr is passed as
@@ -61,8 +65,10 @@ import inspect
 import operator
 
 import torch
+from triton.language import constexpr as _Constexpr
 
 from . import env
+from .device import DeviceHeaps as _DH
 from .errors import ArgumentTypeError
 from .interpreter import interpreting
 
@@ -108,6 +114,11 @@ class _Unsupported(Exception):
     """An argument the key does not model: the call takes the slow path."""
 
 
+#: Value types of a ``tl.constexpr`` inside a tuple that the key models (hashable, and keyed with
+#: their type: ``True`` and ``1`` are different constexprs to Triton).
+_PLAIN = frozenset((bool, int, float, str, type(None)))
+
+
 def _int_item(a: int, spec: bool, align: bool) -> str:
     # Triton: value 1 -> constexpr (when specialized); else i32 / i64 / u64 by range, "D" when
     # (specialized and aligned and) divisible by 16. Beyond u64 Triton raises OverflowError.
@@ -151,17 +162,31 @@ def _item(a, spec: bool, align: bool, desc_cls):
         return "u1"
     if a is None:
         return "none"
+    if t is _DH:
+        return _heaps_item(a, desc_cls)
     if isinstance(a, tuple):
         # Triton specializes tuple elements with specialize=True, align=True whatever the
         # parameter says; the (named)tuple type is part of the specialization.
         return (t,) + tuple(_item(x, True, True, desc_cls) for x in a)
     if desc_cls and isinstance(a, desc_cls):
         return _desc_item(a)
+    if t is _Constexpr and type(a.value) in _PLAIN:
+        return (_Constexpr, type(a.value), a.value)
     # Triton checks constexpr, TensorDescriptor, Gluon descriptors and JIT functions before
     # falling back to "has data_ptr": those (and anything else) are not modelled here.
     if type(a).__module__.startswith("triton") or not hasattr(a, "data_ptr"):
         raise _Unsupported
     return (t, a.dtype, not a.data_ptr() & 15) if spec and align else (t, a.dtype)
+
+
+def _heaps_item(a, desc_cls):
+    """The key of a :class:`iris_fw.device.DeviceHeaps` (a tuple: its elements specialized):
+    flat for the usual one, else as any other tuple's."""
+    bases, checks, calls = a
+    if type(bases) is _Tensor and type(checks) is _Constexpr and type(calls) is _Constexpr and \
+            type(checks.value) is bool and type(calls.value) is int:
+        return (_DH, bases.dtype, not bases.data_ptr() & 15, checks.value, calls.value)
+    return (_DH,) + tuple(_item(x, True, True, desc_cls) for x in a)
 
 
 def spec_key(args, flags, desc_cls=None):
@@ -206,7 +231,8 @@ def make_key_fn(flags, sample_args, desc_cls=None):
         desc_cls = _tensor_descriptor_cls()
     flags = tuple((bool(s), bool(a)) for s, a in flags)
     ns = {"_T": _Tensor, "_int_item": _int_item, "_item": _item, "_desc_item": _desc_item,
-          "_spec_key": spec_key, "_Unsupported": _Unsupported, "_flags": flags, "_desc": desc_cls}
+          "_spec_key": spec_key, "_Unsupported": _Unsupported, "_flags": flags, "_desc": desc_cls,
+          "_CX": _Constexpr, "_DH": _DH, "_heaps_item": _heaps_item}
     guards, items = [], []
 
     def gen(e, a, spec, align, top):
@@ -233,6 +259,9 @@ def make_key_fn(flags, sample_args, desc_cls=None):
         elif a is None:
             guards.append(f"{e} is None")
             items.append('"none"')
+        elif t is _DH and len(a) == 3:
+            guards.append(f"type({e}) is _DH")
+            items.append(f"_heaps_item({e}, _desc)")
         elif isinstance(a, tuple):
             name = f"_TT{len(ns)}"
             ns[name] = t
@@ -246,6 +275,11 @@ def make_key_fn(flags, sample_args, desc_cls=None):
         elif desc_cls and t is desc_cls:
             guards.append(f"type({e}) is _desc")
             items.append(f"_desc_item({e})")
+        elif t is _Constexpr and type(a.value) in _PLAIN:
+            name = f"_CV{len(ns)}"
+            ns[name] = type(a.value)
+            guards.append(f"type({e}) is _CX and type({e}.value) is {name}")
+            items.append(f"(_CX, {name}, {e}.value)")
         else:
             items.append(f"_item({e}, {spec}, {align}, _desc)")
 

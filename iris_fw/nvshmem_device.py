@@ -1,8 +1,10 @@
 """NVSHMEM device calls behind the primitives of :mod:`iris_fw.device` (the device-backend seam).
 
 A leaf module: it imports Triton and nothing from iris-fw. :mod:`iris_fw.device` calls these
-functions only where its constexpr ``NVSHMEM_CALLS`` is non-zero, so kernels compiled without
-NVSHMEM (the default, and the ``nvshmem`` transport within one node) are unchanged:
+functions only where the call mode (``heap_bases.NVSHMEM_CALLS``, a constexpr field of
+:class:`iris_fw.device.DeviceHeaps`) is non-zero, so kernels compiled without NVSHMEM (the
+default, and the ``nvshmem`` transport within one node) are unchanged. It receives the mode as
+``MODE`` and the bare int64 heap-base pointer as ``heap_bases``:
 
 * ``NVSHMEM_CALLS == 1`` (``REMOTE``): a peer whose heap base is 0 (``nvshmem_ptr`` gave no
   mapping: another node) is reached through NVSHMEM calls, every other peer by load/store
@@ -38,7 +40,7 @@ import triton
 import triton.language as tl
 from triton.language import core
 
-#: Values of ``iris_fw.device.NVSHMEM_CALLS``.
+#: Values of ``iris_fw.device.DeviceHeaps.NVSHMEM_CALLS``.
 OFF = tl.constexpr(0)
 REMOTE = tl.constexpr(1)
 ALL = tl.constexpr(2)

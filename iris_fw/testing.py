@@ -31,8 +31,6 @@ from . import env
 from .info import find_mpirun  # noqa: F401  (tests find mpirun here)
 from .launch import Rendezvous, cleanup_shm, free_port, gpu_count, new_shm_prefix, rank_environ, share_gpus
 
-#: Seconds one function may take on a pool before the pool is killed.
-DEFAULT_JOB_TIMEOUT_S = env.get("IRIS_FW_TEST_TIMEOUT")
 #: Device-side wait bound of the pools' contexts. Generous: the ranks of a test reach a kernel
 #: tens of seconds apart when the host is loaded (the CPU interpreter on CI's 2 cores, or GPU
 #: test workers compiling the same kernels at once: a first fp32 GEMM compile outlasted a 30 s
@@ -174,8 +172,11 @@ class RankPool:
             raise RankFailure(self._describe("starting the pool", failures))
         self.device_type = replies[0][1]
 
-    def run(self, fn: Callable, *args: Any, timeout: float = DEFAULT_JOB_TIMEOUT_S, **kwargs: Any) -> list:
-        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results by rank."""
+    def run(self, fn: Callable, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results by rank. ``timeout``:
+        seconds ``fn`` may take before the pool is killed (default ``IRIS_FW_TEST_TIMEOUT``, read now)."""
+        if timeout is None:
+            timeout = env.get("IRIS_FW_TEST_TIMEOUT")
         if self.broken:
             raise RankFailure("this pool was killed after an earlier failure")
         payload = pickle.dumps((fn, args, kwargs))

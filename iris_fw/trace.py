@@ -51,6 +51,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from .device import bases
+
 
 class _Const(tl.constexpr):
     """A constexpr global that Triton's launch check compares by identity: the compiler records
@@ -215,7 +217,7 @@ def strided_share(n, BLOCK: tl.constexpr, first, step):
 def heap_offset(ptr, rank, heap_bases):
     """The byte offset of ``ptr`` (a pointer into ``rank``'s heap) in that heap: what a wait event
     records as ``aux``, so the host can name the flag waited for."""
-    return ptr.to(tl.int64) - tl.load(heap_bases + rank)
+    return ptr.to(tl.int64) - tl.load(bases(heap_bases) + rank)
 
 
 # ---- recording ------------------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ def record_wait(trace, TRACE: tl.constexpr, start, kind, flag, rank, heap_bases,
     holds the flag), ``aux`` = the flag's heap offset (the host names it)."""
     if TRACE:
         record_end(trace, TRACE, start, kind, WAIT, item, rank, 0,
-                   flag.to(tl.int64) - tl.load(heap_bases + rank))
+                   flag.to(tl.int64) - tl.load(bases(heap_bases) + rank))
 
 
 @triton.jit
@@ -309,10 +311,10 @@ def ring_open(trace, TRACE: tl.constexpr, heap_bases, rank):
                         zero)
         count = tl.load(ring.to(tl.pointer_type(tl.int64)), mask=inside, other=0)
         where = prog | ((sm_id(TRACE) + 1) << 32)
-        state = (ring, capacity, rank_bits, where, tl.load(heap_bases + rank).to(tl.int64))
+        state = (ring, capacity, rank_bits, where, tl.load(bases(heap_bases) + rank).to(tl.int64))
     elif TRACE == HOST:
         count = zero
-        state = (zero, zero, zero, zero, tl.load(heap_bases + rank).to(tl.int64))
+        state = (zero, zero, zero, zero, tl.load(bases(heap_bases) + rank).to(tl.int64))
     else:
         count = zero
         state = (zero, zero, zero, zero, zero)

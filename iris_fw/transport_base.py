@@ -7,6 +7,9 @@ A transport is constructed with a bootstrap and a heap size. Afterwards it expos
 * ``heap`` – this rank's heap as a ``uint8`` tensor ``[heap_size]``,
 * ``bases`` – every rank's heap base address *as mapped in this process*, a ``list[int]``,
 * ``heap_bases`` – the same as an int64 tensor ``[world_size]`` on ``device``,
+* ``call_mode`` – how kernels reach peers: 0 (the default) by load/store on translated
+  pointers; 1 or 2 through NVSHMEM device calls (:class:`iris_fw.device.DeviceHeaps`), which the
+  context compiles into its kernels,
 
 and the methods :meth:`Transport.wrap`, :meth:`Transport.synchronize` and
 :meth:`Transport.close`, and :meth:`Transport.header_words` / :meth:`Transport.set_header_words`
@@ -47,6 +50,9 @@ class Transport(ABC):
     heap: torch.Tensor
     bases: list[int]
     heap_bases: torch.Tensor
+    #: NVSHMEM device-call mode of this transport's kernels (``DeviceHeaps.NVSHMEM_CALLS``): 0 but
+    #: for ``nvshmem`` across nodes or with ``IRIS_FW_NVSHMEM_CALLS=all``.
+    call_mode: int = 0
     #: Ranks whose heaps live on this rank's device, this rank included (more than 1 when ranks
     #: share a GPU): a copy between two of their heaps runs on the device's SMs, not a copy
     #: engine, so it needs SMs that a spinning kernel may hold.

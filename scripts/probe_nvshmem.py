@@ -221,7 +221,7 @@ def main():
     gpu = ctx.device.type == "cuda"  # (on CPU ranks, host_shm, the checks run too: a test of this script)
     result = {"world_size": ctx.world_size, "transport": tr.name,
               "device": torch.cuda.get_device_name(ctx.device) if gpu else "cpu",
-              "calls_env": env.get("IRIS_FW_NVSHMEM_CALLS"), "call_mode": dv.NVSHMEM_CALLS.value,
+              "calls_env": env.get("IRIS_FW_NVSHMEM_CALLS"), "call_mode": ctx.heap_bases.NVSHMEM_CALLS.value,
               "nvshmem_version": ".".join(map(str, getattr(tr, "version", ()))), "unmapped": getattr(tr, "unmapped", []),
               "mapped": [bool(b) for b in tr.bases], "init_s": round(time.time() - t0, 2), "checks": {}}
     seed = int(os.environ.get("PROBE_SEED", str(time.time_ns() % (1 << 30))))

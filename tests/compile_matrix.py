@@ -142,7 +142,14 @@ def rebuild(desc, constexpr: bool = False):
     if "jit" in desc:
         return _resolve(desc["jit"])
     if "namedtuple" in desc:
-        return _resolve(desc["namedtuple"])(*[rebuild(d) for d in desc["items"]])
+        cls = _resolve(desc["namedtuple"])
+        value = cls(*[rebuild(d) for d in desc["items"]])
+        from iris_fw.device import DeviceHeaps
+
+        if cls is DeviceHeaps:  # recorded under the interpreter (checks always on): a GPU context's
+            # switch instead, its debug (IRIS_FW_DEBUG of this child: the debug matrix compiles them in)
+            value = value._replace(CHECK_POINTERS=tl.constexpr(os.environ.get("IRIS_FW_DEBUG") == "1"))
+        return value
     if "tuple" in desc:
         return tuple(rebuild(d) for d in desc["tuple"])
     if "descriptor" in desc:

@@ -3,10 +3,14 @@ report) and clear errors for bad input."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import iris_fw
 from helpers import fresh_seed
+from iris_fw import device as dv
 from iris_fw.heap import ALIGN, SymmetricHeap
+from iris_fw.interpreter import interpreting
 
 
 # ---- factories ---------------------------------------------------------------------------
@@ -232,13 +236,37 @@ def test_heap_too_small_and_bad_arguments():
         iris_fw.init(heap_size=1 << 20, bootstrap="slurm")
 
 
+@triton.jit
+def _switches_kernel(out, heap_bases):
+    tl.store(out, dv.check_pointers(heap_bases))
+    tl.store(out + 1, dv.nvshmem_calls(heap_bases))
+    tl.store(out + 2, tl.load(dv.bases(heap_bases)))
+
+
+def test_primitive_switches_come_with_heap_bases():
+    """The primitives read their compile-time switches from what they are given as
+    ``heap_bases`` (a DeviceHeaps, or a bare pointer: checks under the interpreter only, no
+    NVSHMEM calls), not from module state."""
+    with iris_fw.init(heap_size=1 << 20, bootstrap="single") as ctx:
+        bare = ctx.heap_bases.bases
+        for given, want in ((ctx.heap_bases, [interpreting() or ctx.debug, 0]), (bare, [interpreting(), 0]),
+                            (dv.device_heaps(bare, False, 2), [False, 2]), (dv.device_heaps(bare, True), [True, 0])):
+            out = torch.zeros(3, dtype=torch.int64, device=ctx.device)
+            _switches_kernel[(1,)](out, given)
+            assert out.tolist() == [int(want[0]), want[1], int(bare[0])], (given, out)
+        assert not hasattr(dv, "CHECK_POINTERS") and not hasattr(dv, "NVSHMEM_CALLS")
+
+
 def test_single_rank_context_lifecycle(tmp_path):
     import os
 
     before = {n for n in os.listdir("/dev/shm") if n.startswith("iris_fw")}
     with iris_fw.init(heap_size=1 << 20, bootstrap="single") as ctx:
-        assert (ctx.rank, ctx.world_size) == (0, 1) and ctx.heap_bases.dtype == torch.int64
-        assert ctx.heap_bases.shape == (1,) and ctx.heap_bases.device == ctx.device
+        assert (ctx.rank, ctx.world_size) == (0, 1) and ctx.heap_bases.bases.dtype == torch.int64
+        assert ctx.heap_bases.bases.shape == (1,) and ctx.heap_bases.bases.device == ctx.device
+        # the primitives' compile-time switches come with the argument (decided at init, not at import)
+        assert ctx.heap_bases.CHECK_POINTERS.value is (interpreting() or ctx.debug)
+        assert ctx.heap_bases.NVSHMEM_CALLS.value == ctx.transport.call_mode == 0
         x = ctx.ones(4)
         assert {n for n in os.listdir("/dev/shm") if n.startswith("iris_fw")} <= before, "segment not unlinked"
         del x

@@ -213,3 +213,25 @@ def _cache_bound(ctx):
 
 def test_op_cache_is_bounded(iris_pool):
     iris_pool(2).run(_cache_bound)
+
+
+def test_split_args_sends_bare_bases_where_triton_loses_nested_constexprs(monkeypatch):
+    """Before Triton 3.9 a pattern's DeviceHeaps goes to the skeletons as its bare bases (3.6
+    loses the constexprs of a tuple nested in ``rest`` inside their loops); from 3.9 as it is."""
+    from typing import Any, NamedTuple
+
+    from iris_fw.device import device_heaps
+    from iris_fw.engine import contract
+
+    class Args(NamedTuple):
+        x: Any
+        n: int
+        heap_bases: Any
+        TOP = 1
+
+    bases = torch.zeros(2, dtype=torch.int64)
+    args = Args(torch.zeros(3), 5, device_heaps(bases, True))
+    for loses, want in ((False, args.heap_bases), (True, bases)):
+        monkeypatch.setattr(contract, "_loses_nested_constexprs", lambda loses=loses: loses)
+        top0, top1, rest = contract.split_args(args)
+        assert top0 is args.x and top1 is None and rest[0] == 5 and rest[1] is want

@@ -299,7 +299,7 @@ def _device_context(ctx):
     counter[3], counter[6] = 1 << 20, -1
     context = shmem.get_device_context()
     assert context.dtype == torch.int64 and context.device == ctx.device
-    assert context[:2].tolist() == [me, world] and context[2:2 + world].tolist() == ctx.heap_bases.tolist()
+    assert context[:2].tolist() == [me, world] and context[2:2 + world].tolist() == ctx.heap_bases.bases.tolist()
     assert context.numel() == 3 + world and int(context[-1]) == 0  # the trace buffer handle (tracing off)
     shmem.barrier()
     _device_context_kernel[(1,)](data, results, counter, context, me, world, BLOCK=block)

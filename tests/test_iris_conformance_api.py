@@ -181,9 +181,9 @@ def _heap(ctx):
     me, world = ctx.rank, ctx.world_size
     heap = shmem.heap
     assert (heap.heap_size, heap.cur_rank, heap.num_ranks) == (ctx.heap_size, me, world)
-    assert heap.get_device() == ctx.device and heap.get_heap_bases() is ctx.heap_bases
+    assert heap.get_device() == ctx.device and heap.get_heap_bases() is ctx.heap_bases.bases
     base = heap.allocator.get_base_address()
-    assert base == int(ctx.heap_bases[me]) and heap.allocator.get_device() == ctx.device
+    assert base == int(ctx.heap_bases.bases[me]) and heap.allocator.get_device() == ctx.device
     used = heap.allocator.heap_offset
     tensors = {}
     for n, dtype, alignment in [(7, torch.int64, 1024), (33, torch.float16, 4096), (0, torch.float32, 1024),

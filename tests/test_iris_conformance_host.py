@@ -107,7 +107,7 @@ def _host_api(ctx):
     assert (shmem.get_rank(), shmem.get_num_ranks()) == (ctx.rank, ctx.world_size)
     assert (shmem.cur_rank, shmem.num_ranks) == (ctx.rank, ctx.world_size)
     assert shmem.get_device() == ctx.device and shmem.device == str(ctx.device)
-    assert shmem.get_heap_bases() is ctx.heap_bases and shmem.get_heap_bases().shape == (ctx.world_size,)
+    assert shmem.get_heap_bases() is ctx.heap_bases.bases and shmem.get_heap_bases().shape == (ctx.world_size,)
     assert shmem.get_cu_count() >= 1 and shmem.get_device_id() == (ctx.device.index or 0)
     assert iris.get_device_id_for_rank(ctx.rank) == (ctx.rank % torch.cuda.device_count()
                                                      if torch.cuda.is_available() else 0)

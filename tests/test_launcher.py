@@ -23,6 +23,7 @@ from triton._C.libtriton import native_specialize_impl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import iris_fw
+from iris_fw.device import DeviceHeaps
 from iris_fw import kernel_launcher as lmod
 from iris_fw.kernel_launcher import KernelLauncher, bound_args_template, make_key_fn, spec_key
 
@@ -270,8 +271,11 @@ def test_spec_key_rules():
     d = TensorDescriptor.from_tensor(torch.zeros(64, 64, dtype=torch.float16), [32, 16])
     kd = spec_key((d,), f)[0]
     assert kd[:4] == (TensorDescriptor, torch.float16, (32, 16), 2)
+    # a constexpr of a plain value (DeviceHeaps' switches): its value and the value's type
+    assert spec_key((tl.constexpr(3),), f) == ((tl.constexpr, int, 3),)
+    assert spec_key(((a, tl.constexpr(True)),), f) != spec_key(((a, tl.constexpr(1)),), f)
     # types the key does not model: the slow path
-    assert spec_key((tl.constexpr(3),), f) is None
+    assert spec_key((tl.constexpr((1, 2)),), f) is None
     assert spec_key((object(),), f) is None
     assert spec_key((JITFunction(_plain_dns),), f) is None
 
@@ -288,7 +292,15 @@ def _samples():
              TensorDescriptor.from_tensor(torch.zeros(64, 64, dtype=torch.float32), [32, 16])]
     scalars = [True, False, 0.0, 1.0, 2.5, None]
     tuples = [(1, 2), (16, 2), (tensors[0], 1), (tensors[1], 1), (None, 3), Operands(tensors[0], tensors[1], 16),
-              Operands(tensors[0], tensors[1], 17), ((1, (2, None)), 3.0), (), (descs[0],)]
+              Operands(tensors[0], tensors[1], 17), ((1, (2, None)), 3.0), (), (descs[0],),
+              # the switches of iris_fw.device.DeviceHeaps: constexprs inside a tuple
+              (tensors[0], tl.constexpr(True), tl.constexpr(0)), (tensors[0], tl.constexpr(False), tl.constexpr(0)),
+              (tensors[0], tl.constexpr(1), tl.constexpr(0)), (tensors[0], tl.constexpr(True), tl.constexpr(2)),
+              (tensors[0], tl.constexpr("1"), tl.constexpr(None)),
+              DeviceHeaps(tensors[0], tl.constexpr(True), tl.constexpr(0)),
+              DeviceHeaps(tensors[0], tl.constexpr(False), tl.constexpr(0)),
+              DeviceHeaps(tensors[1], tl.constexpr(False), tl.constexpr(2)),
+              DeviceHeaps(tensors[0], tl.constexpr(1), tl.constexpr(0))]  # not as a context builds it
     return ints + tensors + descs + scalars + tuples
 
 
@@ -509,7 +521,7 @@ def test_fallbacks(monkeypatch):
     jit.used_global_vals = {}
     # an argument type the key does not model: always slow
     for _ in range(2):
-        odd = (a, a, tl.constexpr(16), 5, 7)
+        odd = (a, a, tl.constexpr((16,)), 5, 7)
         lau(*odd)
         assert jit.calls[-1][0] == "slow"
     # the debug knob is part of Triton's options: a new variant

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+import triton.language as tl
 
 import iris_fw
 from iris_fw import device as dv
@@ -118,10 +119,10 @@ def test_bad_variables_raise_and_make_the_plugin_unavailable(monkeypatch, name, 
         assert not ok and name in why, why
 
 
-def test_call_mode_setter_checks_its_argument():
+def test_call_mode_is_checked():
     with pytest.raises(ValueError, match="must be 0, 1 or 2"):
-        dv.set_nvshmem_calls(3)
-    assert dv.NVSHMEM_CALLS.value == 0
+        dv.device_heaps(torch.zeros(2, dtype=torch.int64), False, nvshmem_calls=3)
+    assert dv.device_heaps(torch.zeros(2, dtype=torch.int64), False).NVSHMEM_CALLS.value == 0
 
 
 # ---- unique-id exchange through the bootstrap (CPU ranks) --------------------------------------------
@@ -309,14 +310,14 @@ def test_device_link_names_an_unreadable_bitcode(tmp_path):
 
 def _compile_suites_sm90(mode: int, which: str):
     """Child process: compile the primitive / atomic / signal suites' kernels for sm_90 with
-    ``NVSHMEM_CALLS = mode``; print one line per kernel."""
+    ``heap_bases.NVSHMEM_CALLS = mode`` (a :class:`iris_fw.device.DeviceHeaps` signature, pointer
+    checks off); print one line per kernel."""
     import re
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    dv.set_nvshmem_calls(mode)
     home = _home()
     link = None
     if mode:
@@ -349,7 +350,13 @@ def _compile_suites_sm90(mode: int, which: str):
         jobs.append((test_signal._ping_kernel, {"data": "*i32", "box": "*i32", "flag": "*i64"}, {"BLOCK": 1024}))
     for kernel, types, constexprs in jobs:
         sig, attrs = {}, {}
+        constexprs = dict(constexprs)
         for i, arg in enumerate(kernel.arg_names):
+            if arg == "heap_bases":  # as a context passes it: the bases and the two switches
+                sig[arg] = dv.DeviceHeaps("*i64", "constexpr", "constexpr")
+                constexprs[(i, 1)], constexprs[(i, 2)] = tl.constexpr(False), tl.constexpr(mode)
+                attrs[(i, 0)] = [["tt.divisibility", 16]]
+                continue
             sig[arg] = "constexpr" if arg in constexprs else {**ints, **types}[arg]
             if sig[arg].startswith("*"):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # as the JIT specializes aligned pointers
@@ -432,7 +439,7 @@ def _transport_facts(ctx):
     assert tr.name == "nvshmem", tr.name
     api = tr._api
     assert (api.my_pe(), api.n_pes()) == (ctx.rank, ctx.world_size)
-    bases = ctx.heap_bases.tolist()
+    bases = ctx.heap_bases.bases.tolist()
     assert bases == tr.bases and bases[ctx.rank] == tr.heap.data_ptr()
     assert all(b % dv.HEAP_BASE_ALIGN.value == 0 for b in bases)
     # a value written into the heap by torch is what every rank reads through the peer mappings

@@ -7,7 +7,7 @@ symmetric heap block: ``ccl.new_group(ranks)``. The world group is created by th
 collective call on it. A group holds:
 
 * ``heap_bases`` — the members' heap bases in group order (int64 ``[world_size]``, zeros after
-  the members), so every device function of :mod:`iris_fw.tilecomm` runs unchanged with the
+  the members; with the context's switches, a :class:`iris_fw.device.DeviceHeaps`), so every device function of :mod:`iris_fw.tilecomm` runs unchanged with the
   group rank and group size;
 * a workspace (``workspace_bytes``, default :func:`default_workspace_bytes`) from which each
   *kernel configuration* (algorithm × dtype × capacity class) carves its own counters, arrival
@@ -64,7 +64,8 @@ class Group:
     """The ranks of a collective (global ranks in group order), seen from one rank.
 
     Attributes: ``ranks`` (tuple of global ranks), ``size``, ``rank`` (this rank's index in
-    ``ranks``, ``None`` for a non-member), ``heap_bases`` (members' bases in group order, then zeros),
+    ``ranks``, ``None`` for a non-member), ``heap_bases`` (a :class:`iris_fw.device.DeviceHeaps`
+    with the context's switches: members' bases in group order, then zeros),
     ``workspace`` (uint8, symmetric), ``ctx``."""
 
     def __init__(self, ctx, ranks: tuple[int, ...], workspace_bytes: int):
@@ -74,8 +75,9 @@ class Group:
         self.rank = ranks.index(ctx.rank) if ctx.rank in ranks else None
         # members' bases in group order, then zeros up to the world size: a device pointer check
         # (iris_fw.device.translate) reports a peer index outside the group instead of reading past
-        self.heap_bases = torch.cat([ctx.heap_bases[list(ranks)],
-                                     torch.zeros(ctx.world_size - self.size, dtype=torch.int64, device=ctx.device)])
+        self.heap_bases = ctx.heap_bases._replace(bases=torch.cat([
+            ctx.heap_bases.bases[list(ranks)],
+            torch.zeros(ctx.world_size - self.size, dtype=torch.int64, device=ctx.device)]))
         need = self.min_workspace_bytes()
         if workspace_bytes < need:
             raise ArgumentError(f"workspace_bytes must be at least {need} for a group, got {workspace_bytes}")

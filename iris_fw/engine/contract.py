@@ -63,6 +63,7 @@ the named tuple.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -196,12 +197,30 @@ class BindCache:
         self._plans.clear()
 
 
+@functools.lru_cache(maxsize=None)
+def _loses_nested_constexprs() -> bool:
+    """Whether this Triton loses the constexpr leaves of a tuple nested in a tuple inside a
+    loop (3.6 does, 3.9 does not; releases in between are not known)."""
+    import triton
+
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
+
+
 def split_args(args: NamedTuple) -> tuple[Any, Any, tuple]:
     """``(top0, top1, rest)``: how a pattern's ``args`` reach a skeleton kernel (its first
-    ``TOP`` fields on their own, ``None`` for unused top slots, the rest as one tuple)."""
+    ``TOP`` fields on their own, ``None`` for unused top slots, the rest as one tuple).
+
+    Before Triton 3.9 a :class:`iris_fw.device.DeviceHeaps` field goes as its bare ``bases``:
+    that Triton loses the constexprs of a tuple nested in ``rest`` inside the skeletons' loops,
+    so pattern pieces there compile with a bare pointer's switches (no GPU pointer checks;
+    NVSHMEM calls need 3.9 anyway). The skeletons' own waits use the kernel's ``heap_bases``."""
     top = getattr(type(args), "TOP", 0)
     if not 0 <= top <= MAX_TOP:
         raise PatternError(f"{type(args).__name__}.TOP must be 0..{MAX_TOP}, got {top}")
+    if _loses_nested_constexprs():
+        from ..device import DeviceHeaps
+
+        args = type(args)(*[a.bases if type(a) is DeviceHeaps else a for a in args])
     head = tuple(args[:top]) + (None,) * (MAX_TOP - top)
     return head[0], head[1], tuple(args[top:])
 

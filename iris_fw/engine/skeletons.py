@@ -44,6 +44,14 @@ Under Triton's interpreter the programs of one launch run one after another, so 
 makes a program wait for a later program of the same launch: entry waits are for other ranks,
 and the exit wait is done by the last program.
 
+**args.** A pattern's named ``args`` reach a kernel as ``top0, top1, rest``
+(:func:`iris_fw.engine.contract.split_args`) and are rebuilt, ``ARGS(top0, *rest)`` and the
+like, *where they are passed on* to a role or piece — never assigned to a variable nor returned
+from a jit function: Triton (3.6 and 3.9 on assignment, 3.6 on return too) turns the constexprs
+of such a tuple into run-time values, and ``args.heap_bases`` carries two
+(:class:`iris_fw.device.DeviceHeaps`); :mod:`iris_fw.device` then refuses to compile, naming
+this. A parameter keeps them.
+
 **Tracing.** Every skeleton kernel takes a ``trace`` buffer handle and a ``TRACE`` constexpr
 (:mod:`iris_fw.trace`; ``None`` and 0 unless a trace session is on, and then the kernel is a
 separate compiled variant). Each program records its span in the call (``program``), the entry,
@@ -139,26 +147,12 @@ def next_tile(st, epoch, num_tiles, NPROG: tl.constexpr):
 
 
 @triton.jit
-def rebuild_args(top0, top1, rest, ARGS: tl.constexpr, NTOP: tl.constexpr):
-    """The pattern's named ``args`` from the kernel's top-level parameters and ``rest``."""
-    if NTOP == 2:
-        args = ARGS(top0, top1, *rest)
-    elif NTOP == 1:
-        args = ARGS(top0, *rest)
-    else:
-        args = ARGS(*rest)
-    return args
-
-
-@triton.jit
-def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
-               ARGS: tl.constexpr, NTOP: tl.constexpr, ENTRY: tl.constexpr, trace=None,
-               TRACE: tl.constexpr = _NO_TRACE):
-    """The prologue of every skeleton kernel: the pattern's named ``args`` (:func:`rebuild_args`),
-    this program's epoch for the call (:func:`begin_call`) and, with ``ENTRY``, the cross-rank
-    entry barrier. Returns ``(args, epoch, ok)``; ``ok`` is 0 when the entry wait gave up (the
-    program then skips its work and only ends the call)."""
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
+def start_call(st, rank, world_size, heap_bases, ENTRY: tl.constexpr, trace=None, TRACE: tl.constexpr = _NO_TRACE):
+    """The prologue of every skeleton kernel: this program's epoch for the call
+    (:func:`begin_call`) and, with ``ENTRY``, the cross-rank entry barrier. Returns
+    ``(epoch, ok)``; ``ok`` is 0 when the entry wait gave up (the program then skips its work and
+    only ends the call). The pattern's ``args`` are built where they are passed on (see the
+    module docstring, "args")."""
     epoch = begin_call(st, world_size)
     ok = 1
     if ENTRY:
@@ -167,7 +161,7 @@ def start_call(top0, top1, rest, st, rank, world_size, heap_bases,
         ok = entry_barrier(st, epoch, rank, world_size, heap_bases)
         if TRACE:
             tr.record_wait(trace, TRACE, t, tr.ENTRY_BARRIER, st + ST_ARRIVE, rank, heap_bases, epoch)
-    return args, epoch, ok
+    return epoch, ok
 
 
 @triton.jit
@@ -448,6 +442,31 @@ def end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases,
         tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch, -1, 0)
 
 
+@triton.jit
+def fused_tiles(args, num_tiles, CFG: tl.constexpr, PRODUCE: tl.constexpr, CONSUME: tl.constexpr, NPROG: tl.constexpr,
+                DEPENDS: tl.constexpr, TRAFFIC: tl.constexpr, COMM_FIRST: tl.constexpr, trace, TRACE: tl.constexpr):
+    """The fused skeleton's tile loop: each program computes a tile and delivers it at once."""
+    for tile in range(tl.program_id(0), num_tiles, NPROG):
+        if TRACE:
+            t = tr.record_start(trace, TRACE)
+        value = PRODUCE(args, tile, CFG, False)
+        if COMM_FIRST:
+            if TRACE:
+                peer, nbytes = TRAFFIC(args, DEPENDS(args, tile, CFG), 0, CFG)
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile, peer, nbytes)
+                t = tr.record_start(trace, TRACE)
+            CONSUME(args, tile, value, CFG, False)
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
+        else:
+            if TRACE:
+                tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
+                t = tr.record_start(trace, TRACE)
+            CONSUME(args, tile, value, CFG, False)
+            if TRACE:
+                deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+
+
 # ---- kernel skeletons ----------------------------------------------------------------------------
 
 
@@ -466,30 +485,14 @@ def _fused_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     if ok:
-        for tile in range(tl.program_id(0), num_tiles, NPROG):
-            if TRACE:
-                t = tr.record_start(trace, TRACE)
-            value = PRODUCE(args, tile, CFG, False)
-            if COMM_FIRST:
-                if TRACE:
-                    peer, nbytes = TRAFFIC(args, DEPENDS(args, tile, CFG), 0, CFG)
-                    tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile, peer, nbytes)
-                    t = tr.record_start(trace, TRACE)
-                CONSUME(args, tile, value, CFG, False)
-                if TRACE:
-                    tr.record_end(trace, TRACE, t, tr.CONSUME, tr.COMPUTE, tile, -1, 0)
-            else:
-                if TRACE:
-                    tr.record_end(trace, TRACE, t, tr.PRODUCE, tr.COMPUTE, tile)
-                    t = tr.record_start(trace, TRACE)
-                CONSUME(args, tile, value, CFG, False)
-                if TRACE:
-                    deliver_end(trace, TRACE, t, tr.CONSUME, args, tile, 0, CFG, TRAFFIC)
+        fused_tiles((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                    num_tiles, CFG, PRODUCE, CONSUME, NPROG, DEPENDS, TRAFFIC, COMM_FIRST, trace, TRACE)
     if STEPS > 1:
-        run_steps(args, st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
-                  TRACE, TRAFFIC)
+        run_steps((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                  st, epoch, ok, 1, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace, TRACE,
+                  TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -503,10 +506,11 @@ def _producer_kernel(top0, top1, rest, st, flags, count, rank, world_size, heap_
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     if ok:
-        produce_role(args, tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases,
-                     PRODUCE, STASH, FETCH, CFG, COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
+        produce_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                     tl.program_id(0), count, NPROG, flags, epoch, rank, heap_bases, PRODUCE, STASH, FETCH, CFG,
+                     COMM_FIRST, SYNC, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 
@@ -527,14 +531,15 @@ def _consumer_kernel(top0, top1, rest, st, flags, num_tiles, num_flags, fixed_fl
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     target = epoch
     if FIXED:
         target = fixed_flag
     if ok:
-        consume_role(args, tl.program_id(0), num_tiles, NPROG, st, flags, num_flags, epoch, target, rank, heap_bases,
-                     owners, PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, SYNC, HELP, OWNERS,
-                     QUEUE, NPROG, trace, TRACE, TRAFFIC)
+        consume_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                     tl.program_id(0), num_tiles, NPROG, st, flags, num_flags, epoch, target, rank, heap_bases, owners,
+                     PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, SYNC, HELP, OWNERS, QUEUE, NPROG,
+                     trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, num_flags, rank, world_size, heap_bases, NPROG, EXIT, FIXED, trace, TRACE, started)
 
 
@@ -554,19 +559,22 @@ def _specialized_kernel(top0, top1, rest, st, flags, num_tiles, num_items, rank,
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, ENTRY, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, ENTRY, trace, TRACE)
     pid = tl.program_id(0)
     counters = st + ST_ARRIVE + world_size  # every program's call counter: the producers' come first
     if ok:
         if pid < PRODUCERS:
-            produce_role(args, pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases,
-                         PRODUCE, STASH, FETCH, CFG, COMM_FIRST, True, trace, TRACE, TRAFFIC)
+            produce_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                         pid, num_items, PRODUCERS, flags, epoch, rank, heap_bases, PRODUCE, STASH, FETCH, CFG,
+                         COMM_FIRST, True, trace, TRACE, TRAFFIC)
             if COMM_FIRST:
-                consume_role(args, 0, num_tiles, 1, st, flags, num_items, epoch, epoch, rank, heap_bases, counters,
+                consume_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                             0, num_tiles, 1, st, flags, num_items, epoch, epoch, rank, heap_bases, counters,
                              PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, True, True, PRODUCERS,
                              True, NPROG, trace, TRACE, TRAFFIC)
         else:
-            consume_role(args, pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, num_items, epoch, epoch, rank,
+            consume_role((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                         pid - PRODUCERS, num_tiles, NPROG - PRODUCERS, st, flags, num_items, epoch, epoch, rank,
                          heap_bases, counters, PRODUCE, CONSUME, RELOAD, DEPENDS, STASH, FETCH, CFG, COMM_FIRST, True,
                          True, PRODUCERS, COMM_FIRST, NPROG, trace, TRACE, TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
@@ -585,10 +593,11 @@ def _steps_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap
     started = 0
     if TRACE:
         started = tr.record_start(trace, TRACE)
-    args, epoch, ok = start_call(top0, top1, rest, st, rank, world_size, heap_bases, ARGS, NTOP, False, trace, TRACE)
+    epoch, ok = start_call(st, rank, world_size, heap_bases, False, trace, TRACE)
     if STEPS > 1:
-        run_steps(args, st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace,
-                  TRACE, TRAFFIC)
+        run_steps((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                  st, epoch, ok, 2, num_tiles, rank, world_size, heap_bases, CFG, STEP, STEPS, NPROG, trace, TRACE,
+                  TRAFFIC)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, EXIT, False, trace, TRACE, started)
 
 

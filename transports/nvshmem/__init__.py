@@ -8,9 +8,10 @@ mpirun) or, with ``IRIS_FW_NVSHMEM_BOOTSTRAP=mpi``, through NVSHMEM's MPI bootst
 allocation (``NVSHMEM_SYMMETRIC_SIZE`` is set to hold it when unset). ``bases[p]`` is
 ``nvshmem_ptr(heap, p)``: the peer's heap mapped here (NVLink / PCIe peer access within a node),
 so every kernel runs unchanged on such peers, or 0 where NVSHMEM maps nothing (another node).
-Then the device primitives must reach that peer through NVSHMEM calls: the transport sets
-``iris_fw.device.NVSHMEM_CALLS`` (1: for unmapped peers; 2 with ``IRIS_FW_NVSHMEM_CALLS=all``: for
-every peer, to run the call path on one node) and attaches NVSHMEM's device library to Triton
+Then the device primitives must reach that peer through NVSHMEM calls: the transport's
+``call_mode`` (1: for unmapped peers; 2 with ``IRIS_FW_NVSHMEM_CALLS=all``: for every peer, to run
+the call path on one node) is what the context compiles into its kernels
+(``ctx.heap_bases.NVSHMEM_CALLS``, :class:`iris_fw.device.DeviceHeaps`), and the transport attaches NVSHMEM's device library to Triton
 (:mod:`iris_fw.transports.nvshmem.library`). With every peer mapped and ``auto`` nothing is attached and kernels are
 exactly those of ``gpu_ipc``.
 
@@ -156,10 +157,6 @@ class NvshmemTransport(DeviceHeapTransport):
         self._check_bases()
         if self.call_mode:
             self._attach_calls(home, bootstrap)
-        elif dv.NVSHMEM_CALLS.value:
-            raise IrisError(
-                f"nvshmem: kernels of this process were compiled with NVSHMEM calls "
-                f"(iris_fw.device.NVSHMEM_CALLS={dv.NVSHMEM_CALLS.value}); a context without them needs a new process")
         self.heap = self.wrap(self._own, heap_size)[0]
         self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=self.device)
 
@@ -170,11 +167,6 @@ class NvshmemTransport(DeviceHeapTransport):
             raise IrisError("nvshmem: kernels need NVSHMEM device calls "
                             f"({'peers on other nodes' if self.call_mode == nv.CALLS_REMOTE else nv.ENV_CALLS + '=all'}) "
                             "but: " + "; ".join(f"rank {r}: {w}" for r, w in enumerate(reports) if w))
-        current = dv.NVSHMEM_CALLS.value
-        if current not in (0, self.call_mode):
-            raise IrisError(f"nvshmem: this process compiled kernels with NVSHMEM call mode {current}; "
-                            f"mode {self.call_mode} needs a new process")
-        dv.set_nvshmem_calls(self.call_mode)
         nv.attach(bitcode, self._api)
         self._attached = True
 

@@ -12,7 +12,7 @@ one place that attaches NVSHMEM's device bitcode to Triton kernels.
   are used: the usual ``nvshmemx_init_attr`` is an inline function of the C headers.
 * :func:`init_by_unique_id`: rank 0 creates a unique id, the bootstrap broadcasts it, every rank
   initialises NVSHMEM with it (works under ``iris-fw launch``, torchrun and mpirun).
-* :class:`DeviceLink`: while kernels use NVSHMEM calls (``iris_fw.device.NVSHMEM_CALLS`` non-zero),
+* :class:`DeviceLink`: while kernels use NVSHMEM calls (the transport's ``call_mode`` non-zero),
   a Triton stages hook adds the bitcode to every compilation's ``extern_libs`` (Triton links a
   library only into kernels that call into it) and a kernel-load hook runs
   ``nvshmemx_cumodule_init`` on every loaded module that holds NVSHMEM's device state. Nothing
@@ -42,7 +42,7 @@ ENV_HOME = "IRIS_FW_NVSHMEM_HOME"
 ENV_CALLS = "IRIS_FW_NVSHMEM_CALLS"
 ENV_BOOTSTRAP = "IRIS_FW_NVSHMEM_BOOTSTRAP"
 
-#: ``iris_fw.device.NVSHMEM_CALLS`` values.
+#: ``call_mode`` values (``iris_fw.device.DeviceHeaps.NVSHMEM_CALLS``).
 CALLS_OFF, CALLS_REMOTE, CALLS_ALL = 0, 1, 2
 
 #: Oldest GPU NVSHMEM supports (Volta).
@@ -132,7 +132,7 @@ def problem(*, cuda: bool, hip: bool, capability: tuple[int, int] | None, interp
 
 
 def call_mode(choice: str, unmapped_peers: list[int]) -> int:
-    """``iris_fw.device.NVSHMEM_CALLS`` for ``IRIS_FW_NVSHMEM_CALLS=choice`` on a rank whose
+    """The transport's ``call_mode`` for ``IRIS_FW_NVSHMEM_CALLS=choice`` on a rank whose
     peers ``unmapped_peers`` have no load/store mapping (``choice`` as :mod:`iris_fw.env` parsed it)."""
     if choice == "all":
         return CALLS_ALL

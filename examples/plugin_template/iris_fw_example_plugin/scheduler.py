@@ -12,18 +12,26 @@ import triton.language as tl
 from iris_fw.devinfo import persistent_programs
 from iris_fw.engine.contract import split_args
 from iris_fw.engine.scheduler import Scheduler, bind_kernel
-from iris_fw.engine.skeletons import begin_call, end_call, entry_barrier, rebuild_args
+from iris_fw.engine.skeletons import begin_call, end_call, entry_barrier
+
+@triton.jit
+def _reverse_tiles(args, num_tiles, CFG: tl.constexpr, PRODUCE: tl.constexpr, CONSUME: tl.constexpr,
+                   NPROG: tl.constexpr):
+    for i in range(tl.program_id(0), num_tiles, NPROG):
+        tile = num_tiles - 1 - i
+        CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
+
 
 @triton.jit
 def _reverse_kernel(top0, top1, rest, st, flags, num_tiles, rank, world_size, heap_bases,
                     ARGS: tl.constexpr, NTOP: tl.constexpr, CFG: tl.constexpr,
                     PRODUCE: tl.constexpr, CONSUME: tl.constexpr, NPROG: tl.constexpr):
-    args = rebuild_args(top0, top1, rest, ARGS, NTOP)
     epoch = begin_call(st, world_size)
     if entry_barrier(st, epoch, rank, world_size, heap_bases):
-        for i in range(tl.program_id(0), num_tiles, NPROG):
-            tile = num_tiles - 1 - i
-            CONSUME(args, tile, PRODUCE(args, tile, CFG, False), CFG, False)
+        # args built where passed on, never assigned nor returned: args.heap_bases carries
+        # constexprs (iris_fw.engine.skeletons' docstring, "args", says why)
+        _reverse_tiles((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
+                       num_tiles, CFG, PRODUCE, CONSUME, NPROG)
     end_call(st, flags, epoch, 0, rank, world_size, heap_bases, NPROG, True, False)
 
 

@@ -243,7 +243,7 @@ class DeviceTracing:
         nbytes = _tr.as_i64(0)
         if self.mode:
             lowest = tl.min(address.to(tl.int64))
-            aux = lowest - tl.load(self.heap_bases + self.rank)
+            aux = lowest - tl.load(_dv.bases(self.heap_bases) + self.rank)
             if mask is None:
                 lanes = tl.sum(tl.full(address.shape, 1, tl.int64))
             else:

@@ -122,7 +122,9 @@ class Iris:
         self.cur_rank = context.rank
         self.num_ranks = context.world_size
         self.heap_size = context.heap_size
-        self.heap_bases = context.heap_bases
+        # Iris hands out a tensor: the bare bases (kernels given it compile without the debug
+        # pointer checks of a GPU context and without NVSHMEM calls, see iris_fw.device.DeviceHeaps)
+        self.heap_bases = context.heap_bases.bases
         self.gpu_id = context.device.index if context.device.index is not None else 0
         self.device = str(context.device)
         self.allocator_type = allocator_type

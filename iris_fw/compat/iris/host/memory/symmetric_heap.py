@@ -72,7 +72,7 @@ class SymmetricHeap:
 
     @property
     def heap_bases(self) -> torch.Tensor:
-        return _context(self._shmem).heap_bases
+        return _context(self._shmem).heap_bases.bases
 
     def allocate(self, num_elements: int, dtype: torch.dtype, alignment: int = 1024) -> torch.Tensor:
         """A flat uninitialized tensor ``[num_elements]`` on the heap whose address is a multiple
@@ -107,7 +107,7 @@ class SymmetricHeap:
         return _context(self._shmem).is_symmetric(tensor)
 
     def get_heap_bases(self) -> torch.Tensor:
-        return _context(self._shmem).heap_bases
+        return _context(self._shmem).heap_bases.bases
 
     def refresh_peer_access(self) -> None:
         """Nothing to do: iris-fw maps every peer's whole heap when the context is created."""

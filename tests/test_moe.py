@@ -370,6 +370,12 @@ def test_auto_mode_table():
     cpu = torch.device("cpu")
     assert auto_mode(cpu, 1) == auto_mode(cpu, 256) == "low_latency"
     assert auto_mode(cpu, 257) == auto_mode(cpu, 4096) == "throughput"
+    from iris_fw import tuning
+    from iris_fw.moe import _table
+
+    # CUDA devices: throughput at every size (measured faster at decode on one H100, tuning/moe.json)
+    rows = tuning.device_rows(_table(), "NVIDIA H100 80GB HBM3", "cuda")
+    assert tuning.bounded(rows, 1) == tuning.bounded(rows, 4096) == "throughput"
 
 
 def test_debug_index_check_in_kernel(iris_pool):

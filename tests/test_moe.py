@@ -470,6 +470,30 @@ def test_later_bad_token_count_aborts_peers(iris_pool, what):
 # ---- a host failure inside the launch of a cached call -------------------------------------------
 
 
+def small_routing(ctx, seed):
+    """A tiny ragged call for the host-failure tests: rank r has ``1 + r`` tokens of hidden 12,
+    top-2 of ``2 W`` experts; returns ``x, idx, wt, experts``."""
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    gen = torch.Generator().manual_seed(seed + r)
+    tokens, experts = 1 + r, 2 * w
+    x = torch.randn(tokens, 12, generator=gen).to(dev, torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
+    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    return x, idx, wt, experts
+
+
+def fails_then_works(ctx, call, inject, where, x, wt):
+    """:func:`helpers.peer_fails` (rank W-1 fails on its host ``where``), then one more call on
+    every rank after the re-arming barrier, checked against float64: ``call`` computes experts
+    that double their rows, so ``out[t] = 2 x[t] sum_k w[t, k]``. Returns peer_fails' results."""
+    results = peer_fails(ctx, call, inject, where)
+    out = call(False)
+    ctx.synchronize()
+    want = 2 * x.double() * wt.double().sum(1, keepdim=True)
+    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
+    return results
+
+
 def _launch_fails(ctx, op):
     """Rank W-1 raises on its host inside the launch of a repeated (cached) dispatch + combine —
     ``op`` ``"dispatch"``: the dispatch's launch; ``"combine"``: the combine's first launch, after
@@ -479,12 +503,7 @@ def _launch_fails(ctx, op):
     from iris_fw import moe as moe_module
     from iris_fw.ops import moe_combine, moe_dispatch
 
-    r, w, dev = ctx.rank, ctx.world_size, ctx.device
-    gen = torch.Generator().manual_seed(4321 + r)
-    tokens, experts = 1 + r, 2 * w  # ragged token counts
-    x = torch.randn(tokens, 12, generator=gen).to(dev, torch.bfloat16)
-    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
-    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    x, idx, wt, experts = small_routing(ctx, 4321)
     made = {}
 
     def call(bad):
@@ -498,12 +517,7 @@ def _launch_fails(ctx, op):
         else:
             mp.setattr(made["plan"], "_push", boom)  # the combine's first launcher
 
-    results = peer_fails(ctx, call, inject, "launch")
-    out = call(False)
-    ctx.synchronize()
-    want = 2 * x.double() * wt.double().sum(1, keepdim=True)  # identity experts: x * 2 * the weights' sum
-    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
-    return results
+    return fails_then_works(ctx, call, inject, "launch", x, wt)
 
 
 @pytest.mark.parametrize("op", ["dispatch", "combine"])
@@ -523,12 +537,7 @@ def _plan_fails(ctx):
     from iris_fw import moe as moe_module
     from iris_fw.ops import moe_combine, moe_dispatch
 
-    r, w, dev = ctx.rank, ctx.world_size, ctx.device
-    gen = torch.Generator().manual_seed(1234 + r)
-    tokens, experts = 1 + r, 2 * w
-    x = torch.randn(tokens, 12, generator=gen).to(dev, torch.bfloat16)
-    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
-    wt = torch.rand(tokens, 2, generator=gen).to(dev)
+    x, idx, wt, experts = small_routing(ctx, 1234)
     calls = [0]
 
     def call(bad):
@@ -540,12 +549,7 @@ def _plan_fails(ctx):
     def inject(mp):
         mp.setattr(moe_module, "KernelLauncher", boom)  # the plan's launchers, made after its buffers
 
-    results = peer_fails(ctx, call, inject, "plan")
-    out = call(False)
-    ctx.synchronize()
-    want = 2 * x.double() * wt.double().sum(1, keepdim=True)
-    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
-    return results
+    return fails_then_works(ctx, call, inject, "plan", x, wt)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -21,7 +21,7 @@ import torch
 from helpers import assert_peers_fail_at_once, boom, capture_graph, fresh_seed, on_worlds, peer_fails
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.errors import ArgumentError
-from test_moe import FP8, _case, check_dispatch, draw
+from test_moe import FP8, _case, check_dispatch, draw, fails_then_works, small_routing
 
 
 def _expert_weights(seed, case, world):
@@ -285,13 +285,9 @@ def _launch_fails(ctx, op):
     2: ``out[t] = 2 x[t] sum_k w[t, k]``)."""
     from iris_fw.ops import moe_dispatch_gemm, moe_gemm_combine
 
-    r, w, dev = ctx.rank, ctx.world_size, ctx.device
-    gen = torch.Generator().manual_seed(8765 + r)
-    tokens, experts, hidden, local = 1 + r, 2 * w, 12, 2  # ragged token counts
-    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
-    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
-    wt = torch.rand(tokens, 2, generator=gen).to(dev)
-    w1 = torch.eye(hidden, device=dev).to(torch.bfloat16).expand(local, hidden, hidden)
+    x, idx, wt, experts = small_routing(ctx, 8765)
+    hidden, local = x.shape[1], 2
+    w1 = torch.eye(hidden, device=ctx.device).to(torch.bfloat16).expand(local, hidden, hidden)
     w2 = (2 * w1).contiguous()
     made = {}
 
@@ -304,12 +300,7 @@ def _launch_fails(ctx, op):
         calls = made["plan"].gemm_calls if op == "dispatch_gemm" else made["plan"].gemm_combines
         mp.setattr(calls.values()[0], "launch", boom)  # the call's cached entry: its GEMM launcher
 
-    results = peer_fails(ctx, call, inject, "launch")
-    out = call(False)
-    ctx.synchronize()
-    want = 2 * x.double() * wt.double().sum(1, keepdim=True)
-    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
-    return results
+    return fails_then_works(ctx, call, inject, "launch", x, wt)
 
 
 @pytest.mark.parametrize("op", ["dispatch_gemm", "gemm_combine"])
@@ -333,13 +324,9 @@ def _plan_fails(ctx, where):
     from iris_fw import moe_gemm
     from iris_fw.ops import moe_dispatch_gemm, moe_gemm_combine
 
-    r, w, dev = ctx.rank, ctx.world_size, ctx.device
-    gen = torch.Generator().manual_seed(9753 + r)
-    tokens, experts, hidden, local = 1 + r, 2 * w, 12, 2
-    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
-    idx = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(tokens)]).to(dev)
-    wt = torch.rand(tokens, 2, generator=gen).to(dev)
-    w1 = torch.eye(hidden, device=dev).to(torch.bfloat16).expand(local, hidden, hidden)
+    x, idx, wt, experts = small_routing(ctx, 9753)
+    hidden, local = x.shape[1], 2
+    w1 = torch.eye(hidden, device=ctx.device).to(torch.bfloat16).expand(local, hidden, hidden)
     w2 = (2 * w1).contiguous()
     calls = [0]
 
@@ -362,12 +349,7 @@ def _plan_fails(ctx, where):
 
         mp.setattr(moe_gemm, "KernelLauncher", launcher)
 
-    results = peer_fails(ctx, call, inject, "plan")
-    out = call(False)
-    ctx.synchronize()
-    want = 2 * x.double() * wt.double().sum(1, keepdim=True)
-    torch.testing.assert_close(out.double(), want, rtol=2 ** -6, atol=1e-6)
-    return results
+    return fails_then_works(ctx, call, inject, "plan", x, wt)
 
 
 @pytest.mark.parametrize("where", ["dispatch_gemm", "gemm_combine"])

@@ -915,8 +915,9 @@ def cached_plan(ctx, x, topk_idx, topk_weights, num_experts, max_tokens_per_rank
                 tile_rows: int = 0, programs: int = 0) -> MoePlan | None:
     """The :class:`MoePlan` :func:`plan` has cached for these arguments, or None (a look-up:
     nothing planned, no group made)."""
-    paths = ctx.extensions.get(callpath.EXTENSION)
-    g = paths.groups.get(None) if paths is not None else None
+    from .ccl import api
+
+    g = api.made_world_group(ctx)
     if g is None:
         return None
     return g.calls.get(_key(x, topk_idx, topk_weights, num_experts, max_tokens_per_rank, capacity, dtype, mode,

@@ -126,6 +126,13 @@ def destroy_group(group: GroupLike = None, *, ctx: Context | None = None) -> Non
             groups.pop(None, None)
 
 
+def made_world_group(ctx) -> Group | None:
+    """The world group if a call has made it, else None (a look-up: makes nothing, so no
+    collective step)."""
+    paths = ctx.extensions.get(cp.EXTENSION)
+    return paths.groups.get(None) if paths is not None else None
+
+
 def group_of(ctx, group: GroupLike = None, collective: str | None = None) -> Group:
     """The :class:`Group` a call with ``group=`` runs on (the world's made by its first call;
     another must have been created with :func:`new_group`); raises if this rank is not in it."""
@@ -197,8 +204,7 @@ def _call(ctx, group, key: tuple | None, prepare: Callable, src, dst, async_op: 
     """Run the call ``key`` of ``group`` on ``src``/``dst`` through the call path, preparing it on a
     miss (``key`` None: arguments the cached path does not take, prepared to be reported)."""
     name = "call" if key is None else key[0]
-    paths = ctx.extensions.get(cp.EXTENSION)
-    g = paths.groups.get(None) if group is None and paths is not None else None  # the common case
+    g = made_world_group(ctx) if group is None else None  # the common case
     if g is None:
         g = group_of(ctx, group, None if key is None else name)
     tracer = ctx.tracer

@@ -687,6 +687,14 @@ def _expanded_tensordesc_launch(launch, version):
     return cells["launcher"], expand
 
 
+def _replaced(args: tuple, changes) -> tuple:
+    """``args`` with ``changes`` — ``((index, value), ...)`` — put in at their indices."""
+    full = list(args)
+    for i, value in changes:
+        full[i] = value
+    return tuple(full)
+
+
 class PreparedLaunch:
     """:meth:`KernelLauncher.prepare`: one kernel launch on fixed arguments.
 
@@ -730,10 +738,7 @@ class PreparedLaunch:
         ready = self._ready
         args = self.args
         if ready is None:
-            full = list(args)
-            for i, value in changes:
-                full[i] = value
-            self.launcher._launch(tuple(full), stream)
+            self.launcher._launch(_replaced(args, changes), stream)
             self._resolve()
             return
         final = ready[2]
@@ -754,19 +759,13 @@ class PreparedLaunch:
             except _Unsupported:
                 same = False
             if not same:
-                full = list(args)
-                for j, v in changes:
-                    full[j] = v
-                return self.launcher._launch(tuple(full), stream)
+                return self.launcher._launch(_replaced(args, changes), stream)
             if rebuilt is None:
                 rebuilt = list(final)
             rebuilt[pos] = value
         if rebuilt is None:
             return self._fire(ready, final, args, stream)
-        full = list(args)
-        for i, value in changes:
-            full[i] = value
-        self._fire(ready, tuple(rebuilt), tuple(full), stream)
+        self._fire(ready, tuple(rebuilt), _replaced(args, changes), stream)
 
     def _final_index(self, i: int):
         """Where runtime argument ``i`` sits in the resolved kernel arguments (None where they

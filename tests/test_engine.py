@@ -2,6 +2,7 @@
 cross-rank validation (mismatches raise on every rank within seconds), the op cache (loops
 allocate nothing, small heaps do not run out), named kernel arguments."""
 
+import contextlib
 import time
 
 import pytest
@@ -235,3 +236,36 @@ def test_split_args_sends_bare_bases_where_triton_loses_nested_constexprs(monkey
         monkeypatch.setattr(contract, "_loses_nested_constexprs", lambda loses=loses: loses)
         top0, top1, rest = contract.split_args(args)
         assert top0 is args.x and top1 is None and rest[0] == 5 and rest[1] is want
+
+
+def _late_workspace(ctx):
+    """Rank 1 makes its op's workspace 1.5 s after rank 0 (a busy stream, or a slow host): rank
+    0's kernel must not announce itself into rank 1's state region before rank 1 zeroed it (the
+    fill would wipe the announcement and both ranks wait for each other until the bound)."""
+    from unittest import mock
+
+    from iris_fw.engine.scheduler import Scheduler
+
+    transport = "host_shm" if ctx.device.type == "cpu" else None
+    made = Scheduler.workspace
+
+    def late(self, *args, **kwargs):
+        time.sleep(1.5)
+        return made(self, *args, **kwargs)
+
+    with iris_fw.init(heap_size=1 << 20, transport=transport, wait_timeout=10.0) as small:
+        g = torch.Generator().manual_seed(fresh_seed(ctx))  # every rank: every rank's operands
+        parts = [(torch.randn(16, 8, generator=g).double(), torch.randn(8, 8, generator=g).double())
+                 for _ in range(small.world_size)]
+        a, b = (t.to(ctx.device, torch.float32) for t in parts[small.rank])
+        with mock.patch.object(Scheduler, "workspace", late) if small.rank == 1 else contextlib.nullcontext():
+            got = ops.gemm_all_reduce(a, b, scheduler="fused_sequential", ctx=small)
+        small.synchronize()
+        want = sum(x @ y for x, y in parts)
+        torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=1e-4)
+        del got
+    ctx.barrier()
+
+
+def test_a_late_workspace_is_zeroed_before_peers_announce_into_it(iris_pool):
+    iris_pool(2).run(_late_workspace)

@@ -121,6 +121,13 @@ class Op:
         self.workspace = self.scheduler.workspace(ctx, first, self.comm_sms)
         self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
         self._track_counters()
+        # every rank's state regions are zeroed before any peer's kernel announces itself in them:
+        # the zero fill is queued on this rank's stream, and a peer that planned sooner may
+        # otherwise launch, write its entry arrival into this rank's region and have it wiped by
+        # the fill (both ranks then wait for each other; seen under CUDA MPS). The exchange sees a
+        # peer that failed while planning (callpath.fail) and raises PeerFailure naming it.
+        ctx.transport.synchronize()
+        ctx.agree(f"iris_fw.ops {self.pattern.name}: workspace zeroed", {})
     def _track_counters(self) -> None:
         """Let a rank waiting on the host see that a peer launched this op's kernels while it did
         not (its programs' epoch counters live in the state regions on the heap; iris_fw.calls)."""

@@ -170,23 +170,61 @@ def fail(ctx, label: str, exc: BaseException) -> None:
 
 
 def plan_call(ctx, label: str, check: Callable[[], tuple], agree: Callable[[dict, BaseException | None, Any], Any],
-              plan: Callable[[Any, Any], Any]):
+              plan: Callable[[Any, Any], Any], settle: Callable[[BaseException | None], None] | None = None):
     """The miss path: ``check()`` validates the arguments on this rank and returns ``(fields,
     state, extra)``; ``agree(fields, error, extra)`` is the cross-rank exchange (it raises on every
     rank when a rank rejected its arguments or the fields differ, and returns what it gathered);
     ``plan(state, agreed)`` makes the prepared call. A failure inside ``plan`` — after every rank
-    agreed, so the peers go on into the call — aborts the peers (:func:`fail`)."""
+    agreed, so the peers go on into the call — aborts the peers (:func:`fail`).
+
+    With ``settle`` (e.g. :func:`settled`), every rank — one whose ``plan`` failed too, with its
+    failure — calls ``settle(failure)`` after planning, which raises on every rank if a rank
+    failed: no rank goes into the call before every rank planned (its peer-visible buffers
+    zeroed), and nothing needs aborting."""
     fields, st, extra, error = {}, None, None, None
     try:
         fields, st, extra = check()
     except Exception as exc:  # every rank must hear of it, or they would wait for this one
         error = exc
     agreed = agree(fields, error, extra)
+    if settle is None:
+        try:
+            return plan(st, agreed)
+        except BaseException as exc:
+            fail(ctx, label, exc)
+            raise
+    made, failure = None, None
     try:
-        return plan(st, agreed)
-    except BaseException as exc:
-        fail(ctx, label, exc)
-        raise
+        made = plan(st, agreed)
+    except Exception as exc:  # the peers hear of it in the settling exchange
+        failure = exc
+    settle(failure)
+    return made
+
+
+def settled(ctx, label: str, failure: BaseException | None) -> None:
+    """The settling exchange of a plan whose buffers peers write into (:func:`plan_call`'s
+    ``settle``): this rank's queued device work — the zero fills of the plan's flags and state —
+    finishes, then one host exchange; a rank whose planning failed re-raises its failure, the
+    others raise :class:`~iris_fw.PeerFailure` naming it. Without it a peer that planned sooner
+    could launch and write into this rank's state before its fill ran (the fill then wipes it)."""
+    from .errors import PeerFailure
+
+    if failure is None:
+        try:
+            ctx.transport.synchronize()
+        except Exception as exc:  # a device fault here: the peers must still hear of it
+            failure = exc
+    why = None if failure is None else f"{type(failure).__name__}: {failure}"
+    reports = ctx.calls.host_call(f"{label}: planned", why)
+    if failure is not None:
+        raise failure
+    failed = [(r, text) for r, text in enumerate(reports) if text]
+    if failed:
+        rank, text = failed[0]
+        error = PeerFailure(f"rank {ctx.rank} in {label}: rank {rank} failed while planning the call: {text}")
+        error.rank = error.from_peer = rank
+        raise error
 
 
 def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, label: str, *args):

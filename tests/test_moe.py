@@ -270,8 +270,10 @@ def _bad_call(ctx, what):
         kwargs["capacity"] = 3
     if what == "too_many_tokens" and r == 0:
         kwargs["max_tokens_per_rank"] = 2
-    if what == "mode" and r == 0:
-        kwargs["mode"] = "throughput"
+    if what == "mode" and r == 0:  # the mode auto does not pick here (auto's choice is data per device)
+        from iris_fw.moe import auto_mode
+
+        kwargs["mode"] = "low_latency" if auto_mode(dev, 4) == "throughput" else "throughput"
     if what == "topk" and r == 1:
         idx, wt = idx[:, :1].contiguous(), wt[:, :1].contiguous()
     if what in ("stale", "expert_out", "out"):

@@ -306,6 +306,9 @@ class MoeBench:
                              + (" WRONG" if row.get("ok") is False else ""))
             opts.log(f"  {name} {dname} T {tokens} (us eager{'/graph' if gpu else ''}): " + ", ".join(parts))
             del point, fns
+            # the point's plans live on the world group (every cached MoE plan does): dropping the
+            # group frees their buffers for the next point (prefill plans are ~1 GiB each)
+            iris_fw.ccl.destroy_group(ctx=ctx)
             gc.collect()
             ctx.barrier()
         rows += [{"method": m, "skipped": why} for m, why in skipped.items()]

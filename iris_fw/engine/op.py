@@ -55,10 +55,12 @@ class Op:
     """A pattern bound to a scheduler, input shapes and a workspace on ``ctx``'s heap.
 
     Creating one is collective (it validates across ranks and allocates symmetric buffers); so
-    is every call. A call returns the op's output buffer, overwritten by the next call. A call
-    that fails on this rank's host — planning after the ranks agreed, or a later call — aborts
-    the job's waits (:func:`iris_fw.callpath.fail`), so the other ranks raise at once instead of
-    waiting for this one. ``buffers`` holds the pattern's buffers (e.g. ``"out"``);
+    is every call. A call returns the op's output buffer, overwritten by the next call. Planning
+    ends in one settling exchange (:func:`iris_fw.callpath.settled`: every rank's workspace
+    zeroed, every rank planned; a rank whose planning failed makes every peer raise there); a
+    later call that fails on this rank's host aborts the job's waits
+    (:func:`iris_fw.callpath.fail`), so the other ranks raise at once instead of waiting for this
+    one. ``buffers`` holds the pattern's buffers (e.g. ``"out"``);
     ``result_in_workspace`` says whether a call's result is one of them (or on the heap), so
     that the functional ``iris_fw.ops`` calls copy it out."""
 
@@ -90,14 +92,19 @@ class Op:
                       "device": ctx.device.type}
             return fields, (pat, signature, sched_obj, cfg, sms), None
 
-        cp.plan_call(ctx, label, check, lambda fields, error, _: ctx.agree(label, fields, error), self._plan)
+        # settled: every rank's workspace is zeroed on its device before any peer's kernel announces
+        # itself in it (a peer that planned sooner would otherwise launch, write its entry arrival
+        # into this rank's state region and have it wiped by the queued zero fill; seen under MPS)
+        cp.plan_call(ctx, label, check, lambda fields, error, _: ctx.agree(label, fields, error), self._plan,
+                     lambda failure: cp.settled(ctx, label, failure))
         #: what a call's inputs must look like (their shapes, dtypes, devices): compared per call
         self.fingerprint = input_fingerprint(inputs)
         self._planning_inputs = None  # (not kept alive by the op)
 
     def _plan(self, state, _agreed) -> None:
         """Planning after every rank agreed: configuration, buffers, the first binding, the
-        scheduler's workspace (a failure here aborts the peers: see :func:`iris_fw.callpath.plan_call`)."""
+        scheduler's workspace (a failure here makes every peer raise in the settling exchange: see
+        :func:`iris_fw.callpath.settled`)."""
         self.pattern, self.signature, self.scheduler, config, self.comm_sms = state
         ctx = self.ctx
         if config is None:
@@ -121,13 +128,6 @@ class Op:
         self.workspace = self.scheduler.workspace(ctx, first, self.comm_sms)
         self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
         self._track_counters()
-        # every rank's state regions are zeroed before any peer's kernel announces itself in them:
-        # the zero fill is queued on this rank's stream, and a peer that planned sooner may
-        # otherwise launch, write its entry arrival into this rank's region and have it wiped by
-        # the fill (both ranks then wait for each other; seen under CUDA MPS). The exchange sees a
-        # peer that failed while planning (callpath.fail) and raises PeerFailure naming it.
-        ctx.transport.synchronize()
-        ctx.agree(f"iris_fw.ops {self.pattern.name}: workspace zeroed", {})
     def _track_counters(self) -> None:
         """Let a rank waiting on the host see that a peer launched this op's kernels while it did
         not (its programs' epoch counters live in the state regions on the heap; iris_fw.calls)."""

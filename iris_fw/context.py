@@ -26,6 +26,7 @@ from .errors import (ArgumentError, ArgumentTypeError, ContextClosed, IrisError,
 from .factories import HeapFactories
 from .heap import ALIGN, Block, SymmetricHeap, span_bytes
 from .registry import Registries, load_registries
+from .trace_session import TraceSessions, end_env_trace, start_env_trace
 from .transport_base import Transport
 
 #: The ``iris_fw`` logger: at INFO, :func:`init` says which bootstrap and transport it chose and why.
@@ -363,7 +364,7 @@ def open_contexts() -> "list[Context]":
     return [ref() for ref in _created]
 
 
-class Context(HeapFactories):
+class Context(HeapFactories, TraceSessions):
     """One rank's handle on the job. Use :func:`init` to create it; it is also a context
     manager, and :meth:`close` is idempotent.
 
@@ -422,15 +423,11 @@ class Context(HeapFactories):
         self._at_exit = _AtExit(self)
         atexit.register(self._at_exit)
         _watch_uncaught()
-        #: the open trace session's :class:`~iris_fw.trace_session.Tracer` (None when not tracing; see :meth:`trace`)
-        self.tracer = None
         self.barrier()
         # contexts closed or gone drop out here, so creating and dropping contexts in a loop
         # accumulates nothing
         _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
         _created.append(weakref.ref(self))
-        from .trace_session import start_env_trace
-
         start_env_trace(self)  # IRIS_FW_TRACE=path traces the context's whole life
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -446,8 +443,6 @@ class Context(HeapFactories):
         """Free the heap and unmap peers. Collective; calling it again does nothing."""
         if self._closed:
             return
-        from .trace_session import end_env_trace
-
         end_env_trace(self)
         self._closed = True
         self._exit_cleanup.detach()
@@ -598,22 +593,6 @@ class Context(HeapFactories):
         :meth:`synchronize` or :meth:`barrier`."""
         self._check_open()
         _device_barrier_kernel[(1,)](self.rank, self.world_size, self.heap_bases)
-
-    # ---- tracing ------------------------------------------------------------------------------
-    def trace(self, path=None, *, events_per_program: int | None = None, label: str | None = None,
-              kinds: dict | None = None):
-        """Trace what runs inside ``with ctx.trace("run.json"):`` — every op and collective (their
-        traced kernel variants) and user kernels given :func:`iris_fw.trace_session.kernel_args` — into
-        one Chrome-trace / Perfetto JSON per rank (``run.rank<r>.json``) and, on rank 0, a merged
-        ``run.json`` with the ranks' clocks aligned. Collective. ``events_per_program``: records
-        per program ring (older ones are overwritten, and counted, beyond it); ``label``: names the
-        trace (plots, summaries); ``kinds``: names of user event kinds (``{iris_fw.trace.USER + i:
-        "name"}``); ``path=None`` writes no file (the session's ``trace`` / ``merged`` hold the
-        events). See :mod:`iris_fw.trace_session` and docs/tracing.md."""
-        from .trace_session import TraceSession
-
-        self._check_open()
-        return TraceSession(self, path, events_per_program=events_per_program, label=label, kinds=kinds)
 
     # ---- checks -------------------------------------------------------------------------------
     def _check_open(self) -> None:

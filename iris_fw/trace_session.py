@@ -24,6 +24,10 @@ and error bound. On CPU ranks (Triton's interpreter) every rank reads the host's
 ``CLOCK_MONOTONIC``, so the offsets come out near zero within a bound of the interpreter's
 polling time.
 
+**On the context.** ``ctx.trace(...)`` and ``ctx.tracer`` come from :class:`TraceSessions`, a
+base class of :class:`iris_fw.Context`; this module sits below the context in the layers (it
+uses the context only through the methods a session calls), so the context imports it downward.
+
 **User kernels** record through the same buffers: ``trace, TRACE = kernel_args(ctx, "name",
 programs)`` gives a kernel its buffer handle and constexpr (``None, 0`` outside a session).
 """
@@ -272,6 +276,36 @@ def alignments(world_size: int, samples: list) -> list[Alignment]:
 # ---- sessions -----------------------------------------------------------------------------------------
 
 
+class TraceSessions:
+    """Trace sessions of a context (a base class of :class:`iris_fw.Context`: ``ctx.trace``,
+    ``ctx.tracer``). It needs of its subclass what a :class:`TraceSession` uses: ``agree``,
+    ``barrier``, ``zeros``, ``rank``, ``world_size``, ``device``, ``heap_bases``, ``_check_open``."""
+
+    #: the open trace session's :class:`Tracer` (None when not tracing; see :meth:`trace`)
+    tracer: "Tracer | None" = None
+    #: the ``IRIS_FW_TRACE`` session over the context's life (:func:`start_env_trace`), if any
+    _env_trace: "TraceSession | None" = None
+    #: trace sessions opened on this context so far (each session's number)
+    _trace_sessions: int = 0
+
+    def _check_open(self) -> None:
+        """Raise if the context is closed (the subclass's check)."""
+        raise NotImplementedError
+
+    def trace(self, path=None, *, events_per_program: int | None = None, label: str | None = None,
+              kinds: dict | None = None) -> "TraceSession":
+        """Trace what runs inside ``with ctx.trace("run.json"):`` — every op and collective (their
+        traced kernel variants) and user kernels given :func:`iris_fw.trace_session.kernel_args` — into
+        one Chrome-trace / Perfetto JSON per rank (``run.rank<r>.json``) and, on rank 0, a merged
+        ``run.json`` with the ranks' clocks aligned. Collective. ``events_per_program``: records
+        per program ring (older ones are overwritten, and counted, beyond it); ``label``: names the
+        trace (plots, summaries); ``kinds``: names of user event kinds (``{iris_fw.trace.USER + i:
+        "name"}``); ``path=None`` writes no file (the session's ``trace`` / ``merged`` hold the
+        events). See :mod:`iris_fw.trace_session` and docs/tracing.md."""
+        self._check_open()
+        return TraceSession(self, path, events_per_program=events_per_program, label=label, kinds=kinds)
+
+
 class TraceSession:
     """What :meth:`iris_fw.Context.trace` returns: a context manager tracing everything launched
     inside it (see the module docstring). Collective: every rank enters and leaves it together.
@@ -318,7 +352,7 @@ class TraceSession:
         self._slots = ctx.zeros(2 * ctx.world_size, dtype=torch.int64)
         ctx.barrier()  # every rank's slots are zero before any ping
         self._start = self._sync(0)
-        session = getattr(ctx, "_trace_sessions", 0) + 1
+        session = ctx._trace_sessions + 1
         ctx._trace_sessions = session
         self._tracer = Tracer(ctx, session, self.events_per_program, self.kinds)
         ctx.tracer = self._tracer
@@ -516,7 +550,7 @@ def start_env_trace(ctx) -> None:
 
 def end_env_trace(ctx) -> None:
     """Close the ``IRIS_FW_TRACE`` session of ``ctx`` (writing its files), if any."""
-    session = getattr(ctx, "_env_trace", None)
+    session = ctx._env_trace
     if session is not None:
         ctx._env_trace = None
         session.__exit__(None, None, None)

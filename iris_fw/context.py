@@ -1,9 +1,25 @@
 """The context: one rank's view of the job — its symmetric heap, its peers' heaps, and the
-host-side collectives around them. Created by :func:`init`."""
+host-side collectives around them. Created by :func:`init`.
+
+What the context keeps is its own: the heap, the peers, ``barrier``, ``agree`` and the bounded
+waits. Its factories (:mod:`iris_fw.factories`) and trace sessions (:mod:`iris_fw.trace_session`)
+are base classes from below it in the layers; what higher layers keep per context (the call
+path's caches) hangs off ``ctx.extensions`` without the context
+importing them.
+
+**Process state.** One object, :class:`ProcessState` (:func:`process`, made on first use —
+nothing at import), holds what iris-fw keeps per process rather than per context: the live
+contexts in creation order, which back :func:`current` (every API's ``ctx=None``) — a registry
+of the process's contexts is the one place that can answer "which context?" for a call that
+names none, and it holds them weakly, so it keeps none alive; the wait calibration's polls per
+second per (transport, device), a property of the machine that a second context reuses instead
+of measuring again; and whether an exception reached the top of the process.
+"""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import operator
@@ -255,13 +271,13 @@ class _AtExit:
             return
         lost = ctx.watchdog.lost
         ended = [r for r in lost if self._ended(ctx, r)]
-        if _uncaught:  # peers that end after this rank learn that it failed (its call board)
+        if process().uncaught:  # peers that end after this rank learn that it failed (its call board)
             try:
                 ctx.calls.fail(PeerFailure(f"rank {ctx.rank} ended with an uncaught exception", ctx.rank))
             except Exception:
                 pass
         ctx.watchdog.stop(heartbeat=_watchdog.HEARTBEAT_EXITED)
-        if lost and (set(ended) != set(lost) or _uncaught):
+        if lost and (set(ended) != set(lost) or process().uncaught):
             # a peer died, or this rank ends with an uncaught exception: the job failed
             ctx.bootstrap.abort(f"rank {ctx.rank} exits after losing rank(s) {sorted(lost)}")
         # else every lost peer ended its program normally, as this rank does: a correct program whose
@@ -276,11 +292,6 @@ class _AtExit:
             return beat == _watchdog.HEARTBEAT_EXITED and not ctx.calls.board(rank)[1]
         except Exception:
             return False
-
-
-#: Whether an exception reached the top of this process (sys.excepthook ran): set by the hook
-#: :func:`_watch_uncaught` installs with the first context.
-_uncaught = False
 
 
 def _wrapped_iris_error(exc: BaseException | None) -> BaseException | None:
@@ -314,8 +325,7 @@ def _watch_uncaught() -> None:
         return
 
     def hook(cls, exc, tb):
-        global _uncaught
-        _uncaught = True
+        process().uncaught = True
         inner = _wrapped_iris_error(exc)
         if inner is not None:  # one report naming the cause, not the interpreter's nested reprs
             cls, exc, tb = type(inner), inner, _trim_at_interpreter(tb)
@@ -327,13 +337,52 @@ def _watch_uncaught() -> None:
     sys.excepthook = hook
 
 
-#: Contexts of this process in creation order (weak references), for APIs whose ``ctx``
-#: argument is optional. Filled by :class:`Context`, never at import.
-_created: "list[weakref.ref[Context]]" = []
+class ProcessState:
+    """What iris-fw keeps per process rather than per context (the module docstring says why):
+    one instance, :func:`process`, made by the first call that needs it."""
 
-#: Polls per second of a device-side wait, measured once per process for each (transport,
-#: device): a context created after the first skips the calibration (see ``_calibrate_wait``).
-_poll_rates: "dict[tuple[str, str], float]" = {}
+    def __init__(self) -> None:
+        #: this process's contexts in creation order (weak references; the last open one is
+        #: :func:`current`); added by :class:`Context`, pruned of closed and collected ones
+        self.contexts: "list[weakref.ref[Context]]" = []
+        #: polls per second of a device-side wait, per (transport name, device): measured by the
+        #: first context on them, reused by later ones (:meth:`Context._calibrate_wait`)
+        self.poll_rates: "dict[tuple[str, str], float]" = {}
+        #: whether an exception reached the top of this process (the :data:`sys.excepthook`
+        #: that :func:`_watch_uncaught` chains with the first context sets it)
+        self.uncaught = False
+
+    def current(self, required: bool = True) -> "Context | None":
+        """The most recently created (or made current) open context; with none, an
+        :class:`IrisError` (``required``) or ``None``."""
+        contexts = self.contexts
+        if contexts:
+            last = contexts[-1]()
+            if last is not None and not last._closed:
+                return last  # the common case, on every collective call without ctx=
+        self.prune()
+        if not self.contexts:
+            if required:
+                raise IrisError("no open iris_fw context in this process: call iris_fw.init() first or pass ctx=")
+            return None
+        return self.contexts[-1]()
+
+    def prune(self, drop: "Context | None" = None) -> None:
+        """Forget contexts closed or collected (and ``drop``), so that creating and dropping
+        contexts in a loop accumulates nothing."""
+        self.contexts[:] = [ref for ref in self.contexts
+                            if ref() is not None and ref() is not drop and not ref().closed]
+
+    def make_current(self, ctx: "Context") -> None:
+        """``ctx`` becomes :func:`current`, as if it had been created last."""
+        self.prune(drop=ctx)
+        self.contexts.append(weakref.ref(ctx))
+
+
+@functools.cache
+def process() -> ProcessState:
+    """This process's :class:`ProcessState` (made on the first call)."""
+    return ProcessState()
 
 
 def resolve(ctx: Any) -> "Context":
@@ -348,20 +397,14 @@ def resolve(ctx: Any) -> "Context":
 
 def current() -> "Context":
     """The most recently created context of this process that is still open."""
-    if _created:
-        last = _created[-1]()
-        if last is not None and not last._closed:
-            return last  # the common case, on every collective call without ctx=
-    _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
-    if not _created:
-        raise IrisError("no open iris_fw context in this process: call iris_fw.init() first or pass ctx=")
-    return _created[-1]()
+    return process().current()
 
 
 def open_contexts() -> "list[Context]":
     """This process's open contexts, oldest first (the last is :func:`current`)."""
-    _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
-    return [ref() for ref in _created]
+    state = process()
+    state.prune()
+    return [ref() for ref in state.contexts]
 
 
 class Context(HeapFactories, TraceSessions):
@@ -424,10 +467,7 @@ class Context(HeapFactories, TraceSessions):
         atexit.register(self._at_exit)
         _watch_uncaught()
         self.barrier()
-        # contexts closed or gone drop out here, so creating and dropping contexts in a loop
-        # accumulates nothing
-        _created[:] = [ref for ref in _created if ref() is not None and not ref().closed]
-        _created.append(weakref.ref(self))
+        process().make_current(self)
         start_env_trace(self)  # IRIS_FW_TRACE=path traces the context's whole life
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -436,8 +476,7 @@ class Context(HeapFactories, TraceSessions):
         been created last. Local to this process."""
         if self._closed:
             raise IrisError("make_current: this context is closed")
-        _created[:] = [ref for ref in _created if ref() is not None and ref() is not self and not ref().closed]
-        _created.append(weakref.ref(self))
+        process().make_current(self)
 
     def close(self) -> None:
         """Free the heap and unmap peers. Collective; calling it again does nothing."""
@@ -487,8 +526,9 @@ class Context(HeapFactories, TraceSessions):
     # ---- bounded waits --------------------------------------------------------------------------
     def _calibrate_wait(self) -> float:
         key = (self.transport.name, str(self.device))
-        if key in _poll_rates:
-            return _poll_rates[key]
+        rates = process().poll_rates
+        if key in rates:
+            return rates[key]
         polls = _PROBE_POLLS[self.transport.interpreted]
         self._hdr[dev.HDR_WAIT_BOUND.value] = polls
         _wait_probe_kernel[(1,)](self.rank, self.heap_bases)  # compile / warm up
@@ -500,8 +540,8 @@ class Context(HeapFactories, TraceSessions):
         elapsed = time.perf_counter() - start
         self._hdr[:_N_ERR_SLOTS] = 0
         self._hdr[dev.HDR_ABORT.value] = 0  # the probe's timeout set it
-        _poll_rates[key] = polls / max(elapsed, 1e-9)
-        return _poll_rates[key]
+        rates[key] = polls / max(elapsed, 1e-9)
+        return rates[key]
 
     @property
     def wait_timeout(self) -> float:

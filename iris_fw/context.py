@@ -4,7 +4,7 @@ host-side collectives around them. Created by :func:`init`.
 What the context keeps is its own: the heap, the peers, ``barrier``, ``agree`` and the bounded
 waits. Its factories (:mod:`iris_fw.factories`) and trace sessions (:mod:`iris_fw.trace_session`)
 are base classes from below it in the layers; what higher layers keep per context (the call
-path's caches) hangs off ``ctx.extensions`` without the context
+path's caches, the GEMM's split-K counters) hangs off ``ctx.extensions`` without the context
 importing them.
 
 **Process state.** One object, :class:`ProcessState` (:func:`process`, made on first use —

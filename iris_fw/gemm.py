@@ -12,11 +12,13 @@ fp32 and stores its partial tile to an fp32 workspace; a per-tile counter
 ``split_k`` partials in split order (0, 1, …: the result does not depend on which split came
 last, so it is deterministic, bit for bit from call to call), casts once, stores the tile and
 resets the counter to 0 for the next call. No program ever waits for another (the
-interpreter runs them one after another). The counters live with the device and stream
-(:func:`_split_counters`: calls on one stream run one after another, two streams never share
-them); a call captured in a CUDA graph on a stream that has none yet gets its own, zeroed by a
-memset node of the graph (about a microsecond per replay: run one split-K call on the capture
-stream before capturing to use the stream's). Split rows come from the measured rows of
+interpreter runs them one after another). The counters belong to a context
+(:class:`SplitCounters` in ``ctx.extensions``: ``matmul(..., ctx=)``, by default the current
+context when one is open), by device and stream (calls on one stream run one after another, two
+streams never share them); a call with no context open zeroes counters of its own (one more
+memset), and so does a call captured in a CUDA graph on a stream that has none yet — a memset
+node of the graph (about a microsecond per replay: run one split-K call on the capture stream
+before capturing to use the stream's). Split rows come from the measured rows of
 ``iris_fw/tuning/gemm.json`` (``max_m`` / ``max_n`` / ``max_k`` bounds); the patterns' kernels
 do not split, so :func:`default_config` gives them only rows without a split.
 """
@@ -32,6 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import context as _context
 from . import gemm_tiles as tiles
 from . import tuning
 from .devinfo import info, num_sms, persistent_programs
@@ -317,38 +320,81 @@ def _matmul_kernel(a, b, c, partials, counters, M, N, K, stride_am, stride_ak, s
                         stride_bk, stride_bn, stride_cm, stride_cn, BM, BN, BK, A_DESC, B_DESC, EXACT, SPLIT_K)
 
 
-#: Split-K tile counters by (device, stream): int32, zero between calls (the last split of a
-#: tile resets its counter), grown as needed. Calls on one stream run one after another, so
-#: they share one array; calls on two streams never share one.
-_COUNTERS: dict = {}
+#: The key under which a context holds its :class:`SplitCounters` (``ctx.extensions``).
+EXTENSION = "iris_fw.gemm"
 
 
-def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 tile counters for a split-K call of ``tiles`` tiles on ``device``'s current
-    stream. During CUDA-graph capture, when the capture stream has none large enough yet,
-    counters of this call only: zeroed by a memset captured with it (memory of the graph's
-    pool, kept by the graph), since what would be cached could not be zeroed before the
-    graph's first replay."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (device, stream)
-    counters = _COUNTERS.get(key)
-    if counters is None or counters.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(tiles, dtype=torch.int32, device=device)
-        counters = _COUNTERS[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-    return counters
+class SplitCounters:
+    """One context's split-K tile counters by (device, stream): int32, zero between calls (the
+    last split of a tile resets its counter), grown as needed. Calls on one stream run one after
+    another, so they share one array; calls on two streams never share one. The context holds
+    it (:func:`split_counters`) without importing this module: its ``rearm()`` (after an abort,
+    which may have stopped an interpreted call between a tile's splits) zeroes the counters in
+    place — a CUDA graph that captured them keeps valid pointers; ``close()`` / ``clear()``
+    drop them (a later call makes fresh ones)."""
+
+    __slots__ = ("by_stream",)
+
+    def __init__(self) -> None:
+        self.by_stream: dict = {}
+
+    def get(self, device: torch.device, tiles: int) -> torch.Tensor:
+        """Zeroed int32 counters for a call of ``tiles`` tiles on ``device``'s current stream.
+        During CUDA-graph capture, when the capture stream has none large enough yet, counters
+        of this call only: zeroed by a memset captured with it (memory of the graph's pool, kept
+        by the graph), since what would be kept could not be zeroed before the graph's first
+        replay."""
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+        key = (device, stream)
+        counters = self.by_stream.get(key)
+        if counters is None or counters.numel() < tiles:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return torch.zeros(tiles, dtype=torch.int32, device=device)
+            counters = self.by_stream[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        return counters
+
+    def rearm(self) -> None:
+        for counters in self.by_stream.values():
+            counters.zero_()
+
+    def close(self) -> None:
+        self.by_stream.clear()
+
+    clear = close
+
+
+def split_counters(ctx) -> SplitCounters:
+    """The :class:`SplitCounters` of ``ctx`` (made on first use)."""
+    found = ctx.extensions.get(EXTENSION)
+    if found is None:
+        found = ctx.extensions[EXTENSION] = SplitCounters()
+    return found
+
+
+def _split_counters(ctx, device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 tile counters for a split-K call: ``ctx``'s (or the current context's)
+    counters, or, with no context open, counters of this call only."""
+    if ctx is None:
+        ctx = _context.process().current(required=False)
+    if ctx is None:
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    return split_counters(ctx).get(device, tiles)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
-           config: GemmConfig | None = None) -> torch.Tensor:
+           config: GemmConfig | None = None, ctx=None) -> torch.Tensor:
     """``a[M, K] @ b[K, N]`` with the patterns' Triton GEMM (persistent, TMA where possible).
 
     fp16 / bf16 / fp32; the result has ``a``'s dtype, accumulated in fp32. ``out``: an
     ``[M, N]`` tensor to write. ``config``: default :func:`default_config` (split-K rows of the
     tuning table included); ``config.split_k`` > 1 splits K (module docstring), capped at the
-    ``BK`` steps of K.
+    ``BK`` steps of K. ``ctx``: the context whose split-K counters the call uses (default: the
+    current context if one is open; with none, a split call zeroes counters of its own). The
+    GEMM itself is local: no other rank takes part.
     """
     a, b = check_operands(a, b, a.device if isinstance(a, torch.Tensor) else None)
+    if ctx is not None:
+        ctx = _context.resolve(ctx)
     M, K = a.shape
     N = b.shape[1]
     if out is None:
@@ -364,7 +410,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
     partials = counters = out  # unused without a split
     if split > 1:
-        counters = _split_counters(a.device, tiles)
+        counters = _split_counters(ctx, a.device, tiles)
         partials = torch.empty(tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
     a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
     b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])

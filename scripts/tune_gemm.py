@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-import iris_fw  # noqa: F401  (first: interpreter on CPU-only machines)
+import iris_fw  # (first: interpreter on CPU-only machines)
 import torch
 from iris_fw import devinfo
 from iris_fw.gemm import GemmConfig, default_config, matmul
@@ -199,6 +199,13 @@ def parse(argv):
 
 def main(argv=None) -> int:
     opts = parse(sys.argv[1:] if argv is None else argv)
+    # a one-rank context holds the split-K tile counters the measured calls reuse (iris_fw.gemm);
+    # without one each split call would zero counters of its own
+    with iris_fw.init(heap_size=1 << 20, bootstrap="single"):
+        return _sweep_all(opts)
+
+
+def _sweep_all(opts) -> int:
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if opts.quick:
         opts.ms, opts.n, opts.ks, opts.calls, opts.rounds = [5, 20], 40, [48], 1, 1

@@ -1,6 +1,6 @@
 """The local Triton GEMM's split-K path (iris_fw/gemm.py): values against float64 at ragged
-shapes, determinism, the counters left at zero, the tuning table's split rows, and (GPU) a
-CUDA-graph replay with fresh inputs."""
+shapes, determinism, the counters left at zero (the context's), the tuning table's split rows,
+and (GPU) a CUDA-graph replay with fresh inputs."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ GPU = torch.cuda.is_available()
 
 def _device():
     return torch.device("cuda") if GPU else torch.device("cpu")
+
+
+@pytest.fixture
+def ctx():
+    """A one-rank context in this process (it holds the split-K counters), closed after the test."""
+    with iris_fw.init(heap_size=1 << 20, bootstrap="single") as c:
+        yield c
 
 
 def _config(split):
@@ -47,7 +54,7 @@ CASES = [(37, 21, 70, 3, BF16), (5, 40, 33, 2, BF16), (16, 16, 48, 5, BF16), (1,
 
 
 @pytest.mark.parametrize("m,n,k,split,dtype", CASES, ids=lambda v: str(v).replace("torch.", ""))
-def test_split_k_matches_float64(m, n, k, split, dtype):
+def test_split_k_matches_float64(ctx, m, n, k, split, dtype):
     dev = _device()
     scale = 8 if GPU else 1
     m, n, k = m * scale, n * scale, k * scale
@@ -56,18 +63,41 @@ def test_split_k_matches_float64(m, n, k, split, dtype):
     b = torch.randn(k, n, generator=g).to(dtype).to(dev)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
     cfg = _config(split)
-    matmul(a, b, out=out, config=cfg)
+    matmul(a, b, out=out, config=cfg, ctx=ctx)
     _check(out, a, b, dtype, f"split-K {split} {m}x{n}x{k} {dtype}")
     # deterministic: the partials are summed in split order whatever split finishes last
     again = torch.full_like(out, float("nan"))
-    matmul(a, b, out=again, config=cfg)
+    matmul(a, b, out=again, config=cfg)  # ctx=None: the current context, the same counters
     assert torch.equal(out, again), "split-K results differ between two calls"
     # a column-major a (pointer loads, no TMA) takes the same path
     _check(matmul(a.t().contiguous().t(), b, config=cfg), a, b, dtype, "split-K, column-major a")
     if GPU:
         torch.cuda.synchronize()
-    for counters in gemm._COUNTERS.values():
+    kept = gemm.split_counters(ctx).by_stream
+    assert len(kept) == 1, kept
+    for counters in kept.values():
         assert int(counters.abs().sum()) == 0, "a split-K tile counter was not reset"
+
+
+def test_split_counters_belong_to_the_context():
+    """The counters hang off the context that made them (``ctx.extensions``), go with it, and a
+    call with no context open uses counters of its own; ``ctx=`` takes a context only."""
+    dev = _device()
+    a = torch.randn(24, 40, device=dev, dtype=torch.float32)
+    b = torch.randn(40, 20, device=dev, dtype=torch.float32)
+    cfg = _config(2)
+    with iris_fw.init(heap_size=1 << 20, bootstrap="single") as ctx:
+        with pytest.raises(TypeError, match="ctx"):
+            matmul(a, b, config=cfg, ctx="ctx")
+        _check(matmul(a, b, config=cfg), a, b, torch.float32, "split-K, current context")
+        assert list(ctx.extensions[gemm.EXTENSION].by_stream) == [(dev, None if dev.type == "cpu"
+                                                                   else torch.cuda.current_stream(dev).cuda_stream)]
+        counters = gemm.split_counters(ctx)
+        counters.rearm()  # after an abort: zeroed in place, kept
+        assert len(counters.by_stream) == 1
+    assert not counters.by_stream, "closing the context drops its counters"
+    assert iris_fw.context.open_contexts() == []
+    _check(matmul(a, b, config=cfg), a, b, torch.float32, "split-K, no context open")
 
 
 def test_split_k_config_is_checked():
@@ -131,7 +161,7 @@ def test_tile_order_from_the_table(monkeypatch):
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("warm_stream", [True, False], ids=["stream_counters", "graph_counters"])
-def test_split_k_graph_replay_fresh_inputs(warm_stream):
+def test_split_k_graph_replay_fresh_inputs(ctx, warm_stream):
     """A split-K matmul captured once (twice in the graph), replayed with fresh inputs each
     time: on a stream that ran split-K before (its counters, reset by each call) or on a fresh
     capture stream (the graph's own counters, zeroed by a captured memset)."""

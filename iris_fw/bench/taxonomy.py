@@ -92,9 +92,9 @@ def _tune_gemm(ctx, opts, m, n, k, log, candidates=None):
     fns = {}
     for cfg in candidates:
         try:  # a configuration that does not fit (shared memory) is skipped
-            matmul(a, b, out=out, config=cfg)
+            matmul(a, b, out=out, config=cfg, ctx=ctx)
             ctx.synchronize()
-            fns[cfg] = lambda i, c=cfg: matmul(a, b, out=out, config=c)
+            fns[cfg] = lambda i, c=cfg: matmul(a, b, out=out, config=c, ctx=ctx)
         except Exception as exc:
             log(f"  gemm {m}x{n}x{k} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
         ctx.barrier()
@@ -225,7 +225,7 @@ class Taxonomy:
                 return row(method, t["fn"], speedup=t["bsp"] / t["fn"], vs_gemm_alone=t["fn"] / t["cublas"],
                            bsp_us=t["bsp"], cublas_us=t["cublas"], **more)
 
-            triton_row = measure("gemm_alone_triton", lambda i: matmul(ga, gb, config=cfg), config=_cfg(cfg))
+            triton_row = measure("gemm_alone_triton", lambda i: matmul(ga, gb, config=cfg, ctx=ctx), config=_cfg(cfg))
             triton_row["pct_of_cublas"] = 100 / triton_row["vs_gemm_alone"]
             if symm is not None and pattern in ("all_gather_gemm", "gemm_reduce_scatter"):
                 fn = _symm_mem_op(pattern, a, b, symm)

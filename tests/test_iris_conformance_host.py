@@ -20,6 +20,7 @@ import torch
 
 import iris_fw.compat.iris as iris
 from iris_fw.compat.iris import host as iris_host
+from iris_fw.compat.state import state as compat_state
 from helpers import fresh_seed, on_worlds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +36,7 @@ def _counters():
     prefix = os.environ.get("IRIS_FW_SHM_PREFIX", "iris_fw_")
     out = {"fds": len(os.listdir("/proc/self/fd")), "maps": maps,
            "shm_maps": open("/proc/self/maps").read().count("/dev/shm/" + prefix),
-           "open": sum(1 for c in iris_host._open.values() if not c.closed)}
+           "open": sum(1 for c in compat_state().open.values() if not c.closed)}
     if torch.cuda.is_available():
         # this process's GPU memory (NVML's process list): device-wide figures move with every
         # other process on the GPU (other test workers, ranks sharing it)
@@ -73,7 +74,7 @@ def _create_drop(ctx, cycles):
     after = _counters()
     # the last one is dropped, not yet closed: close it (collective, as a next iris.iris() would)
     iris_host.close_dropped()
-    assert sum(1 for c in iris_host._open.values() if not c.closed) == 0
+    assert sum(1 for c in compat_state().open.values() if not c.closed) == 0
     assert after["open"] == before["open"] == 1, (before, after)
     grown = {k: after[k] - before[k] for k in before if after[k] - before[k] > (2 if k in ("fds", "maps") else 0)}
     assert not grown, f"rank {ctx.rank}: grew over {cycles} create/drop cycles: {grown} ({before} -> {after})"

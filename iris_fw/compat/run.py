@@ -23,6 +23,7 @@ import runpy
 import sys
 
 import iris_fw  # noqa: F401  (first: decides interpreter vs. GPU before any kernel is defined)
+from iris_fw.compat.state import state
 
 #: The package the name ``iris`` stands for.
 TARGET = "iris_fw.compat.iris"
@@ -73,15 +74,13 @@ class IrisFinder(importlib.abc.MetaPathFinder):
 #: Iris programs pass them to their kernels; other backends reject them (compiled) or drop them
 #: (the interpreter).
 AMD_LAUNCH_OPTIONS = ("matrix_instr_nonkdim", "waves_per_eu", "kpack")
-_noted_options: set = set()
 
 
 def _drop_amd_options(kwargs: dict) -> None:
     for name in AMD_LAUNCH_OPTIONS:
         if name in kwargs:
             value = kwargs.pop(name)
-            if name not in _noted_options:
-                _noted_options.add(name)
+            if state().first_note(f"launch option {name}"):  # once per process
                 from iris_fw.compat.iris.logging import logger
 
                 logger.info(f"Triton launch option {name}={value!r} is AMD-only (HIP backend); ignored here")

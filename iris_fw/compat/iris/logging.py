@@ -1,7 +1,9 @@
 """Iris's logging (``iris.logger``, ``iris.set_logger_level``, ``iris.DEBUG`` …,
 ``iris.logging.IrisFormatter``) on Python's ``logging``.
 
-As in Iris, importing the compat layer configures the logger named ``"iris"`` once: level
+As in Iris, importing the compat layer configures the logger named ``"iris"`` once (the one
+thing it does at import, because Iris's ``import iris`` does and Iris programs log through it
+without configuring it; see :mod:`iris_fw.compat.state`): level
 ``INFO`` (or ``IRIS_LOG_LEVEL`` = ``DEBUG``/``INFO``/``WARNING``/``ERROR``) and, if it has no
 handler yet, one ``StreamHandler`` with :class:`IrisFormatter`. Records carrying
 ``iris_rank``/``iris_num_ranks`` (the host object's ``debug``/``info``/… set them) read

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from ..logging import logger
+from ...state import state as _state
 
 
 class _AutoTune:
@@ -70,14 +71,12 @@ AMD_ONLY_FIELDS = {
     "waves_per_eu": "AMD occupancy hint (waves per execution unit)",
     "threads_per_warp": "wavefront width of Gluon layouts (64 on AMD; iris-fw runs Triton kernels)",
 }
-_noted: set = set()
 
 
 def note_amd_only(name: str, value) -> None:
     """Once per process and field: say that ``name`` (AMD-only tuning) is ignored."""
-    if name in _noted:
+    if not _state().first_note(f"ccl.Config.{name}"):
         return
-    _noted.add(name)
     logger.info(f"iris.ccl.Config: {name}={value!r} is ignored by iris-fw ({AMD_ONLY_FIELDS[name]}; iris-fw tunes "
                 f"its own kernels per device)")
 

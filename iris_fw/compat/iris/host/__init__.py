@@ -17,7 +17,6 @@ mappings, /dev/shm segments, file descriptors (``scripts/probe_context_cycle.py`
 
 from __future__ import annotations
 
-import itertools
 import logging as _logging
 import os
 import weakref
@@ -28,7 +27,7 @@ import torch
 
 import iris_fw
 from iris_fw import devinfo as _devinfo
-from iris_fw.registry import load_registries
+from iris_fw.compat.state import state as _state
 
 from .. import logging as _log
 
@@ -45,35 +44,29 @@ _ALLOCATORS = {
 _VMEM_IMPORT = ("allocator_type='vmem': as_symmetric would import the external tensor's memory into the heap so that "
                 "both share storage (HIP virtual-memory mapping of a DMA-BUF) — AMD-only and not provided by iris-fw; "
                 "use allocator_type='torch', whose as_symmetric copies onto the heap")
-_noted_vmem: list = []
-
-#: Plugin registries, loaded once per process for every host object (a registry load costs
-#: ~25 ms; Iris programs create a host object per test).
-_registries: list = []
-#: Open contexts made by :class:`Iris` (creation number → context) and the numbers of those
-#: whose host object was dropped on this rank (closed at the next ``iris.iris()``).
-_open: "dict[int, iris_fw.Context]" = {}
-_dropped: "set[int]" = set()
-_numbers = itertools.count()
 
 
 def _mark_dropped(number: int) -> None:
-    _dropped.add(number)
+    _state().dropped.add(number)
 
 
 def close_dropped() -> None:
     """Close, in creation order, every context whose host object was dropped on every rank.
-    Collective: called by every rank at the same point (each ``iris.iris()``)."""
-    for number in [n for n, ctx in _open.items() if ctx.closed]:
-        del _open[number]
-        _dropped.discard(number)
-    if not _open:
+    Collective: called by every rank at the same point (each ``iris.iris()``). The contexts
+    and the dropped numbers are the compat layer's per-process state
+    (:func:`iris_fw.compat.state.state`)."""
+    kept = _state()
+    opened, dropped = kept.open, kept.dropped
+    for number in [n for n, ctx in opened.items() if ctx.closed]:
+        del opened[number]
+        dropped.discard(number)
+    if not opened:
         return
-    oldest = _open[min(_open)]
-    everywhere = set.intersection(*(set(d) for d in oldest.bootstrap.all_gather(sorted(_dropped))))
+    oldest = opened[min(opened)]
+    everywhere = set.intersection(*(set(d) for d in oldest.bootstrap.all_gather(sorted(dropped))))
     for number in sorted(everywhere):
-        ctx = _open.pop(number)
-        _dropped.discard(number)
+        ctx = opened.pop(number)
+        dropped.discard(number)
         ctx.close()
 
 
@@ -100,22 +93,18 @@ class Iris:
         allocator_type = os.environ.get("IRIS_ALLOCATOR", allocator_type)
         if allocator_type not in _ALLOCATORS:
             raise ValueError(f"allocator_type must be one of {sorted(_ALLOCATORS)}, got {allocator_type!r}")
-        if allocator_type == "vmem" and not _noted_vmem:
-            _noted_vmem.append(True)
+        if allocator_type == "vmem" and _state().first_note("allocator_type=vmem"):
             _log.logger.info("allocator_type='vmem' is served by iris-fw's own heap allocator (allocation, queries, "
                              "RMA); as_symmetric's shared-storage import is not provided")
         if _ALLOCATORS[allocator_type]:
             raise ValueError(f"allocator_type={allocator_type!r} is not provided: {_ALLOCATORS[allocator_type]}; "
                              f"use 'torch'")
         if context is None:
-            if not _registries:
-                _registries.append(load_registries())
-            context = iris_fw.init(heap_size=heap_size, registries=_registries[0])
+            context = iris_fw.init(heap_size=heap_size, registries=_state().registries())
             # after the new context exists: a bootstrap that created the job's process group
             # hands it over instead of destroying it
             close_dropped()
-            number = next(_numbers)
-            _open[number] = context
+            number = _state().add_context(context)
             self._finalizer = weakref.finalize(self, _mark_dropped, number)
             self._finalizer.atexit = False
         self.ctx = context

@@ -36,6 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import context as _context
 from . import gemm_tiles as tiles
+from . import lifecycle
 from . import tuning
 from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
@@ -375,7 +376,7 @@ def _split_counters(ctx, device: torch.device, tiles: int) -> torch.Tensor:
     """Zeroed int32 tile counters for a split-K call: ``ctx``'s (or the current context's)
     counters, or, with no context open, counters of this call only."""
     if ctx is None:
-        ctx = _context.process().current(required=False)
+        ctx = lifecycle.process().current(required=False)
     if ctx is None:
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     return split_counters(ctx).get(device, tiles)

@@ -42,11 +42,11 @@ def test_an_error_inside_an_interpreted_kernel_is_reported_once(monkeypatch, cap
     uncaught-exception report shows the PeerFailure alone, naming the failed rank."""
     from triton.runtime.errors import InterpreterError
 
-    from iris_fw import PeerFailure, context
+    from iris_fw import PeerFailure, lifecycle
 
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
-    monkeypatch.setattr(context.process(), "uncaught", False)
-    context._watch_uncaught()
+    monkeypatch.setattr(lifecycle.process(), "uncaught", False)
+    lifecycle.watch_uncaught()
     try:
         try:
             try:
@@ -61,7 +61,7 @@ def test_an_error_inside_an_interpreted_kernel_is_reported_once(monkeypatch, cap
     last = err.strip().splitlines()[-1]
     assert last == "iris_fw.errors.PeerFailure: rank 1 was sent SIGTERM: rank 0 (pid 7) died", err
     assert "InterpreterError" not in err, err
-    assert context.process().uncaught
+    assert lifecycle.process().uncaught
 
 
 def test_a_rank_gone_with_exit_code_0_under_mpirun_fails_the_job():

@@ -1,6 +1,6 @@
 """The layer contracts (pyproject.toml, ``[tool.importlinter]``) hold: device primitives ->
 heap/transport/bootstrap -> context -> engine and ccl -> ops -> compat/bench/cli, plugins only
-through the registry, and no import cycle.
+through the registry, and no import cycle; and importing makes no per-process state.
 
 The plugin folders (``transports/``, ``schedulers/``, ``plugins/``, ``collectives/``) install as
 ``iris_fw.<folder>`` through ``package-dir``; import-linter reads the package from the file
@@ -64,3 +64,17 @@ def test_contracts_can_fail(tmp_path):
     run = _lint(view)
     assert run.returncode != 0
     assert "iris_fw.device is not allowed to import iris_fw.transports" in run.stdout, run.stdout
+
+
+def test_nothing_is_made_at_import():
+    """Importing the package, the GEMM and the Iris compat layer makes none of the per-process
+    state objects (iris_fw.lifecycle.process, iris_fw.compat.state.state: made on first use) and
+    loads no plugin registry."""
+    code = ("import iris_fw, iris_fw.gemm, iris_fw.compat.iris\n"
+            "from iris_fw import lifecycle\n"
+            "from iris_fw.compat import state\n"
+            "assert lifecycle.process.cache_info().currsize == 0, 'lifecycle.process() made at import'\n"
+            "assert state.state.cache_info().currsize == 0, 'compat state made at import'\n"
+            "assert state.state()._registries is None, 'compat registries loaded before the first iris.iris()'\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -10,24 +10,29 @@ strides and loads are masked. Hosts choose descriptors where the strides allow t
 aligned rows) and pointers elsewhere (ragged K, remote rows).
 """
 
-import os
-
 import triton
 import triton.language as tl
 
-# Triton's interpreter (3.6 and 3.9) multiplies bfloat16 operands of tl.dot wrongly (results
-# off by ~1e10; float16 and float32 are right). Interpreted tile loops widen bf16 operands to
-# fp32 first. Read like Triton reads TRITON_INTERPRET: once, when kernels are defined.
-_WIDEN_BF16 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"))
+
+@triton.constexpr_function
+def _widen_bf16():
+    """Whether :func:`dot` widens bfloat16 operands to fp32: under Triton's interpreter (3.6 and
+    3.9), whose ``tl.dot`` multiplies bf16 operands wrongly (results off by ~1e10; float16 and
+    float32 are right). Decided when a kernel is compiled or interpreted, not at import: Triton's
+    own reading of ``TRITON_INTERPRET`` (the one switch, :mod:`iris_fw.interpreter`), as
+    :func:`iris_fw.device.check_pointers` asks it; compiled kernels see false, so their code has
+    no widening. (A constexpr function may reference only Triton and jit functions, hence
+    ``triton.knobs`` rather than :func:`~iris_fw.interpreter.interpreting`.)"""
+    return triton.knobs.runtime.interpret
 
 
 @triton.jit
 def dot(x, y, acc, EXACT: tl.constexpr):
     """``tl.dot(x, y, acc)``; ``EXACT``: fp32 inputs multiplied exactly ("ieee"), else with
-    tf32 (16-bit inputs are exact either way). (Also see ``_WIDEN_BF16``.) A flag rather than
-    the precision string: Triton 3.6 does not pass a string taken from a constexpr tuple on
-    to a nested call."""
-    if _WIDEN_BF16 and x.dtype == tl.bfloat16:
+    tf32 (16-bit inputs are exact either way). Interpreted, bf16 inputs are widened to fp32
+    first (:func:`_widen_bf16`). A flag rather than the precision string: Triton 3.6 does not
+    pass a string taken from a constexpr tuple on to a nested call."""
+    if _widen_bf16() and x.dtype == tl.bfloat16:
         x = x.to(tl.float32)
         y = y.to(tl.float32)
     if EXACT:

@@ -1,13 +1,19 @@
 """Iris's logging (``iris.logger``, ``iris.set_logger_level``, ``iris.DEBUG`` …,
 ``iris.logging.IrisFormatter``) on Python's ``logging``.
 
-As in Iris, importing the compat layer configures the logger named ``"iris"`` once (the one
-thing it does at import, because Iris's ``import iris`` does and Iris programs log through it
-without configuring it; see :mod:`iris_fw.compat.state`): level
+As in Iris, importing the compat layer configures the logger named ``"iris"`` once: level
 ``INFO`` (or ``IRIS_LOG_LEVEL`` = ``DEBUG``/``INFO``/``WARNING``/``ERROR``) and, if it has no
 handler yet, one ``StreamHandler`` with :class:`IrisFormatter`. Records carrying
 ``iris_rank``/``iris_num_ranks`` (the host object's ``debug``/``info``/… set them) read
 ``[Iris] [rank/num_ranks] message``; others ``[Iris] message``.
+
+Why at import (one of the two things the compat layer does then, :mod:`iris_fw.compat.state` says):
+Iris's ``import iris`` does it (``iris/host/logging/logging.py`` configures the logger at module
+level), and Iris programs log through ``iris.logger`` without configuring it, before any
+``iris.iris()``. ``iris.logger.info(...)`` is a plain ``logging`` call the compat layer never
+sees, so a configuration on first use would leave those records to ``logging``'s last-resort
+handler (INFO dropped, no ``[Iris]`` prefix). tests/test_iris_conformance_host.py::test_logging
+checks that the handler is there after the import alone.
 """
 
 from __future__ import annotations

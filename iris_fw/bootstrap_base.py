@@ -192,15 +192,13 @@ def choice(registry, requested: str | None = None,
     forced = env.get("IRIS_FW_BOOTSTRAP", environ) or "auto"
     if forced != "auto":
         return registry.require_available(forced), f"IRIS_FW_BOOTSTRAP={forced}"
-    entries = sorted(registry, key=lambda e: (getattr(e.obj, "priority", 100), e.name))
+    entries = sorted(registry, key=lambda e: (e.obj.priority, e.name))  # Bootstrap subclasses (hookspecs)
     passed = []
     for entry in entries:
         if not entry.obj.detect(environ):
             continue
         ok, why = entry.availability()
         if ok:
-            explain = getattr(entry.obj, "detected_because", None)
-            reason = explain(environ) if explain is not None else "its detect() recognized the environment"
-            return entry.obj, reason + "".join(f"; {p}" for p in passed)
+            return entry.obj, entry.obj.detected_because(environ) + "".join(f"; {p}" for p in passed)
         passed.append(f"{entry.name} was detected but is unavailable: {why}")
     raise IrisError("no bootstrap recognizes this environment (is 'single' registered?)" + "".join(f"; {p}" for p in passed))

@@ -47,7 +47,10 @@ class Entry:
     provider: str
 
     def availability(self) -> tuple[bool, str]:
-        """``(True, "")`` when usable here, else ``(False, reason)``."""
+        """``(True, "")`` when usable here, else ``(False, reason)``. Transports and bootstraps
+        have ``available`` from their base classes; for schedulers, patterns and benchmarks the
+        hook specs make it optional (:mod:`iris_fw.hookspecs`), so an object without one is
+        usable."""
         check = getattr(self.obj, "available", None)
         if check is None:
             return True, ""

@@ -1,7 +1,9 @@
 """The base class of transports (the plugins of ``transports/``, installed as
 ``iris_fw.transports``): how each rank's symmetric heap is allocated and mapped by every peer.
 
-A transport is constructed with a bootstrap and a heap size. Afterwards it exposes:
+A transport is constructed as ``cls(bootstrap, heap_size)`` (:meth:`Transport.__init__`:
+:func:`iris_fw.init` passes the job's bootstrap, already joined, and the heap size in bytes).
+Afterwards it exposes:
 
 * ``device`` – the torch device kernels run on (``cuda:N`` or ``cpu``),
 * ``heap`` – this rank's heap as a ``uint8`` tensor ``[heap_size]``,
@@ -40,7 +42,16 @@ def format_bytes(n: int) -> str:
 
 
 class Transport(ABC):
-    """Base class of transports; see the module docstring for the attributes."""
+    """Base class of transports: the contract :func:`iris_fw.init` and the context rely on.
+
+    * Class attributes: ``name`` (the registry name), ``interpreted``; class methods
+      :meth:`available`, :meth:`check_resources`.
+    * The constructor: ``cls(bootstrap, heap_size)`` (:meth:`__init__`).
+    * After construction: ``device``, ``heap``, ``bases``, ``heap_bases``, ``call_mode``,
+      ``ranks_on_device`` (the module docstring says what each is).
+    * The methods :meth:`wrap`, :meth:`synchronize`, :meth:`close`, :meth:`header_words`,
+      :meth:`set_header_words`, :meth:`peer_heap`.
+    """
 
     name: ClassVar[str]
     #: Kernels for this transport run under Triton's interpreter (TRITON_INTERPRET=1).
@@ -57,6 +68,17 @@ class Transport(ABC):
     #: share a GPU): a copy between two of their heaps runs on the device's SMs, not a copy
     #: engine, so it needs SMs that a spinning kernel may hold.
     ranks_on_device: int = 1
+
+    @abstractmethod
+    def __init__(self, bootstrap, heap_size: int) -> None:
+        """Allocate this rank's heap of ``heap_size`` bytes and map every peer's: set ``device``,
+        ``heap``, ``bases`` and ``heap_bases`` (and ``call_mode`` / ``ranks_on_device`` where
+        they differ from the defaults). ``bootstrap``: the job's
+        :class:`~iris_fw.bootstrap_base.Bootstrap`, already joined (``rank``, ``world_size``,
+        ``local_rank``, ``local_world_size`` set); its collectives exchange what the peers need
+        to map each other's heaps (every rank constructs its transport at the same point of
+        :func:`iris_fw.init`). On failure, release what was allocated and raise (:meth:`close` is
+        not called then)."""
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -24,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from iris_fw import device as dv
 from iris_fw import tilecomm as tc
 from iris_fw import trace as tr
 from iris_fw.ccl import algorithm as al
@@ -154,14 +153,11 @@ def _all_to_all_push_kernel(src, dst, recv, slots, counters, meta, base, n, rank
         sent = tr.as_i64(0)
     for t in range(pid, tl.cdiv(n, BLOCK), nprog):
         loc = t * BLOCK + tl.arange(0, BLOCK)
-        for i in range(0, world_size):
-            p = (rank + i) % world_size
-            off = tl.load(meta + p)
-            mask = base + loc < tl.load(meta + world_size + p)
-            dv.store(buf + rank * CAP + loc, tl.load(src + off + base + loc, mask=mask), rank, p, heap_bases,
-                     mask=mask)
-            if TRACE:
-                sent += tl.where(p != rank, tl.sum(mask.to(tl.int64)), 0)
+        tc.tile_put_chunks(src + base + loc, meta, meta + world_size, base + loc, buf + loc, CAP, rank, world_size,
+                           heap_bases)
+        if TRACE:
+            for p in range(0, world_size):
+                sent += tl.where(p != rank, tl.sum((base + loc < tl.load(meta + world_size + p)).to(tl.int64)), 0)
     tc.arrive(slots + pid * world_size, epoch, rank, world_size, heap_bases)
     if TRACE:
         ELEM: tl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8

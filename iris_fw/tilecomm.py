@@ -16,6 +16,7 @@ keyword options (``mask=None``, ``OP``)::
     tile_put_all(src, dst, rank, world_size, heap_bases, mask=None)
     tile_gather(src, dst, stride, rank, world_size, heap_bases, mask=None)
     tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None, dst_stride=None)
+    tile_put_chunks(src, offsets, counts, pos, dst, dst_stride, rank, world_size, heap_bases)
     tile_broadcast(src, dst, rank, root, heap_bases, mask=None)
     signal_peers(flag, value, rank, world_size, heap_bases)
     arrive(slots, epoch, rank, world_size, heap_bases)
@@ -285,6 +286,24 @@ def tile_all_to_all(src, dst, stride, rank, world_size, heap_bases, mask=None, d
             dv.store(dst + rank * stride, tl.load(src + p * stride, mask=mask), rank, p, heap_bases, mask=mask)
         else:
             dv.store(dst + rank * dst_stride, tl.load(src + p * stride, mask=mask), rank, p, heap_bases, mask=mask)
+
+
+@triton.jit
+def tile_put_chunks(src, offsets, counts, pos, dst, dst_stride, rank, world_size, heap_bases):
+    """All-to-all of ragged chunks by push: for every rank ``p``, the caller's chunk for ``p``
+    starts ``offsets[p]`` elements into the send buffer and is ``counts[p]`` elements long
+    (``offsets``, ``counts``: int64 ``[world_size]``); its elements at positions ``pos`` go to
+    ``p``'s slot for the caller, ``dst + rank * dst_stride`` in ``p``'s heap. ``src``: the
+    pointers of positions ``pos`` of a chunk starting at the buffer's element 0 (any local
+    pointers; chunk ``p``'s are ``src + offsets[p]``); ``dst``: where those positions land in
+    slot 0 (symmetric); ``pos``: 1-D int positions within a chunk — those at or past
+    ``counts[p]`` are neither read nor written for ``p``. :func:`tile_all_to_all` when every
+    chunk has the same length at a fixed stride."""
+    for i in range(0, world_size):
+        p = (rank + i) % world_size
+        mask = pos < tl.load(counts + p)
+        dv.store(dst + rank * dst_stride, tl.load(src + tl.load(offsets + p), mask=mask), rank, p, heap_bases,
+                 mask=mask)
 
 
 @triton.jit

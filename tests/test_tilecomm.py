@@ -111,6 +111,20 @@ def _all_to_all_kernel(src, dst, sync, state, n, stride, rank, world_size, heap_
 
 
 @triton.jit
+def _put_chunks_kernel(src, dst, meta, sync, state, longest, stride, rank, world_size, heap_bases,
+                       BLOCK: tl.constexpr):
+    """Ragged all-to-all: on rank q, dst[p * stride:][:c] = rank p's chunk for q (``c``
+    elements, ``meta[world_size + q]`` on p, at ``src + meta[q]``); ``meta``: int64
+    ``[2, world_size]``, this rank's chunk offsets then lengths; ``longest``: the longest chunk
+    of any rank."""
+    epoch = _enter(sync, state, rank, world_size, heap_bases)
+    for t in range(tl.program_id(0), tl.cdiv(longest, BLOCK), tl.num_programs(0)):
+        pos = t * BLOCK + tl.arange(0, BLOCK)
+        tc.tile_put_chunks(src + pos, meta, meta + world_size, pos, dst + pos, stride, rank, world_size, heap_bases)
+    _leave(sync, state, epoch, rank, world_size, heap_bases)
+
+
+@triton.jit
 def _broadcast_kernel(src, dst, copy, flag, sync, state, n, root, rank, world_size, heap_bases,
                       PULL: tl.constexpr, BLOCK: tl.constexpr):
     """Broadcast: dst[:n] = root's src[:n]; every rank pulls, or the root pushes. Push: the
@@ -355,6 +369,44 @@ def test_movement(world, pattern, grid):
     world.run(_movement, pattern, grid)
 
 
+def _ragged_all_to_all(ctx, grid):
+    """tile_put_chunks: chunk lengths differ per (sender, receiver) pair, empty ones and ones
+    ending mid-tile included, and change between the two calls on the same buffers."""
+    block, _, npad = _shape(ctx)
+    w, me, hb = ctx.world_size, ctx.rank, ctx.heap_bases
+    seed = fresh_seed(ctx)
+    sync, state = _sync_state(ctx)
+    src = ctx.zeros(w * npad, dtype=F32)
+    dst = ctx.zeros(w * npad, dtype=F32)
+    poison = poison_value(F32)
+    for call in (1, 2):
+        # splits[p][q]: elements rank p sends rank q (every rank computes the same table)
+        splits = [[(7 * p + 5 * q + 11 * call) * block // 4 % (npad + 1) for q in range(w)] for p in range(w)]
+        if w > 1:
+            splits[0][1] = 0
+        send = splits[me]
+        offsets = [sum(send[:q]) for q in range(w)]
+        meta = torch.tensor([offsets, send], dtype=torch.int64, device=ctx.device)
+        data = [_inputs(w * npad, F32, "sum", seed + 1000 * call + r) for r in range(w)]
+        src.copy_(data[me])
+        dst.fill_(poison)
+        longest = max(max(row) for row in splits)
+        _put_chunks_kernel[(grid,)](src, dst, meta, sync, state, longest, npad, me, w, hb, BLOCK=block)
+        for p in range(w):
+            count = splits[p][me]
+            start = sum(splits[p][:me])
+            row = dst[p * npad:(p + 1) * npad]
+            assert _same(row[:count], data[p][start:start + count]), f"ragged all_to_all (call {call}): slot {p} wrong"
+            assert _poisoned(row[count:], poison), f"ragged all_to_all (call {call}): tail of slot {p} written"
+    assert state.tolist() == [2, 2 * grid], state.tolist()
+    del src, dst, sync, state
+    ctx.barrier()
+
+
+def test_ragged_all_to_all(world):
+    world.run(_ragged_all_to_all, 2)
+
+
 def _matrix(ctx, grid):
     """2-D [BM, BN] tiles of a ragged M x N matrix stored with padded rows (ld > N)."""
     bm, bn = 16, 32
@@ -454,10 +506,15 @@ _SM90_JOBS = [  # (kernel name, element type of src/dst, constexprs)
     ("_all_gather_kernel", "fp32", {"PULL": False}),
     ("_all_gather_kernel", "fp32", {"PULL": True}),
     ("_all_to_all_kernel", "fp32", {}),
+    ("_put_chunks_kernel", "fp32", {}),
     ("_broadcast_kernel", "bf16", {"PULL": True}),
     ("_broadcast_kernel", "i32", {"PULL": False}),
     ("_matrix_kernel", "fp32", {"PATTERN": "all_reduce", "OP": "sum", "BM": 64, "BN": 64}),
 ]
+
+#: Jobs whose 32-bit tiles move element by element: ragged chunks start at run-time offsets of
+#: any alignment and end at run-time lengths (the all-to-all collective's send, the same code).
+_SCALAR_JOBS = ("compiled _put_chunks_kernel ",)
 
 
 def _compile_sm90():
@@ -475,7 +532,7 @@ def _compile_sm90():
                 sig[arg] = "constexpr"
                 continue
             sig[arg] = {"src": "*" + elem, "dst": "*" + elem, "copy": "*" + elem, "flag": "*i64",
-                        "sync": "*i64", "state": "*i64", "heap_bases": "*i64"}.get(arg, "i32")
+                        "sync": "*i64", "state": "*i64", "meta": "*i64", "heap_bases": "*i64"}.get(arg, "i32")
             if arg not in ("rank", "root", "world_size"):  # as the JIT specializes aligned
                 attrs[(i,)] = [["tt.divisibility", 16]]  # pointers and sizes
         compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
@@ -502,5 +559,5 @@ def test_kernels_compile_for_sm90(tmp_path):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled")]
     assert len(lines) == len(_SM90_JOBS), proc.stdout
     for line in lines:
-        if " fp32 " in line or " i32 " in line:
+        if (" fp32 " in line or " i32 " in line) and not line.startswith(_SCALAR_JOBS):
             assert line.endswith("v4"), f"not vectorized: {line}"

@@ -41,8 +41,13 @@ Whether that costs a copy depends on where the op's last step writes (per op):
 
 * ``gemm_reduce_scatter``: the last step is this rank's reduction of the partials, which writes
   straight into ``out`` (when contiguous) or the new tensor — no copy.
-* ``gemm_all_scatter``, ``gemm_all_reduce``: the result is the op's symmetric workspace (peers write
-  their blocks into it; the next call overwrites it): copied into ``out`` or a new tensor.
+* ``gemm_all_reduce`` under the ``library`` schedule (what ``auto`` picks wherever no fused row
+  is measured: every device and world size today): its library form multiplies straight into
+  ``out`` (when contiguous) or the new tensor and all-reduces it there in place (one rank: no
+  all-reduce) — no copy. Under a fused schedule the result is the op's symmetric workspace (with
+  ``two_shot`` peers store into it; the next call overwrites it): copied into ``out`` or a new tensor.
+* ``gemm_all_scatter``: the result is the op's symmetric workspace (peers write their blocks
+  into it; the next call overwrites it): copied into ``out`` or a new tensor.
 * ``all_gather_gemm``: the result is the op's output buffer, bound into its prepared GEMM launches
   (the next call overwrites it): copied into ``out`` or a new tensor.
 * ``flash_decode`` writes straight into ``out`` or a new tensor (its result is never a workspace).
@@ -125,6 +130,9 @@ def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
     :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
     ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`.
-    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor; either is copied
-    from the op's symmetric workspace (peers write into it; the next call overwrites it)."""
+    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor. Under the
+    ``library`` schedule (``auto`` today) no copy: the product is computed into that tensor and
+    all-reduced in place (one rank: nothing more). Under a fused schedule it is copied from the
+    op's symmetric workspace (``two_shot``: peers store the sums into it; the next call
+    overwrites it)."""
     return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

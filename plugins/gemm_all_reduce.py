@@ -16,7 +16,9 @@ Both move the same bytes at ``W = 2``, where one-shot saves a hop; from ``W = 3`
 fewer (:meth:`GemmAllReduce.default_config`). Under ``fused_sequential`` a program reduces its
 tiles as soon as the same program of every rank has pushed them (the step barrier), while other
 programs still compute; the other schedules reduce in a kernel after theirs. The ``library``
-form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias.
+form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias (on one rank no
+all-reduce: the product is the sum); it writes into any tensor (``Plan.library_into``), so a
+functional call under ``library`` delivers into ``out`` or a new tensor without a copy.
 
 ``partials`` are tile-major blocks: block ``j`` of slot ``s`` is ``[BM, BN]`` contiguous, so a
 tile's push and its reduction are full-block, unmasked, coalesced moves.
@@ -247,16 +249,22 @@ class GemmAllReduce(Pattern):
         moved = int((2 * (world - 1) / world if two_shot else world - 1) * M * N * a.element_size())
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
 
-        def library():
-            torch.matmul(a, b, out=out)
-            ccl.all_reduce(out, ctx=ctx)
+        reduce = world > 1  # one rank's sum is its product: no collective to call
+
+        def library_into(dst):
+            # every rank's product into dst and summed there in place: ccl reads and writes its
+            # tensors through its own workspace, so dst need not be on the heap
+            torch.matmul(a, b, out=dst)
+            if reduce:
+                ccl.all_reduce(dst, ctx=ctx)
             if bias is not None:
-                out.add_(bias)
+                dst.add_(bias)
+            return dst
 
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, comm_bytes=moved, flops=2 * M * N * K,
-            result=out, steps=2, library=library))
+            result=out, steps=2, library=lambda: library_into(out), library_into=library_into))
 
     @staticmethod
     def reference(rank, world_size, inputs):

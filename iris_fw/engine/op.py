@@ -21,7 +21,6 @@ from .. import callpath as cp
 from .. import context as _context
 from ..errors import ArgumentError, ArgumentTypeError, IrisError
 from .contract import PatternError, input_fingerprint, labelled_signature
-from .scheduler import Scheduler
 from .tuning import lookup
 
 
@@ -115,9 +114,9 @@ class Op:
         self.result_in_workspace = (_shares_storage(first.result, self.buffers)
                                     or (isinstance(first.result, torch.Tensor) and ctx.is_symmetric(first.result)))
         #: whether a call can write its result straight into a given tensor (the plan's last
-        #: step is this rank's ``finish_into``, run by the base scheduler's ``run``)
-        self.delivers_into = (first.finish_into is not None and self.result_meta is not None
-                              and type(self.scheduler).run is Scheduler.run)
+        #: step is this rank's ``finish_into``, run by the base scheduler's ``run``, or the
+        #: library form's ``library_into``: :meth:`~iris_fw.engine.scheduler.Scheduler.delivers_into`)
+        self.delivers_into = self.result_meta is not None and self.scheduler.delivers_into(first)
         self.workspace = self.scheduler.workspace(ctx, first, self.comm_sms)
         self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
         self._track_counters()

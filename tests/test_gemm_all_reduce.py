@@ -141,6 +141,17 @@ def _library_delivers(ctx):
         assert len({r[0].data_ptr() for r in results}) == 3  # no two results alias
         for i, (got, want) in enumerate(results):  # later calls left earlier results alone
             _check(got, want, torch.float32, f"library result {i} after later calls, bias={bias}")
+    # out= sharing memory with an input (a [K, K] weight): written only after the product is
+    # taken (copied out of the op's buffer), not multiplied into while being read
+    g = torch.Generator().manual_seed(fresh_seed(ctx))
+    a = [torch.randn(K, K, generator=g) for _ in range(ctx.world_size)]
+    b = [(torch.randn(K, K, generator=g) / K ** 0.5) for _ in range(ctx.world_size)]
+    want = sum(x.double() @ y.double() for x, y in zip(a, b))
+    mine_a, mine_b = a[ctx.rank].to(ctx.device), b[ctx.rank].to(ctx.device)
+    got = ops.gemm_all_reduce(mine_a, mine_b, scheduler="library", out=mine_a)
+    ctx.synchronize()
+    assert got is mine_a
+    _check(got, want, torch.float32, f"library out= aliasing the input a, W={ctx.world_size}")
     ctx.barrier()
 
 

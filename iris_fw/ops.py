@@ -42,10 +42,12 @@ Whether that costs a copy depends on where the op's last step writes (per op):
 * ``gemm_reduce_scatter``: the last step is this rank's reduction of the partials, which writes
   straight into ``out`` (when contiguous) or the new tensor — no copy.
 * ``gemm_all_reduce`` under the ``library`` schedule (what ``auto`` picks wherever no fused row
-  is measured: every device and world size today): its library form multiplies straight into
-  ``out`` (when contiguous) or the new tensor and all-reduces it there in place (one rank: no
-  all-reduce) — no copy. Under a fused schedule the result is the op's symmetric workspace (with
-  ``two_shot`` peers store into it; the next call overwrites it): copied into ``out`` or a new tensor.
+  is measured: every device and world size today): on one rank its library form multiplies
+  straight into ``out`` (when contiguous) or the new tensor — no copy (and no all-reduce); on
+  more ranks it sums in the op's buffer, whose all-reduce launch is prepared once, and copies
+  (all-reducing a new tensor in place would replace the prepared launch's arguments every
+  call). Under a fused schedule the result is the op's symmetric workspace (with ``two_shot``
+  peers store into it; the next call overwrites it): copied into ``out`` or a new tensor.
 * ``gemm_all_scatter``: the result is the op's symmetric workspace (peers write their blocks
   into it; the next call overwrites it): copied into ``out`` or a new tensor.
 * ``all_gather_gemm``: the result is the op's output buffer, bound into its prepared GEMM launches
@@ -148,8 +150,10 @@ def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`.
     The result goes into ``out`` (``[M, N]``) when given, else into a new tensor.
 
-    **No copy** under the ``library`` schedule (``auto``'s pick today; a non-contiguous ``out``
-    gets one): the product is computed into that tensor and all-reduced there in place (one
-    rank: nothing more). **Copies** under a fused schedule: the result is the op's symmetric
-    output buffer (``two_shot``: peers store the sums into it; the next call overwrites it)."""
+    **No copy on one rank** under the ``library`` schedule (``auto``'s pick today; a
+    non-contiguous ``out`` gets one): the product is computed into that tensor, nothing more.
+    **Copies** on more ranks (the sum is taken in the op's buffer, whose all-reduce launch is
+    prepared once: a new tensor per call would replace its arguments every call) and under a
+    fused schedule (the result is the op's symmetric output buffer; ``two_shot``: peers store the
+    sums into it; the next call overwrites it)."""
     return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

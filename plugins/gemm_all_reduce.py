@@ -17,8 +17,9 @@ fewer (:meth:`GemmAllReduce.default_config`). Under ``fused_sequential`` a progr
 tiles as soon as the same program of every rank has pushed them (the step barrier), while other
 programs still compute; the other schedules reduce in a kernel after theirs. The ``library``
 form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias (on one rank no
-all-reduce: the product is the sum); it writes into any tensor (``Plan.library_into``), so a
-functional call under ``library`` delivers into ``out`` or a new tensor without a copy.
+all-reduce: the product is the sum). On one rank it multiplies straight into a given tensor
+(``Plan.library_into``): a functional call delivers into ``out`` or a new tensor without a copy;
+on more ranks it sums in the op's buffer (whose all-reduce launch is prepared once) and copies.
 
 ``partials`` are tile-major blocks: block ``j`` of slot ``s`` is ``[BM, BN]`` contiguous, so a
 tile's push and its reduction are full-block, unmasked, coalesced moves.
@@ -249,14 +250,21 @@ class GemmAllReduce(Pattern):
         moved = int((2 * (world - 1) / world if two_shot else world - 1) * M * N * a.element_size())
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
 
-        reduce = world > 1  # one rank's sum is its product: no collective to call
+        def library():
+            torch.matmul(a, b, out=out)
+            if world > 1:  # one rank's sum is its product: no collective to call
+                ccl.all_reduce(out, ctx=ctx)
+            if bias is not None:
+                out.add_(bias)
 
         def library_into(dst):
-            # every rank's product into dst and summed there in place: ccl reads and writes its
-            # tensors through its own workspace, so dst need not be on the heap
-            torch.matmul(a, b, out=dst)
-            if reduce:
-                ccl.all_reduce(dst, ctx=ctx)
+            if world > 1:
+                # summed in the op's own buffer, then copied: the all-reduce's prepared launch is
+                # kept per tensor (a new tensor per call would replace its arguments every call)
+                library()
+                dst.copy_(out)
+                return dst
+            torch.matmul(a, b, out=dst)  # one rank: the product is the result, no copy
             if bias is not None:
                 dst.add_(bias)
             return dst
@@ -264,7 +272,7 @@ class GemmAllReduce(Pattern):
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, comm_bytes=moved, flops=2 * M * N * K,
-            result=out, steps=2, library=lambda: library_into(out), library_into=library_into))
+            result=out, steps=2, library=library, library_into=library_into))
 
     @staticmethod
     def reference(rank, world_size, inputs):

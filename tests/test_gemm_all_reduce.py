@@ -108,8 +108,9 @@ def test_library_and_auto(iris_pool):
 
 
 def _library_delivers(ctx):
-    """Functional calls under ``library`` write the result into ``out`` or a new tensor (no copy
-    out of the op's buffer): poisoned ``out`` and op buffers, fresh inputs per call, every result
+    """Functional calls under ``library`` deliver the result into ``out`` or a new tensor (one
+    rank: the product written there, no copy; more: copied from the op's buffer after the
+    all-reduce): poisoned ``out`` and op buffers, fresh inputs per call, every result
     against the float64 reference; two consecutive results are distinct tensors off the heap,
     and the second call leaves the first result as it was."""
     from iris_fw import callpath
@@ -156,8 +157,7 @@ def _library_delivers(ctx):
 
 
 def test_library_functional_call_delivers_without_a_copy(iris_pool):
-    """One rank (no all-reduce at all) and two and three ranks (the all-reduce in place on the
-    delivered tensor)."""
+    """One rank (no all-reduce, no copy) and two and three ranks (summed in the op's buffer)."""
     for w in (1, 2, 3):
         iris_pool(w).run(_library_delivers)
 

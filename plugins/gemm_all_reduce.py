@@ -257,8 +257,12 @@ class GemmAllReduce(Pattern):
             if bias is not None:
                 out.add_(bias)
 
+        # the operands' memory: a one-rank call into a tensor that shares it (out=a) goes through
+        # the op's buffer, not multiplied into while read
+        operand_storage = {t.untyped_storage().data_ptr() for t in (a, b, bias) if t is not None}
+
         def library_into(dst):
-            if world > 1:
+            if world > 1 or dst.untyped_storage().data_ptr() in operand_storage:
                 # summed in the op's own buffer, then copied: the all-reduce's prepared launch is
                 # kept per tensor (a new tensor per call would replace its arguments every call)
                 library()

@@ -36,16 +36,6 @@ def _shares_storage(t, buffers) -> bool:
     return False
 
 
-def _shares_input_storage(out, inputs) -> bool:
-    """Whether ``out`` views the memory of a tensor among ``inputs`` (then a call must not write
-    its result into ``out`` while its kernels may still read that input)."""
-    ptr = out.untyped_storage().data_ptr()
-    for x in inputs:
-        if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr:
-            return True
-    return False
-
-
 def check_out(out, op: "Op", pattern: str) -> None:
     """``out`` must hold the op's result: its shape and dtype, on the rank's device (checked
     before anything is launched: a rank whose ``out`` does not fit aborts its peers)."""
@@ -200,15 +190,16 @@ class Op:
     def functional(self, out, *inputs: Any):
         """What an ``iris_fw.ops.<name>(..., out=out)`` call runs on its cached op (the call path
         found it by the inputs' fingerprint). Where the op's last step is this rank's own
-        (:attr:`delivers_into`) it writes the result straight into ``out`` (checked; contiguous;
-        not sharing memory with an input, which the kernels may still read) or a new tensor. Otherwise the kernels write the op's result buffer, and when that buffer
+        (:attr:`delivers_into`) it writes the result straight into ``out`` (checked; contiguous)
+        or a new tensor (a plan's ``finish_into`` / ``library_into`` must not write ``out`` while
+        something of the call still reads an input that shares its memory). Otherwise the kernels write the op's result buffer, and when that buffer
         is in the op's workspace — which peers may write and the next call overwrites — it is
         copied into ``out`` or a new tensor; a result outside any workspace is returned as it is.
 
         (The hit path of every functional call: :meth:`launch` inlined, one frame fewer.)"""
         if out is not None:
             check_out(out, self, self.pattern.name)
-            if self.delivers_into and out.is_contiguous() and not _shares_input_storage(out, inputs):
+            if self.delivers_into and out.is_contiguous():
                 return self.launch(*inputs, into=out)
             return out.copy_(self.launch(*inputs))
         ctx = self.ctx

@@ -257,18 +257,18 @@ class GemmAllReduce(Pattern):
             if bias is not None:
                 out.add_(bias)
 
-        # the operands' memory: a one-rank call into a tensor that shares it (out=a) goes through
-        # the op's buffer, not multiplied into while read
+        # the operands' memory: a call into a tensor that shares it (out=a) goes through the op's
+        # buffer, not multiplied into while read
         operand_storage = {t.untyped_storage().data_ptr() for t in (a, b, bias) if t is not None}
 
         def library_into(dst):
-            if world > 1 or dst.untyped_storage().data_ptr() in operand_storage:
-                # summed in the op's own buffer, then copied: the all-reduce's prepared launch is
-                # kept per tensor (a new tensor per call would replace its arguments every call)
+            # one rank: the product is the result, written where the caller wants it. (More ranks
+            # sum in the op's buffer and copy: the all-reduce's prepared launch is kept per tensor,
+            # and a new tensor per call would replace its arguments every call.)
+            if dst.untyped_storage().data_ptr() in operand_storage:
                 library()
-                dst.copy_(out)
-                return dst
-            torch.matmul(a, b, out=dst)  # one rank: the product is the result, no copy
+                return dst.copy_(out)
+            torch.matmul(a, b, out=dst)
             if bias is not None:
                 dst.add_(bias)
             return dst
@@ -276,7 +276,7 @@ class GemmAllReduce(Pattern):
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, comm_bytes=moved, flops=2 * M * N * K,
-            result=out, steps=2, library=library, library_into=library_into))
+            result=out, steps=2, library=library, library_into=library_into if world == 1 else None))
 
     @staticmethod
     def reference(rank, world_size, inputs):

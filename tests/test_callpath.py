@@ -76,8 +76,7 @@ def test_a_host_failure_on_one_rank_fails_every_peer_at_once(iris_pool, world_si
 def _out(ctx):
     """``out=``: the result written into ``out`` (returned), the same values as without it; a new
     tensor otherwise, never the op's workspace (gemm_all_reduce under ``auto`` = ``library``
-    here: its library form's result copied there at W = 2; gemm_reduce_scatter: written there by
-    its last step);
+    here: copied out of it at W = 2; gemm_reduce_scatter: written there by its last step);
     flash_decode's ``out`` likewise."""
     w = ctx.world_size
     gen = torch.Generator().manual_seed(99 + ctx.rank)
@@ -97,8 +96,8 @@ def _out(ctx):
     torch.testing.assert_close(out.double().cpu(), sum(parts), atol=0.1, rtol=0.02)
     entries = callpath.state(ctx).ops.values()
     assert [type(e).__name__ for e in entries] == ["method"], entries
-    op = entries[0].__self__  # the library form delivers into out or a new tensor (W = 2: a copy)
-    assert op.scheduler.name == "library" and op.delivers_into
+    op = entries[0].__self__  # W = 2: the library form sums in the op's buffer, copied out
+    assert op.scheduler.name == "library" and op.result_in_workspace and not op.delivers_into
     assert op.buffers["out"].data_ptr() not in (plain.data_ptr(), again.data_ptr())
     # gemm_reduce_scatter's last step is this rank's reduction: it writes straight into out (when
     # contiguous) or a new tensor, never the op's own output buffer

@@ -192,9 +192,10 @@ class Op:
         found it by the inputs' fingerprint). Where the op's last step is this rank's own
         (:attr:`delivers_into`) it writes the result straight into ``out`` (checked; contiguous)
         or a new tensor (a plan's ``finish_into`` / ``library_into`` must not write ``out`` while
-        something of the call still reads an input that shares its memory). Otherwise the kernels write the op's result buffer, and when that buffer
-        is in the op's workspace — which peers may write and the next call overwrites — it is
-        copied into ``out`` or a new tensor; a result outside any workspace is returned as it is.
+        something of the call still reads an input that shares its memory). Otherwise the
+        kernels write the op's result buffer, and when that buffer is in the op's workspace —
+        which peers may write and the next call overwrites — it is copied into ``out`` or a new
+        tensor; a result outside any workspace is returned as it is.
 
         (The hit path of every functional call: :meth:`launch` inlined, one frame fewer.)"""
         if out is not None:

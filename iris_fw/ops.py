@@ -59,7 +59,7 @@ Whether that costs a copy depends on where the op's last step writes (per op):
 
 A copy costs one device op per call (``clone``: an allocation and a copy kernel); binding a new
 output per call instead would replace a tensor inside the prepared launches' nested arguments
-(not done yet: see docs/performance.md, "hit path").
+(not done yet: docs/performance.md, "one-rank gemm_all_reduce without its result copy", says why).
 
 For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with :func:`plan` and call it:
 it returns its own output buffer, overwritten by the next call.

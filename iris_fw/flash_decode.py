@@ -779,7 +779,11 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: 
     in :mod:`iris_fw.ccl` (default every rank). Paged KV (as vLLM): ``block_table`` int32
     ``[B, pages]`` lists each sequence's pages of this rank's slice in order, ``k [num_pages,
     page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is
-    ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring."""
+    ``pages * page_size`` (``kv_lens`` gives the valid tokens). See the module docstring.
+
+    **No copy**: the kernel that writes the result (``fused``: the one kernel; ``bulk_sync``:
+    the combine) is launched on ``out`` or the new tensor itself (a prepared launch with the
+    output replaced per call); no peer writes it."""
     ctx = _context.resolve(ctx)
     return _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out)
 

@@ -41,11 +41,25 @@ Whether that costs a copy depends on where the op's last step writes (per op):
 
 * ``gemm_reduce_scatter``: the last step is this rank's reduction of the partials, which writes
   straight into ``out`` (when contiguous) or the new tensor — no copy.
-* ``gemm_all_scatter``, ``gemm_all_reduce``: the result is the op's symmetric workspace (peers write
-  their blocks into it; the next call overwrites it): copied into ``out`` or a new tensor.
+* ``gemm_all_reduce`` under the ``library`` schedule (what ``auto`` picks wherever no fused row
+  is measured: every device and world size today): on one rank its library form multiplies
+  straight into ``out`` (when contiguous) or the new tensor — no copy (and no all-reduce); on
+  more ranks it sums in the op's buffer, whose all-reduce launch is prepared once, and copies
+  (all-reducing a new tensor in place would replace the prepared launch's arguments every
+  call). Under a fused schedule the result is the op's symmetric workspace (with ``two_shot``
+  peers store into it; the next call overwrites it): copied into ``out`` or a new tensor.
+* ``gemm_all_scatter``: the result is the op's symmetric workspace (peers write their blocks
+  into it; the next call overwrites it): copied into ``out`` or a new tensor.
 * ``all_gather_gemm``: the result is the op's output buffer, bound into its prepared GEMM launches
-  (the next call overwrites it): copied into ``out`` or a new tensor.
+  (the next call overwrites it): copied into ``out`` or a new tensor. Its input is copied too:
+  peers read ``a_shard`` from the op's heap buffer (unless ``a_shard`` is that buffer).
 * ``flash_decode`` writes straight into ``out`` or a new tensor (its result is never a workspace).
+* ``moe_dispatch`` / ``moe_combine`` / ``moe_dispatch_gemm`` / ``moe_gemm_combine``: see
+  :mod:`iris_fw.moe` and :mod:`iris_fw.moe_gemm` (they have calls of their own, not this path).
+
+A copy costs one device op per call (``clone``: an allocation and a copy kernel); binding a new
+output per call instead would replace a tensor inside the prepared launches' nested arguments
+(not done yet: docs/performance.md, "one-rank gemm_all_reduce without its result copy", says why).
 
 For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with :func:`plan` and call it:
 it returns its own output buffer, overwritten by the next call.
@@ -94,9 +108,11 @@ def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = 
                      config: GemmConfig | None = None, comm_sms: int | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``a[M, K] @ b[K, N/W]`` on every rank, gathered column-wise: returns ``C[M, N]``, column
-    block ``r`` being rank ``r``'s product — in ``out`` (``[M, N]``) when given, else a new tensor;
-    either is copied from the op's symmetric workspace (peers write into it; the next call
-    overwrites it)."""
+    block ``r`` being rank ``r``'s product — in ``out`` (``[M, N]``) when given, else a new tensor.
+
+    **Copies** its result: either is copied from the op's symmetric workspace, because peers
+    store their column blocks into it (a plain tensor is not addressable by peers) and the next
+    call overwrites it."""
     return _call("gemm_all_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -104,8 +120,12 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | No
                     config: GemmConfig | None = None, comm_sms: int | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]`` — in ``out`` (``[M, N/W]``)
-    when given, else a new tensor; either is copied from the op's output buffer (bound into its
-    prepared launches; the next call overwrites it)."""
+    when given, else a new tensor.
+
+    **Copies** its input and its result: the shard into the op's heap buffer (peers read it
+    there; pass that buffer, ``op.buffers["a_heap"]`` of :func:`plan`'s op, to skip it), and the
+    result out of the op's output buffer — only this rank writes it, but it is bound into the
+    prepared GEMM launches and the next call overwrites it."""
     return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -114,7 +134,10 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None
                         out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum over ranks of a[M, K/W] @ b[K/W, N]``, rows ``rank*M/W …``: returns ``[M/W, N]`` — in
     ``out`` when given, else a new tensor, written there by the op's last step (this rank's
-    reduction of the partials): no copy (a non-contiguous ``out`` gets a copy)."""
+    reduction of the partials).
+
+    **No copy** (a non-contiguous ``out`` gets one): the last writer is this rank's own
+    reduction kernel, launched on the new tensor or ``out``."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -125,6 +148,12 @@ def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
     :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
     ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`.
-    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor; either is copied
-    from the op's symmetric workspace (peers write into it; the next call overwrites it)."""
+    The result goes into ``out`` (``[M, N]``) when given, else into a new tensor.
+
+    **No copy on one rank** under the ``library`` schedule (``auto``'s pick today; a
+    non-contiguous ``out`` gets one): the product is computed into that tensor, nothing more.
+    **Copies** on more ranks (the sum is taken in the op's buffer, whose all-reduce launch is
+    prepared once: a new tensor per call would replace its arguments every call) and under a
+    fused schedule (the result is the op's symmetric output buffer; ``two_shot``: peers store the
+    sums into it; the next call overwrites it)."""
     return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

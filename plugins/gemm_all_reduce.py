@@ -16,7 +16,10 @@ Both move the same bytes at ``W = 2``, where one-shot saves a hop; from ``W = 3`
 fewer (:meth:`GemmAllReduce.default_config`). Under ``fused_sequential`` a program reduces its
 tiles as soon as the same program of every rank has pushed them (the step barrier), while other
 programs still compute; the other schedules reduce in a kernel after theirs. The ``library``
-form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias.
+form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias (on one rank no
+all-reduce: the product is the sum). On one rank it multiplies straight into a given tensor
+(``Plan.library_into``): a functional call delivers into ``out`` or a new tensor without a copy;
+on more ranks it sums in the op's buffer (whose all-reduce launch is prepared once) and copies.
 
 ``partials`` are tile-major blocks: block ``j`` of slot ``s`` is ``[BM, BN]`` contiguous, so a
 tile's push and its reduction are full-block, unmasked, coalesced moves.
@@ -249,14 +252,31 @@ class GemmAllReduce(Pattern):
 
         def library():
             torch.matmul(a, b, out=out)
-            ccl.all_reduce(out, ctx=ctx)
+            if world > 1:  # one rank's sum is its product: no collective to call
+                ccl.all_reduce(out, ctx=ctx)
             if bias is not None:
                 out.add_(bias)
+
+        # the operands' memory: a call into a tensor that shares it (out=a) goes through the op's
+        # buffer, not multiplied into while read
+        operand_storage = {t.untyped_storage().data_ptr() for t in (a, b, bias) if t is not None}
+
+        def library_into(dst):
+            # one rank: the product is the result, written where the caller wants it. (More ranks
+            # sum in the op's buffer and copy: the all-reduce's prepared launch is kept per tensor,
+            # and a new tensor per call would replace its arguments every call.)
+            if dst.untyped_storage().data_ptr() in operand_storage:
+                library()
+                return dst.copy_(out)
+            torch.matmul(a, b, out=dst)
+            if bias is not None:
+                dst.add_(bias)
+            return dst
 
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, comm_bytes=moved, flops=2 * M * N * K,
-            result=out, steps=2, library=library))
+            result=out, steps=2, library=library, library_into=library_into if world == 1 else None))
 
     @staticmethod
     def reference(rank, world_size, inputs):

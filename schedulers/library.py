@@ -28,9 +28,16 @@ class Library(Scheduler):
     def launch(self, ctx, plan, ws):
         plan.library()
 
-    def run(self, ctx, plan, ws):
-        """The library form is the whole call: no later steps, no ``finish``."""
-        self.launch(ctx, plan, ws)
+    def delivers_into(self, plan):
+        return plan.library_into is not None
+
+    def run(self, ctx, plan, ws, into=None):
+        """The library form is the whole call: no later steps, no ``finish``. ``into`` (where
+        :meth:`delivers_into`): the form that writes the result there (:attr:`Plan.library_into`)."""
+        if into is not None:
+            plan.library_into(into)
+            return into
+        plan.library()
         return plan.result
 
 

@@ -22,10 +22,14 @@ bench's CPU sizes).
 
 Per case, after its first call (the miss: planned, validated across ranks):
 
-* ``us/call``: the median and the best of ``--rounds`` rounds of ``--calls`` hits, no profiler
+* ``us/call``: the median and the best of ``--rounds`` rounds of ``--calls`` hits (the rounds interleaved
+  over the cases), no profiler
   (the summary gives the best round's, the maximum over ranks at W > 1: on a shared host the
   best round is the one least disturbed by other processes);
 * ``py calls/call``: Python and C functions called per hit (cProfile's count / calls);
+* ``torch ops/call``: the torch functions and tensor methods a hit calls that allocate, copy or
+  compute (:data:`METADATA` reads such as ``data_ptr``/``stride``/``shape`` left out), by name —
+  counted in a separate pass under a ``TorchFunctionMode`` (``clone``, ``copy_``, ``empty``, ...);
 * a stage table: cProfile's own time (tottime) of every function called during the hits (the
   median over :data:`CHUNKS` short profiled runs: robust to a preempted call),
   summed by stage (:data:`STAGES`: key/fingerprint, cache look-up, argument checks, bind /
@@ -56,6 +60,38 @@ from collections import defaultdict
 import iris_fw  # noqa: F401  (first: the interpreter switch on a CPU host)
 import torch
 from iris_fw import kernel_launcher as _launcher
+
+#: Tensor methods that only read metadata: not counted as torch ops of a call.
+METADATA = frozenset(("data_ptr", "stride", "size", "__get__", "is_contiguous", "numel", "element_size", "dim",
+                      "untyped_storage", "storage_offset", "__eq__", "__hash__", "__len__", "__getitem__", "view",
+                      "is_symmetric"))
+#: Calls per case of the torch-op counting pass.
+COUNT_CALLS = 20
+
+
+def torch_ops_per_call(fn, calls: int = COUNT_CALLS) -> dict:
+    """``{name: count per call}`` of the torch functions / tensor methods (not :data:`METADATA`)
+    that ``calls`` calls of ``fn`` make, seen by a ``TorchFunctionMode``."""
+    from collections import Counter
+
+    from torch.overrides import TorchFunctionMode
+
+    class _Count(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", str(func))
+            if name not in METADATA:
+                self.seen[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as mode:
+        for _ in range(calls):
+            fn()
+    return {k: v / calls for k, v in sorted(mode.seen.items())}
+
 
 #: Short profiled runs per case (each function's time: its median over them).
 CHUNKS = 15
@@ -176,17 +212,28 @@ def main() -> int:
                 del cases[name]
                 ctx.barrier()
         rows = []
+        # timed rounds interleaved over the cases (as the bench does), so that a stretch of load
+        # from other processes on a shared host spreads over every case instead of hitting one
+        per_case = {name: [] for name in cases}
+        launches_of = {}
         for name, fn in cases.items():
-            ctx.barrier()
             fn()  # one more hit (anything lazily made on a second call)
-            per = []
             launches[0] = 0
-            for _ in range(opts.rounds):
+            fn()
+            launches_of[name] = launches[0]
+        ctx.barrier()
+        for _ in range(opts.rounds):
+            for name, fn in cases.items():
                 t0 = time.perf_counter_ns()
                 for _ in range(opts.calls):
                     fn()
-                per.append((time.perf_counter_ns() - t0) / opts.calls / 1e3)
-            nlaunch = launches[0] / (opts.rounds * opts.calls)
+                per_case[name].append((time.perf_counter_ns() - t0) / opts.calls / 1e3)
+        ctx.synchronize()
+        for name, fn in cases.items():
+            ctx.barrier()
+            per, nlaunch = per_case[name], launches_of[name]
+            tops = torch_ops_per_call(fn)
+            shown_ops = ", ".join(f"{k} {v:g}" for k, v in tops.items()) or "none"
             ctx.synchronize()
             # profiled in CHUNKS short runs; each function's numbers are its median over them, so
             # that a call preempted by another process (a shared host) does not inflate one stage
@@ -212,6 +259,7 @@ def main() -> int:
             say(f"\n== {name}: {us:.2f} us per call (median of {opts.rounds} rounds; min {min(per):.2f}), "
                 f"{nlaunch:g} stubbed launch(es) per call, {ncalls:.0f} function calls per call; "
                 f"profiled {total_prof:.2f} us per call")
+            say(f"   torch ops per call (not metadata reads): {shown_ops}")
             say(f"   {'stage':<48} {'us/call (scaled)':>16} {'share':>7}")
             for stage, t in sorted(by_stage.items(), key=lambda kv: -kv[1]):
                 if t / total_prof < 0.01:
@@ -222,21 +270,22 @@ def main() -> int:
                 f, line, fn = key
                 where = fn if f == "~" else f"{os.path.relpath(f) if f.startswith('/') else f}:{line}({fn})"
                 say(f"   {'':<41} {v[1] / n:>6.1f} {v[2] / n * 1e6:>7.2f} {v[3] / n * 1e6:>7.2f}  {where}")
-            rows.append((name, us, min(per), nlaunch, ncalls, dict(by_stage), total_prof))
+            rows.append((name, us, min(per), nlaunch, ncalls, dict(by_stage), total_prof, shown_ops))
         for name, why in skipped.items():
             say(f"\n== {name}: skipped ({why})")
         # the summary: the maximum over ranks of each case's median
         medians = [r[2] for r in rows]  # the best round of each case
         worst = [max(v) for v in zip(*ctx.bootstrap.all_gather(medians))] if w > 1 else medians
         ref_us = {r[0]: wv for r, wv in zip(rows, worst)}
-        summary = [f"| call | us/call (best round, max over ranks) | x ref | launches | fn calls | top stages (rank {rank}) |",
-                   "|---|---:|---:|---:|---:|---|"]
-        for (name, us, _, nl, nc, stages, tp), wv in zip(rows, worst):
+        summary = [f"| call | us/call (best round, max over ranks) | x ref | launches | torch ops | fn calls | "
+                   f"top stages (rank {rank}) |",
+                   "|---|---:|---:|---:|---|---:|---|"]
+        for (name, us, _, nl, nc, stages, tp, tops), wv in zip(rows, worst):
             ref = refs.get(name)
             x = f"{wv / ref_us[ref]:.2f}" if ref in ref_us and ref_us[ref] else ""
             top = sorted(stages.items(), key=lambda kv: -kv[1])[:4]
             shown = "; ".join(f"{s} {t / tp:.0%}" for s, t in top)
-            summary.append(f"| {name} | {wv:.2f} | {x} | {nl:g} | {nc:.0f} | {shown} |")
+            summary.append(f"| {name} | {wv:.2f} | {x} | {nl:g} | {tops} | {nc:.0f} | {shown} |")
         say("\n" + "\n".join(summary))
         if opts.out:
             os.makedirs(opts.out, exist_ok=True)

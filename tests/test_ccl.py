@@ -209,6 +209,40 @@ def _chunked_shapes_rank(ctx):
     ccl.destroy_group(g)
 
 
+def _fresh_and_recurring_rank(ctx):
+    """One-chunk calls on inputs that are new at every call (a functional op's fresh result
+    all-reduced in place), mixed with two that recur (an engine's double buffer), more of them
+    than a call keeps prepared launches for: every result against the float64 reference, each
+    recurring buffer's values its own call's."""
+    from iris_fw import ccl
+    from iris_fw.ccl import algorithm as al
+
+    n, w, rank = _n(ctx, 301), ctx.world_size, ctx.rank
+    calls = 3 * al.PREPARED_PER_CALL + 2
+    data = _inputs(ctx, n, torch.float32, "sum", fresh_seed(ctx), calls)
+    recurring = [torch.empty(n, device=ctx.device) for _ in range(2)]
+    kept = []
+    for i in range(calls):
+        t = recurring[i % 2] if i % 3 == 0 else torch.empty(n, device=ctx.device)
+        t.copy_(data[i][rank])
+        ccl.all_reduce(t, algorithm="one_shot")
+        ctx.synchronize()
+        _check(t, _reference(data[i], "sum", torch.float32), torch.float32, "sum", w, f"all_reduce call {i}",
+               _scale(data[i], "sum"))
+        kept.append(t)  # fresh inputs stay alive: no data_ptr is reused
+    out = [_poison(torch.empty(w, n, device=ctx.device)) for _ in range(3)]
+    for i, o in enumerate(out):  # a new output and a new input at every call
+        ccl.all_gather_into_tensor(o, data[i][rank].to(ctx.device, copy=True))
+    ctx.synchronize()
+    for i, o in enumerate(out):
+        assert torch.equal(o.cpu(), torch.stack(data[i])), f"all_gather call {i}"
+    ctx.barrier()
+
+
+def test_fresh_and_recurring_inputs(iris_pool):
+    iris_pool(2).run(_fresh_and_recurring_rank)
+
+
 def test_chunks_of_multidimensional_tensors(iris_pool):
     """Chunk offsets count elements of the flattened tensors, whatever their shape."""
     for w in (2, 3):

@@ -107,6 +107,61 @@ def test_library_and_auto(iris_pool):
         iris_pool(w).run(_library_and_auto)
 
 
+def _library_delivers(ctx):
+    """Functional calls under ``library`` return the result in ``out`` or a new tensor (one
+    rank: the product written there, no copy; more: copied from the op's buffer after the
+    all-reduce): poisoned ``out`` and op buffers, fresh inputs per call, every result
+    against the float64 reference; two consecutive results are distinct tensors off the heap,
+    and the second call leaves the first result as it was."""
+    from iris_fw import callpath
+    from iris_fw.plugins.gemm_all_reduce import GemmAllReduce
+
+    M, K, N = SHAPES[ctx.device.type]["ragged"]
+    for bias in (False, True):
+        results = []
+        for call in range(3):
+            inputs = _inputs(ctx, "ragged", torch.float32, bias, fresh_seed(ctx))
+            mine = inputs[ctx.rank]
+            kwargs = dict(bias=mine[2]) if bias else {}
+            if call == 2:  # out=: poisoned, filled and returned
+                out = torch.full((M, N), float("nan"), device=ctx.device)
+                got = ops.gemm_all_reduce(*mine[:2], scheduler="library", out=out, **kwargs)
+                assert got is out
+            else:
+                got = ops.gemm_all_reduce(*mine[:2], scheduler="library", **kwargs)
+            op = callpath.state(ctx).ops.values()[-1].__self__
+            assert op.scheduler.name == "library" and op.delivers_into == (ctx.world_size == 1)
+            for t in op.buffers.values():  # the op's own buffers are not the result
+                if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+                    t.fill_(float("nan"))
+            ctx.synchronize()
+            want = GemmAllReduce.reference(ctx.rank, ctx.world_size, inputs)
+            _check(got, want, torch.float32, f"library functional call {call} bias={bias} W={ctx.world_size}")
+            assert not ctx.is_symmetric(got) and got.data_ptr() != op.buffers["out"].data_ptr()
+            results.append((got, want))
+        assert len({r[0].data_ptr() for r in results}) == 3  # no two results alias
+        for i, (got, want) in enumerate(results):  # later calls left earlier results alone
+            _check(got, want, torch.float32, f"library result {i} after later calls, bias={bias}")
+    # out= sharing memory with an input (a [K, K] weight): written only after the product is
+    # taken (copied out of the op's buffer), not multiplied into while being read
+    g = torch.Generator().manual_seed(fresh_seed(ctx))
+    a = [torch.randn(K, K, generator=g) for _ in range(ctx.world_size)]
+    b = [(torch.randn(K, K, generator=g) / K ** 0.5) for _ in range(ctx.world_size)]
+    want = sum(x.double() @ y.double() for x, y in zip(a, b))
+    mine_a, mine_b = a[ctx.rank].to(ctx.device), b[ctx.rank].to(ctx.device)
+    got = ops.gemm_all_reduce(mine_a, mine_b, scheduler="library", out=mine_a)
+    ctx.synchronize()
+    assert got is mine_a
+    _check(got, want, torch.float32, f"library out= aliasing the input a, W={ctx.world_size}")
+    ctx.barrier()
+
+
+def test_library_functional_call_delivers_without_a_copy(iris_pool):
+    """One rank (no all-reduce, no copy) and two and three ranks (summed in the op's buffer)."""
+    for w in (1, 2, 3):
+        iris_pool(w).run(_library_delivers)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_dtypes(iris_pool, dtype):
     iris_pool(2).run(_run, "fused_sequential", None, dtype=dtype, kinds=("ragged",), calls=1)

@@ -183,12 +183,15 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
     length, *tail)``, ``start`` counted in *elements* of the flattened (contiguous) tensors —
     whatever their shape, e.g. an all-gather's ``[W, n]`` output; a one-chunk message launches
     without slicing — through a :class:`~iris_fw.kernel_launcher.PreparedLaunch` for each of
-    the last :data:`PREPARED_PER_CALL` inputs, given the call's output —, an empty one not at all (every member
-    sees the same size: it is part of the validated call)."""
+    the last :data:`PREPARED_PER_CALL` inputs that came back, given the call's output (an input
+    met for the first time: the latest prepared launch with input and output replaced, not a
+    launch prepared for it) —, an empty one not at all (every member sees the same size: it is
+    part of the validated call)."""
     pieces = list(chunks(numel, cap_elems)) if numel else []
     if len(pieces) == 1:
         length = pieces[0][1]
         prepared = {}
+        seen = {}  # inputs met once since they were last prepared (data_ptr), at most PREPARED_PER_CALL
 
         def run_one(src, dst):
             # the same input again (an engine's loop): one prepared launch, no key computed; a new
@@ -196,15 +199,26 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
             # replaces the prepared one for the call (PreparedLaunch.launch_with)
             key = src.data_ptr()
             launch_one = prepared.get(key)
-            if launch_one is None:
-                if len(prepared) >= PREPARED_PER_CALL:
-                    del prepared[next(iter(prepared))]
-                launch_one = prepared[key] = launch.prepare(src, dst, *args, length, *tail)
-                launch_one()
-            elif launch_one.args[1] is dst:
-                launch_one()
-            else:
-                launch_one.launch_with(((1, dst),))
+            if launch_one is not None:
+                if launch_one.args[1] is dst:
+                    launch_one()
+                else:
+                    launch_one.launch_with(((1, dst),))
+                return
+            if prepared and key not in seen:
+                # an input met for the first time (e.g. a functional op's new result, all-reduced in
+                # place): the latest prepared launch with input and output replaced for this call;
+                # an input that comes back is prepared (its own launch, no replacement)
+                if len(seen) >= PREPARED_PER_CALL:
+                    del seen[next(iter(seen))]
+                seen[key] = None
+                next(reversed(prepared.values())).launch_with(((0, src), (1, dst)))
+                return
+            seen.pop(key, None)
+            if len(prepared) >= PREPARED_PER_CALL:
+                del prepared[next(iter(prepared))]
+            launch_one = prepared[key] = launch.prepare(src, dst, *args, length, *tail)
+            launch_one()
 
         return run_one
 

@@ -53,8 +53,7 @@ if ReduceOp is not None:
 # ---- groups ---------------------------------------------------------------------------------------
 
 
-def _ctx(ctx):
-    return _context.resolve(ctx)
+_ctx = _context.resolve  # (one frame fewer per call than a wrapper)
 
 
 def _ranks_of(ctx, group) -> tuple[int, ...]:
@@ -204,7 +203,11 @@ def _call(ctx, group, key: tuple | None, prepare: Callable, src, dst, async_op: 
     """Run the call ``key`` of ``group`` on ``src``/``dst`` through the call path, preparing it on a
     miss (``key`` None: arguments the cached path does not take, prepared to be reported)."""
     name = "call" if key is None else key[0]
-    g = made_world_group(ctx) if group is None else None  # the common case
+    g = None
+    if group is None:  # the common case: the world group (made_world_group, inlined on the hit path)
+        paths = ctx.extensions.get(cp.EXTENSION)
+        if paths is not None:
+            g = paths.groups.get(None)
     if g is None:
         g = group_of(ctx, group, None if key is None else name)
     tracer = ctx.tracer

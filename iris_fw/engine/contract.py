@@ -128,7 +128,10 @@ class Plan:
     (:class:`BindCache`). ``library`` (optional): the same call without fusion — vendor
     libraries (cuBLAS through torch) and :mod:`iris_fw.ccl`'s collectives — writing
     ``result``; it must only enqueue device work. The ``library`` scheduler runs it (the
-    fallback of ``scheduler="auto"`` where fusing does not pay)."""
+    fallback of ``scheduler="auto"`` where fusing does not pay). ``library_into`` (optional,
+    with ``library``): the library form writing the result into a given contiguous tensor of
+    the result's shape and dtype instead of ``result`` — what a functional call delivers into
+    without a copy under the ``library`` scheduler (see ``finish_into``)."""
 
     pattern: str
     pieces: Pieces
@@ -146,6 +149,7 @@ class Plan:
     copies: list[Copy] | None = None
     steps: int = 1
     library: Callable[[], Any] | None = None
+    library_into: Callable[[Any], Any] | None = None
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

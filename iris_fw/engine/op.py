@@ -21,7 +21,6 @@ from .. import callpath as cp
 from .. import context as _context
 from ..errors import ArgumentError, ArgumentTypeError, IrisError
 from .contract import PatternError, input_fingerprint, labelled_signature
-from .scheduler import Scheduler
 from .tuning import lookup
 
 
@@ -122,9 +121,9 @@ class Op:
         self.result_in_workspace = (_shares_storage(first.result, self.buffers)
                                     or (isinstance(first.result, torch.Tensor) and ctx.is_symmetric(first.result)))
         #: whether a call can write its result straight into a given tensor (the plan's last
-        #: step is this rank's ``finish_into``, run by the base scheduler's ``run``)
-        self.delivers_into = (first.finish_into is not None and self.result_meta is not None
-                              and type(self.scheduler).run is Scheduler.run)
+        #: step is this rank's ``finish_into``, run by the base scheduler's ``run``, or the
+        #: library form's ``library_into``: :meth:`~iris_fw.engine.scheduler.Scheduler.delivers_into`)
+        self.delivers_into = self.result_meta is not None and self.scheduler.delivers_into(first)
         self.workspace = self.scheduler.workspace(ctx, first, self.comm_sms)
         self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
         self._track_counters()
@@ -172,33 +171,46 @@ class Op:
         :meth:`__call__` checks first; the call path found the op by their fingerprint).
         ``into`` (only where :attr:`delivers_into`): a contiguous tensor of the result's shape and
         dtype that the call writes its result into, and returns."""
-        if self._abort_epoch != self.ctx.abort_epoch:  # (the one check that the op is armed)
-            error = IrisError(f"this {self.pattern.name} op was planned before the job was aborted and re-armed: "
-                              "its per-call device state may differ across ranks; plan it again (iris_fw.ops."
-                              f"{self.pattern.name}(...) calls re-plan by themselves)")
-            error._iris_fw_told = True  # every rank knows it alike: no abort for this one
-            raise error
-        plan = self.pattern.bind(self.ctx, self.buffers, *inputs)
+        ctx = self.ctx
+        if self._abort_epoch != ctx.abort_epoch:  # (the one check that the op is armed)
+            self._stale()
+        plan = self.pattern.bind(ctx, self.buffers, *inputs)
         if into is not None:
-            return self.scheduler.run(self.ctx, plan, self.workspace, into)
-        return self.scheduler.run(self.ctx, plan, self.workspace)
+            return self.scheduler.run(ctx, plan, self.workspace, into)
+        return self.scheduler.run(ctx, plan, self.workspace)
+
+    def _stale(self):
+        """Raise: the job was aborted and re-armed since this op was planned."""
+        error = IrisError(f"this {self.pattern.name} op was planned before the job was aborted and re-armed: "
+                          "its per-call device state may differ across ranks; plan it again (iris_fw.ops."
+                          f"{self.pattern.name}(...) calls re-plan by themselves)")
+        error._iris_fw_told = True  # every rank knows it alike: no abort for this one
+        raise error
 
     def functional(self, out, *inputs: Any):
         """What an ``iris_fw.ops.<name>(..., out=out)`` call runs on its cached op (the call path
         found it by the inputs' fingerprint). Where the op's last step is this rank's own
         (:attr:`delivers_into`) it writes the result straight into ``out`` (checked; contiguous)
-        or a new tensor. Otherwise the kernels write the op's result buffer, and when that buffer
-        is in the op's workspace — which peers may write and the next call overwrites — it is
-        copied into ``out`` or a new tensor; a result outside any workspace is returned as it is."""
+        or a new tensor (a plan's ``finish_into`` / ``library_into`` must not write ``out`` while
+        something of the call still reads an input that shares its memory). Otherwise the
+        kernels write the op's result buffer, and when that buffer is in the op's workspace —
+        which peers may write and the next call overwrites — it is copied into ``out`` or a new
+        tensor; a result outside any workspace is returned as it is.
+
+        (The hit path of every functional call: :meth:`launch` inlined, one frame fewer.)"""
         if out is not None:
             check_out(out, self, self.pattern.name)
             if self.delivers_into and out.is_contiguous():
                 return self.launch(*inputs, into=out)
             return out.copy_(self.launch(*inputs))
+        ctx = self.ctx
+        if self._abort_epoch != ctx.abort_epoch:
+            self._stale()
+        plan = self.pattern.bind(ctx, self.buffers, *inputs)
         if self.delivers_into:
             shape, dtype, device = self.result_meta
-            return self.launch(*inputs, into=torch.empty(shape, dtype=dtype, device=device))
-        result = self.launch(*inputs)
+            return self.scheduler.run(ctx, plan, self.workspace, torch.empty(shape, dtype=dtype, device=device))
+        result = self.scheduler.run(ctx, plan, self.workspace)
         return result.clone() if self.result_in_workspace else result
 
     def __repr__(self) -> str:

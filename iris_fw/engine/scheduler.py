@@ -99,6 +99,12 @@ class Scheduler:
         """Enqueue one call's kernels."""
         raise NotImplementedError
 
+    def delivers_into(self, plan: Plan) -> bool:
+        """Whether :meth:`run` with ``into`` writes ``plan``'s result straight into ``into``
+        (this rank's last step is :attr:`Plan.finish_into`, run by this base ``run``; a
+        scheduler that overrides ``run`` says for itself)."""
+        return plan.finish_into is not None and type(self).run is Scheduler.run
+
     def run(self, ctx, plan: Plan, ws: Workspace, into=None):
         """Enqueue one call (its kernels, later steps, ``finish``); returns the result. ``into``
         (a contiguous tensor of the result's shape and dtype; only for a plan with

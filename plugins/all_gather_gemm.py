@@ -162,10 +162,12 @@ if gtiles.AVAILABLE:  # the warp_specialized scheduler's pieces (iris_fw.gluon_t
         """Communication partition: chunk ``chunk`` (a row block) from its owner(s) into
         staging (what ``fetch`` does)."""
         off_m = ((chunk + args.shift) % ((args.M + CFG.BM - 1) // CFG.BM)) * CFG.BM
-        r, c = gtiles.block_offsets(off_m, 0, CFG.BM, CFG.FETCH_BK, NW)
+        # BK columns a step, not FETCH_BK: a block of pointers per element lives in the few
+        # registers of the communication warps (FETCH_BK = 256 spilled at 128-row chunks)
+        r, c = gtiles.block_offsets(off_m, 0, CFG.BM, CFG.BK, NW)
         owner = gl.minimum(r // args.Ms, args.world_size - 1)
         src = args.a_shard + (r - owner * args.Ms) * args.stride_sm
-        for k0 in range(0, args.K, CFG.FETCH_BK):
+        for k0 in range(0, args.K, CFG.BK):
             col = k0 + c
             mask = (r < args.M) & (col < args.K)
             gl.store(args.a_full + r * args.stride_fm + col,

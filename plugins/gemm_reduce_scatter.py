@@ -127,12 +127,14 @@ if gtiles.AVAILABLE:  # the warp_specialized scheduler's pieces (iris_fw.gluon_t
         """Communication partition: the stashed tile into slot ``rank`` of each row owner's
         ``partials`` (``consume(reload(...))``)."""
         off_m, off_n = _coords(args, tile, CFG)
-        r, c = gtiles.block_offsets(off_m, off_n, CFG.BM, CFG.BN, NW)
-        mask = (r < args.M) & (c < args.N)
-        value = gl.load(args.stash + r * args.N + c, mask=mask)
-        owner = gl.minimum(r // args.Mo, args.world_size - 1)
-        dst = args.partials + (args.rank * args.Mo + r - owner * args.Mo) * args.N + c
-        dv.store(dst, value.to(args.partials.dtype.element_ty), args.rank, owner, args.heap_bases, mask=mask)
+        # BK columns a step (the communication warps have few registers)
+        for c0 in range(0, CFG.BN, CFG.BK):
+            r, c = gtiles.block_offsets(off_m, off_n + c0, CFG.BM, CFG.BK, NW)
+            mask = (r < args.M) & (c < args.N) & (c < off_n + CFG.BN)
+            value = gl.load(args.stash + r * args.N + c, mask=mask)
+            owner = gl.minimum(r // args.Mo, args.world_size - 1)
+            dst = args.partials + (args.rank * args.Mo + r - owner * args.Mo) * args.N + c
+            dv.store(dst, value.to(args.partials.dtype.element_ty), args.rank, owner, args.heap_bases, mask=mask)
 
     GLUON_PIECES = GluonPieces(comm=_ws_send, compute=_ws_compute)
 

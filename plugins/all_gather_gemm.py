@@ -23,8 +23,9 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import gemm_tiles as tiles
+from iris_fw import gluon_tiles as gtiles
 from iris_fw import trace as tr
-from iris_fw.engine.contract import BindCache, Copy, Pattern, Pieces, Plan
+from iris_fw.engine.contract import BindCache, Copy, GluonPieces, Pattern, Pieces, Plan
 from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, exact, plan_operands
 from iris_fw.hookspecs import hookimpl
 
@@ -151,12 +152,45 @@ def reload(args, tile, CFG: tl.constexpr):
                    mask=(r[:, None] < args.M) & (col[None, :] < args.NL))
 
 
+GLUON_PIECES = None
+if gtiles.AVAILABLE:  # the warp_specialized scheduler's pieces (iris_fw.gluon_tiles)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def _ws_fetch(args, chunk, CFG: gl.constexpr, NW: gl.constexpr):
+        """Communication partition: chunk ``chunk`` (a row block) from its owner(s) into
+        staging (what ``fetch`` does)."""
+        off_m = ((chunk + args.shift) % ((args.M + CFG.BM - 1) // CFG.BM)) * CFG.BM
+        # BK columns a step, not FETCH_BK: a block of pointers per element lives in the few
+        # registers of the communication warps (FETCH_BK = 256 spilled at 128-row chunks)
+        r, c = gtiles.block_offsets(off_m, 0, CFG.BM, CFG.BK, NW)
+        owner = gl.minimum(r // args.Ms, args.world_size - 1)
+        src = args.a_shard + (r - owner * args.Ms) * args.stride_sm
+        for k0 in range(0, args.K, CFG.BK):
+            col = k0 + c
+            mask = (r < args.M) & (col < args.K)
+            gl.store(args.a_full + r * args.stride_fm + col,
+                     dv.load(src + col * args.stride_sk, args.rank, owner, args.heap_bases, mask=mask), mask=mask)
+
+    @gluon.jit
+    def _ws_compute(args, tile, CFG: gl.constexpr, NW: gl.constexpr):
+        """Compute partition: tile ``tile`` from staging, stored (``consume(produce(STAGED=True))``)."""
+        seq, off_m, off_n = _coords(args, tile, CFG)
+        acc = gtiles.matmul_tile(args.a_full, args.b, off_m, off_n, args.M, args.NL, args.K, args.stride_fm, 1,
+                                 args.stride_bk, args.stride_bn, CFG.BM, CFG.BN, CFG.BK, NW)
+        r, c = gtiles.block_offsets(off_m, off_n, CFG.BM, CFG.BN, NW)
+        gl.store(args.c + r * args.stride_cm + c, acc.to(args.c.dtype.element_ty), mask=(r < args.M) & (c < args.NL))
+
+    GLUON_PIECES = GluonPieces(comm=_ws_fetch, compute=_ws_compute)
+
+
 class AllGatherGemm(Pattern):
     """``C[M, N/W] = all_gather(a_shard[M/W, K]) @ b_local[K, N/W]``."""
 
     name = "all_gather_gemm"
     description = "A_shard[M/W,K] gathered from every rank, times b_local[K,N/W] -> C[M,N/W]"
-    pieces = Pieces(produce, consume, stash, reload, fetch, depends, traffic=traffic)
+    pieces = Pieces(produce, consume, stash, reload, fetch, depends, traffic=traffic, gluon=GLUON_PIECES)
     comm_first = True
     Args = Args
     Config = GemmConfig

@@ -17,8 +17,9 @@ import triton.language as tl
 
 from iris_fw import device as dv
 from iris_fw import gemm_tiles as tiles
+from iris_fw import gluon_tiles as gtiles
 from iris_fw import trace as tr
-from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan
+from iris_fw.engine.contract import BindCache, GluonPieces, Pattern, PatternError, Pieces, Plan
 from iris_fw.kernel_launcher import KernelLauncher
 from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
 from iris_fw.hookspecs import hookimpl
@@ -107,6 +108,37 @@ def reload(args, tile, CFG: tl.constexpr):
     return tl.load(ptrs, mask=mask)
 
 
+GLUON_PIECES = None
+if gtiles.AVAILABLE:  # the warp_specialized scheduler's pieces (iris_fw.gluon_tiles)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def _ws_compute(args, tile, CFG: gl.constexpr, NW: gl.constexpr):
+        """Compute partition: the partial tile, stashed (``stash(produce(...))``)."""
+        off_m, off_n = _coords(args, tile, CFG)
+        acc = gtiles.matmul_tile(args.a, args.b, off_m, off_n, args.M, args.N, args.K, args.stride_am,
+                                 args.stride_ak, args.stride_bk, args.stride_bn, CFG.BM, CFG.BN, CFG.BK, NW)
+        r, c = gtiles.block_offsets(off_m, off_n, CFG.BM, CFG.BN, NW)
+        gl.store(args.stash + r * args.N + c, acc.to(args.stash.dtype.element_ty), mask=(r < args.M) & (c < args.N))
+
+    @gluon.jit
+    def _ws_send(args, tile, CFG: gl.constexpr, NW: gl.constexpr):
+        """Communication partition: the stashed tile into slot ``rank`` of each row owner's
+        ``partials`` (``consume(reload(...))``)."""
+        off_m, off_n = _coords(args, tile, CFG)
+        # BK columns a step (the communication warps have few registers)
+        for c0 in range(0, CFG.BN, CFG.BK):
+            r, c = gtiles.block_offsets(off_m, off_n + c0, CFG.BM, CFG.BK, NW)
+            mask = (r < args.M) & (c < args.N) & (c < off_n + CFG.BN)
+            value = gl.load(args.stash + r * args.N + c, mask=mask)
+            owner = gl.minimum(r // args.Mo, args.world_size - 1)
+            dst = args.partials + (args.rank * args.Mo + r - owner * args.Mo) * args.N + c
+            dv.store(dst, value.to(args.partials.dtype.element_ty), args.rank, owner, args.heap_bases, mask=mask)
+
+    GLUON_PIECES = GluonPieces(comm=_ws_send, compute=_ws_compute)
+
+
 @triton.jit
 def _reduce_kernel(partials, out, n, world, BLOCK: tl.constexpr):
     """``out[:n] = sum over s of partials[s, :n]`` (fp32 sums)."""
@@ -123,7 +155,7 @@ class GemmReduceScatter(Pattern):
 
     name = "gemm_reduce_scatter"
     description = "partials a[M,K/W] @ b[K/W,N] summed over ranks; rank r keeps rows r*M/W.."
-    pieces = Pieces(produce, consume, stash, reload, traffic=traffic)
+    pieces = Pieces(produce, consume, stash, reload, traffic=traffic, gluon=GLUON_PIECES)
     comm_first = False
     Args = Args
     Config = GemmConfig

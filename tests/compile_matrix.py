@@ -38,7 +38,14 @@ TARGETS = {
 DEFAULT_TARGETS = ("sm_90", "gfx942")
 #: (kernel, variant tag, target) -> why it cannot compile there. Tags: "tma" for descriptor
 #: variants, "" for every variant of the kernel.
-KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
+#: the warp_specialized scheduler's Gluon kernel: its layouts are NVIDIA's (32-thread warps), and with
+#: AMD's Triton 3.9 does not lower warp_specialize below gfx1250 ("Warp specialization is only
+#: supported on gfx1250, got gfx942"); the scheduler is unavailable on ROCm (schedulers/warp_specialized.py)
+_NO_AMD_WARP_SPECIALIZE = "Gluon warp_specialize: NVIDIA layouts; AMD lowers it for gfx1250 only (Triton 3.9)"
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
+    ("_warp_specialized_kernel", "", "gfx942"): _NO_AMD_WARP_SPECIALIZE,
+    ("_warp_specialized_kernel", "", "gfx950"): _NO_AMD_WARP_SPECIALIZE,
+}
 
 _MAPPED = ("iris_fw.collectives", "iris_fw.plugins", "iris_fw.schedulers", "iris_fw.transports")
 
@@ -291,6 +298,31 @@ def _launch_everything(ctx, torch) -> None:
         flash_decode(q, k, k)
     ctx.synchronize()
     _launch_benchmark_kernels(ctx, torch)
+    _record_gluon_kernels(ctx, torch)
+
+
+def _record_gluon_kernels(ctx, torch) -> None:
+    """Gluon kernels, which the interpreter cannot run: the ``warp_specialized`` scheduler's, as
+    its GPU launch binds it for each pattern with Gluon pieces, handed to the kernel's pre-run
+    hooks (the recording's) instead of launched."""
+    from iris_fw import ops
+    from iris_fw.engine.contract import split_args
+    from iris_fw.engine.scheduler import bind_kernel
+    from iris_fw.schedulers import warp_specialized as wsm
+
+    if not hasattr(wsm, "_warp_specialized_kernel"):  # a Triton without Gluon
+        return
+    kernel = wsm._warp_specialized_kernel
+    a = torch.randn(32, 32, device=ctx.device, dtype=torch.bfloat16)
+    for pattern in ("all_gather_gemm", "gemm_reduce_scatter"):
+        op = ops.plan(pattern, a, a, scheduler="warp_specialized")
+        plan = op.pattern.bind(ctx, op.buffers, a, a)
+        pplan, constexprs, runtime = op.scheduler.gluon_launch(ctx, plan, op.workspace)
+        launcher = bind_kernel(op.workspace, wsm.ROLE, kernel, pplan, constexprs)
+        values = (*split_args(pplan.args), *runtime, None)
+        bound = dict(zip(launcher.runtime_params, values), **launcher.constexprs)
+        for hook in kernel.pre_run_hooks:
+            hook(**bound)
 
 
 def _launch_benchmark_kernels(ctx, torch) -> None:
@@ -346,6 +378,7 @@ def compile_variant(kernel, desc: dict, target_args: tuple):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
     target = GPUTarget(*target_args)
@@ -361,7 +394,8 @@ def compile_variant(kernel, desc: dict, target_args: tuple):
     kwargs = {"debug": False, "instrumentation_mode": "", "fpsan_homomorphic_casts": False}
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+    source = GluonASTSource if kernel.is_gluon() else ASTSource
+    return triton.compile(source(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 def compile_all(recorded_path: str, targets: list[str], report_path: str, first_only: bool = False) -> None:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from helpers import fresh_seed
+from helpers import fresh_seed, on_worlds
 from iris_fw import ops
 from iris_fw.gemm import GemmConfig, matmul
 from iris_fw.devinfo import num_sms
@@ -92,6 +92,26 @@ def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=N
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_scheduler_x_pattern(world, pattern, scheduler):
     world.run(_run, pattern, scheduler, torch.bfloat16)
+
+
+@on_worlds(1, 2)
+@pytest.mark.parametrize("pattern", ["all_gather_gemm", "gemm_reduce_scatter"])
+def test_warp_specialized(world, pattern):
+    """Taxonomy #5 (the patterns with Gluon pieces). CPU ranks run its interpreter fallback (the
+    two roles in turn in each program); the Gluon kernel itself is compile-checked only
+    (tests/compile_matrix.py), not run here. On CPU ranks W = 3 (about 45 s) and 4 are extended."""
+    world.run(_run, pattern, "warp_specialized", torch.bfloat16)
+
+
+def test_warp_specialized_declines_patterns_without_gluon_pieces(iris_pool):
+    iris_pool(1).run(_declines, "gemm_all_scatter", "warp_specialized", "has no Gluon pieces")
+
+
+def _declines(ctx, pattern, scheduler, message):
+    a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError) as info:
+        ops.plan(pattern, a, a, scheduler=scheduler)
+    assert message in str(info.value), str(info.value)
 
 
 def test_copy_engine_all_gather_gemm(world):

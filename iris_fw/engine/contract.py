@@ -93,6 +93,26 @@ class Pieces:
     depends: Any = None
     step: Any = None
     traffic: Any = None
+    #: optional :class:`GluonPieces`: the pattern under the ``warp_specialized`` scheduler on a GPU
+    gluon: Any = None
+
+
+@dataclass(frozen=True)
+class GluonPieces:
+    """A pattern's ``@gluon.jit`` pieces for warp-specialized kernels (``warp_specialized``
+    scheduler; :mod:`iris_fw.gluon_tiles` says why Gluon and why the ``@triton.jit`` pieces do
+    not compile there). Each takes ``(args, item, CFG, NW)``, ``NW`` the warps of the partition
+    that runs it, and builds its blocks in :func:`iris_fw.gluon_tiles.rows_layout`. ``args``
+    arrive with pointers where the plan had TMA descriptors (the descriptors' tensors).
+
+    ``comm``: communicate-first, fetch chunk ``item`` into staging (what ``fetch`` does);
+    compute-first, send tile ``item`` from the stash (``consume(reload(...))``).
+    ``compute``: communicate-first, compute tile ``item`` from staging and store it
+    (``consume(produce(STAGED=True))``); compute-first, compute it and stash it
+    (``stash(produce(...))``)."""
+
+    comm: Any
+    compute: Any
 
 
 @dataclass(frozen=True)

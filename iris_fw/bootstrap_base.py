@@ -66,7 +66,7 @@ class Bootstrap(ABC):
     #: arrival (see :meth:`known_processes`).
     processes = None
     #: Seconds the collective now waiting may take before it raises :class:`~iris_fw.WaitTimeout`
-    #: (set by the context around its host exchanges, see :mod:`iris_fw.calls`; None: unbounded
+    #: (set by the context around its host exchanges, see :mod:`iris_fw.call_identity`; None: unbounded
     #: but for lost peers).
     deadline_s: float | None = None
     #: Called with the collective's name between polls (set with ``deadline_s``): raises to end

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import bootstrap_base as _bootstrap
-from . import calls as _calls
+from . import call_identity as _calls
 from . import env
 from .interpreter import interpreting
 from . import device as dev
@@ -54,7 +54,7 @@ _N_ERR_SLOTS = dev.HDR_WAIT_BOUND.value  # slots [0, HDR_WAIT_BOUND) form the er
 def header_bytes(world_size: int) -> int:
     """Bytes reserved at the start of every heap for the header (see :mod:`iris_fw.device`;
     the cause records after the barrier slots: :mod:`iris_fw.watchdog`; then the call board:
-    :mod:`iris_fw.calls`)."""
+    :mod:`iris_fw.call_identity`)."""
     slots = _watchdog.header_slots(world_size) + _calls.BOARD_SLOTS
     align = dev.HEAP_BASE_ALIGN.value
     return (slots * dev.HDR_SLOT_BYTES.value + align - 1) // align * align
@@ -312,7 +312,7 @@ class Context(HeapFactories, TraceSessions):
             on_alloc=self._check_alloc_symmetric if debug else None,
         )
         self._polls_per_s = self._calibrate_wait()
-        #: call identity: the host-call number, the call board, the epoch counters (iris_fw.calls)
+        #: call identity: the host-call number, the call board, the epoch counters (iris_fw.call_identity)
         self.calls = _calls.Calls(self, _watchdog.header_slots(self.world_size))
         #: what higher layers keep per context (the call path's op and collective caches,
         #: :mod:`iris_fw.callpath`), by their module's name; each object's ``rearm()`` runs when
@@ -578,7 +578,7 @@ class Context(HeapFactories, TraceSessions):
         freed on every rank (as :meth:`barrier` does), so loops of collective calls do not
         accumulate freed memory. The exchange carries the call's identity (``label``; ``detail``
         says more in messages): ranks in different calls raise :class:`~iris_fw.CallMismatch`
-        naming each rank's (see :mod:`iris_fw.calls`)."""
+        naming each rank's (see :mod:`iris_fw.call_identity`)."""
         self._check_open()
         rejected = None if error is None else f"{type(error).__name__}: {error}"
         reports = self.calls.host_call(label, (rejected, fields, self.heap.pending_offsets()),

@@ -1,4 +1,4 @@
-"""Ranks in different calls learn it at once (iris_fw.calls): a skipped collective, another
+"""Ranks in different calls learn it at once (iris_fw.call_identity): a skipped collective, another
 collective, a shape or dtype changed on one rank on a later call (the others repeat a validated
 call: no host exchange), an op's fields named, a rank busy on its host named after the bound.
 One job of two ranks (CPU ranks, or GPUs — one shared GPU with IRIS_FW_SHARE_GPUS=1) runs the

@@ -280,7 +280,7 @@ def test_consumer_before_producer_makes_progress(iris_pool, pattern):
 
 
 def _auto_choice(ctx):
-    from iris_fw.engine.tuning import lookup
+    from iris_fw.engine.auto import lookup
 
     a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
     defaults = {"gemm_all_scatter": "fused_sequential", "all_gather_gemm": "producer_consumer",

@@ -285,7 +285,7 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
     """A kernel configuration of ``group``: ``key[0]`` names it (the algorithm); its storage —
     the symmetric ``buffers`` (``(numel, dtype, what)`` each) carved from the workspace,
     ``slots`` int64 arrival slots per program (symmetric, if any) and the programs' epoch
-    counters (symmetric too: see :mod:`iris_fw.calls`) — is made on first use and shared by every call with the same name, buffer
+    counters (symmetric too: see :mod:`iris_fw.call_identity`) — is made on first use and shared by every call with the same name, buffer
     *bytes*, slots and programs: by every reduction (``constexprs``) and by dtypes of any width,
     each viewing the bytes as its own dtype and launching its own variant. Buffers that
     ``fill(buffers)`` prepares (it returns true: the members then sync before any can send into
@@ -307,7 +307,7 @@ def kernel_config(group, key: tuple, kernel, *, nprog: int, constexprs: dict, bu
         if slots:
             raw.append(group.carve(nprog * slots, torch.int64, f"{key[0]} arrival slots"))
         # the programs' epoch counters, on the heap: a member waiting in the group's exchange reads
-        # its peers' to learn that one launched a call it did not make (iris_fw.calls)
+        # its peers' to learn that one launched a call it did not make (iris_fw.call_identity)
         counters = group.carve(nprog, torch.int64, f"{key[0]} program epochs")
         group.ctx.calls.track(group, f"a kernel of {key[0]} run by: {group.planning}", counters)
         raw.append(counters)

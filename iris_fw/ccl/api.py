@@ -23,7 +23,7 @@ from .. import tilecomm as tc
 from .. import trace as tr
 from ..errors import ArgumentError, ArgumentTypeError, bad_type
 from . import algorithm as al
-from ..calls import describe_call
+from ..call_identity import describe_call
 from .group import Group, default_workspace_bytes
 
 try:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from ..callpath import MAX_CACHED_CALLS, CallCache
-from ..calls import CHECK_INTERVAL_S, IN_GROUP_CALL, describe_call
+from ..call_identity import CHECK_INTERVAL_S, IN_GROUP_CALL, describe_call
 from ..context import check_reports
 from ..errors import ArgumentError, CallMismatch, IrisError, WaitTimeout
 
@@ -84,7 +84,7 @@ class Group:
         self.workspace = ctx.zeros(workspace_bytes, dtype=torch.uint8)
         self._used = self._mailbox_bytes()
         self._seq = 0
-        #: the call being planned (its description names the kernels it makes, see iris_fw.calls)
+        #: the call being planned (its description names the kernels it makes, see iris_fw.call_identity)
         self.planning = ""
         #: prepared calls: key -> launch function (a call whose key is here was validated): the
         #: group's one call cache (:class:`iris_fw.callpath.CallCache`)

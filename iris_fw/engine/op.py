@@ -21,7 +21,7 @@ from .. import callpath as cp
 from .. import context as _context
 from ..errors import ArgumentError, ArgumentTypeError, IrisError
 from .contract import PatternError, input_fingerprint, labelled_signature
-from .tuning import lookup
+from .auto import lookup
 
 
 def _shares_storage(t, buffers) -> bool:
@@ -129,7 +129,7 @@ class Op:
         self._track_counters()
     def _track_counters(self) -> None:
         """Let a rank waiting on the host see that a peer launched this op's kernels while it did
-        not (its programs' epoch counters live in the state regions on the heap; iris_fw.calls)."""
+        not (its programs' epoch counters live in the state regions on the heap; iris_fw.call_identity)."""
         from .skeletons import ST_ARRIVE
 
         grids, state = getattr(self.workspace, "grids", None), getattr(self.workspace, "state", None)

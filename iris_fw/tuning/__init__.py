@@ -10,7 +10,7 @@ Every table has one envelope, checked when it is loaded (:func:`load`)::
 A device name (:func:`iris_fw.devinfo.info`) overrides the defaults (:func:`device_rows`). Rows
 are ``[bound, value]`` pairs read by :func:`bounded` — the first row whose bound holds (``null``:
 any) applies — except ``auto.json``'s, which match a pattern's tuning key exactly
-(:mod:`iris_fw.engine.tuning`). Tables: ``auto`` (op schedulers and configs), ``ccl``
+(:mod:`iris_fw.engine.auto`). Tables: ``auto`` (op schedulers and configs), ``ccl``
 (algorithm order of ``algorithm="auto"``), ``flash_decode`` (launch configurations), ``gemm``
 (few-row GEMM tiles), ``moe`` (dispatch mode), ``moe_gemm`` (the fused expert GEMMs' tiles). Benchmarks produce the rows
 (docs/performance.md).

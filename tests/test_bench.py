@@ -62,6 +62,7 @@ def test_ccl_bench_options():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # ~25 s of CPU ranks; on GPUs scripts/gpu_ccl.sh runs the bench itself
 def test_bench_ccl_smoke_run(tmp_path, on_gpu):
     """``iris-fw bench ccl`` on 2 CPU ranks at the smallest size: a checked, timed row for every
     collective x registered algorithm, the 8 KiB host times, the baselines skipped with a reason."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import iris_fw
-from helpers import fresh_seed
+from helpers import fresh_seed, on_worlds
 from iris_fw import callpath, ops
 from iris_fw.engine.contract import CollectiveMismatch
 from test_taxonomy import PATTERNS, SCHEDULERS, _check, _inputs, _poison
@@ -88,10 +88,12 @@ def _replays(ctx, pattern, scheduler):
         ctx.barrier()
 
 
+@on_worlds(1, 2)
 @pytest.mark.parametrize("pattern,scheduler", list(_pairs()))
 def test_replays_with_fresh_inputs(world, pattern, scheduler):
     """Every scheduler x pattern replayed (CUDA graph on GPUs) with fresh inputs stays correct:
-    epochs, queue positions and flags advance on the device."""
+    epochs, queue positions and flags advance on the device. (CPU ranks: world size 3 under
+    ``-m extended``; tests/test_taxonomy.py runs every scheduler x pattern at 3 by default.)"""
     if world.world_size == 1 and scheduler != "fused_sequential":
         pytest.skip("one rank: the fused schedule covers the single-rank path")
     world.run(_replays, pattern, scheduler)
@@ -146,7 +148,9 @@ def test_mismatch_raises_on_every_rank(iris_pool, world_size, case):
 
 # ---- op cache, heap reuse -----------------------------------------------------------------------
 
-LOOP_CALLS = 150  # the heap of the old per-call planning ran out at call 123 on a 1 MiB heap
+#: calls of each op in the default run: the loop asserts that no call allocates heap memory (the old
+#: per-call planning did, and ran out at call 123 on a 1 MiB heap); the 1000-call loop is extended
+LOOP_CALLS = 25
 
 
 def _loop(ctx, calls):

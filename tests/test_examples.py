@@ -47,8 +47,19 @@ def test_examples_page_lists_every_example():
         assert f"examples/{name}" in page, f"docs/examples.md does not mention examples/{name}"
 
 
+#: the examples the default run launches on CPU ranks (README's quick check, and the CUDA-graph
+#: example's CPU message); the others run under ``-m extended`` there (CI's time budget: each is
+#: ~12 s of process start and interpretation, and the tests of their primitives run by default)
+CPU_DEFAULT = ("05_all_reduce_kernel.py", "07_taxonomy_ops.py", "08_cuda_graph.py", "10_third_party_plugin.py")
+
+
+def _example_params():
+    cpu = not iris_fw.testing.gpu_count()
+    return [pytest.param(n, marks=pytest.mark.extended) if cpu and n not in CPU_DEFAULT else n for n in sorted(EXAMPLES)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", _example_params())
 def test_example_runs_and_checks_itself(name, tmp_path, request):
     nprocs, expect = EXAMPLES[name]
     gpus = iris_fw.testing.gpu_count()

@@ -226,7 +226,7 @@ def _small_heap_pool(w):
     return RankPool(w, heap_size=8 << 20)
 
 
-@pytest.mark.parametrize("steps", [pytest.param(6, id="6"),
+@pytest.mark.parametrize("steps", [pytest.param(6, id="6", marks=pytest.mark.extended if INTERP else ()),
                                    pytest.param(500, id="500", marks=pytest.mark.extended if INTERP else ())])
 def test_heap_flat_over_decode_steps(steps):
     """Hundreds of decode steps on 2 ranks with an 8 MiB heap, no user barrier: heap bytes and

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from helpers import assert_peers_fail_at_once, boom, capture_graph, fresh_seed, on_worlds, peer_fails
+from helpers import assert_peers_fail_at_once, boom, capture_graph, fresh_seed, on_worlds, peer_fails, world_params
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.errors import ArgumentError
 from test_moe import FP8, _case, check_dispatch, draw, fails_then_works, small_routing
@@ -304,7 +304,7 @@ def _launch_fails(ctx, op):
 
 
 @pytest.mark.parametrize("op", ["dispatch_gemm", "gemm_combine"])
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_params(2)[1:3])  # CPU ranks: 3 under -m extended
 def test_a_host_failure_in_a_launch_fails_every_peer_at_once(iris_pool, world_size, op):
     results = iris_pool(world_size).run(_launch_fails, op)
     assert_peers_fail_at_once(results, "injected host failure")
@@ -353,7 +353,7 @@ def _plan_fails(ctx, where):
 
 
 @pytest.mark.parametrize("where", ["dispatch_gemm", "gemm_combine"])
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_params(2)[1:3])  # CPU ranks: 3 under -m extended
 def test_a_host_failure_while_planning_fails_every_peer_at_once(iris_pool, world_size, where):
     results = iris_pool(world_size).run(_plan_fails, where)
     assert_peers_fail_at_once(results, "injected host failure")
@@ -437,7 +437,7 @@ def _cached_bad_schedule(ctx):
     return results
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_params(2)[1:3])  # CPU ranks: 3 under -m extended
 def test_a_bad_schedule_on_a_cached_call_fails_every_peer_at_once(iris_pool, world_size):
     results = iris_pool(world_size).run(_cached_bad_schedule)
     assert_peers_fail_at_once(results, _SCHEDULE_ERROR)

@@ -165,8 +165,8 @@ def tuning(device: torch.device, head_dim: int) -> Tuning:
     rows = data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"]
     for bound, cfg in rows:
         if bound is None or head_dim <= bound:
-            return Tuning(**cfg)
-    return Tuning(**rows[-1][1])
+            return Tuning(**tuning_tables.fields(cfg))
+    return Tuning(**tuning_tables.fields(rows[-1][1]))
 
 
 # ---- device functions -------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_split_counters_belong_to_the_context():
         with pytest.raises(TypeError, match="ctx"):
             matmul(a, b, config=cfg, ctx="ctx")
         _check(matmul(a, b, config=cfg), a, b, torch.float32, "split-K, current context")
-        assert list(ctx.extensions[gemm.EXTENSION].by_stream) == [(dev, None if dev.type == "cpu"
+        assert list(ctx.extensions[gemm.EXTENSION].by_stream) == [(a.device, None if dev.type == "cpu"
                                                                    else torch.cuda.current_stream(dev).cuda_stream)]
         counters = gemm.split_counters(ctx)
         counters.rearm()  # after an abort: zeroed in place, kept

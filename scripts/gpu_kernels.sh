@@ -24,6 +24,9 @@
 #           8192x8192x8192 (time vs cuBLAS); with `ncu` on the machine also the L2 hit rate
 #           (lts__t_sector_hit_rate.pct) of each GROUP_M's kernel at 8192^3; gemm_tile_order.json = the
 #           'tile_order' entry of iris_fw/tuning/gemm.json (GROUP_M of the larger shapes).
+#   fdncu   ncu on scripts/probe_fd_small_batch.py at B 1 x 4K and 16K tokens: flash-decode's
+#           split-KV kernel beside torch SDPA's kernels (time, DRAM bytes and throughput, grid,
+#           registers, warps active) — why batch 1 trails SDPA.
 #   STEPS="gemm fd" OUT=/tmp/out bash scripts/gpu_kernels.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -110,6 +113,32 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
             done
         else
             echo "ncu absent: no L2 hit rates (time only)" | tee -a "$SUMMARY"
+        fi ;;
+    fdncu)
+        # flash-decode's split-KV kernel beside SDPA's kernels at batch 1 (the gap of the fd step):
+        # time, DRAM bytes and throughput, grid and occupancy of the last round's kernels
+        if command -v ncu > /dev/null; then
+            for s in ${FDNCU_TOKENS:-4096 16384}; do
+                timeout $(limit 60) ncu --csv --launch-skip ${FDNCU_SKIP:-0} --metrics \
+                    gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_shared_mem \
+                    python3 scripts/probe_fd_small_batch.py $s > "$OUT/fdncu_$s.csv" 2>&1
+                echo "ncu B 1 x $s: rc $?" | tee -a "$SUMMARY"
+                grep -E "max \|fd|FlashDecode" "$OUT/fdncu_$s.csv" | tee -a "$SUMMARY"
+                python3 - "$OUT/fdncu_$s.csv" <<'PY' | tee -a "$SUMMARY"
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+head, body = rows[0], rows[1:]
+ix = {k: head.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+last = collections.OrderedDict()
+for r in body:  # the last call of each kernel name
+    last.setdefault(r[ix["Kernel Name"]][:60], {})
+    last[r[ix["Kernel Name"]][:60]][r[ix["Metric Name"]]] = r[ix["Metric Value"]]
+for name, m in last.items():
+    print(f"  {name}: " + ", ".join(f"{k.split('__')[1]}={v}" for k, v in sorted(m.items())))
+PY
+            done
+        else
+            echo "ncu absent" | tee -a "$SUMMARY"
         fi ;;
     *) echo "unknown step $step"; rc=1 ;;
     esac

@@ -1,0 +1,44 @@
+"""Why flash-decode's local kernel trails torch SDPA at batch 1 (issue 32): one call of each at
+B 1 x S tokens (default 4096), 32 q / 8 kv heads, D 128, bf16, for Nsight Compute to profile
+side by side. Run under ncu (scripts/gpu_kernels.sh step ``fdncu``)::
+
+    ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,... python3 scripts/probe_fd_small_batch.py [S]
+
+Every kernel of the last round is one call: the split-KV kernel (``_flash_decode_kernel``)
+and SDPA's kernels (names vary with torch's backend choice).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import iris_fw
+import torch
+import torch.nn.functional as F
+
+from iris_fw import flash_decode as fd
+
+
+def main() -> int:
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(1, 32, 128, generator=g, device=dev).to(torch.bfloat16)
+    k = torch.randn(1, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
+    v = torch.randn(1, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
+    kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    with iris_fw.init(heap_size=1 << 26, bootstrap="single") as ctx:
+        plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
+        print(plan, flush=True)
+        for _ in range(3):
+            mine = plan.partial(q, k, v)
+            ref = F.scaled_dot_product_attention(q.unsqueeze(2), kt, vt, enable_gqa=True)
+        torch.cuda.synchronize()
+        o, _ = plan.unpack(mine)
+        err = (o.float() - ref.squeeze(2).float()).abs().max().item()
+        print(f"B 1 x {tokens}: max |fd - sdpa| = {err:.3g}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

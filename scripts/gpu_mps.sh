@@ -37,7 +37,9 @@ export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"   # scripts/pytest_failure_
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 rm -f "$OUT/install.log"
 GPUS=$(nvidia-smi -L | wc -l)
-if [ "$GPUS" -lt 4 ]; then export IRIS_FW_SHARE_GPUS=1; fi
+# ranks share GPUs where the largest world size (RANKS, default 4) has more ranks than GPUs; with
+# RANKS=2 on two GPUs every rank has its own GPU, no MPS (select the W = 2 tests: --iris-worlds=2)
+if [ "$GPUS" -lt "${RANKS:-4}" ]; then export IRIS_FW_SHARE_GPUS=1; fi
 PYTEST="python3 -m pytest -p no:cacheprovider -p pytest_failure_log -ra --tb=short --timeout ${TEST_LIMIT:-240}"
 
 started=0

@@ -40,8 +40,16 @@ aborts the peers' waits: they raise :class:`~iris_fw.PeerFailure` naming the ran
 is launched) it fills ``out`` and returns it; no call hands back memory the next call overwrites.
 Whether that costs a copy depends on where the op's last step writes (per op):
 
-* ``gemm_reduce_scatter``: the last step is this rank's reduction of the partials, which writes
-  straight into ``out`` (when contiguous) or the new tensor — no copy.
+On one rank ``auto`` runs the three taxonomy ops below in their ``library`` form (each is a plain
+GEMM there; ``iris_fw/tuning/auto.json``, ``one_rank``): ``torch.matmul`` straight into ``out``
+(when contiguous) or the new tensor — one launch, no copy of the input or the result.
+
+* ``gemm_reduce_scatter``: under a kernel schedule the last step is this rank's reduction of the
+  partials, which writes straight into ``out`` (when contiguous) or the new tensor — no copy; two
+  launches (the GEMM kernel, then the reduction, which needs every peer's partials and writes the
+  caller's tensor, which the GEMM kernel's prepared arguments cannot take per call). Under
+  ``library`` on more ranks: ``torch.matmul`` + :func:`iris_fw.ccl.reduce_scatter_tensor` into the
+  op's buffer (the collective's launch is prepared for that tensor), copied.
 * ``gemm_all_reduce`` under the ``library`` schedule (what ``auto`` picks wherever no fused row
   is measured: every device and world size today): on one rank its library form multiplies
   straight into ``out`` (when contiguous) or the new tensor — no copy (and no all-reduce); on
@@ -49,11 +57,17 @@ Whether that costs a copy depends on where the op's last step writes (per op):
   (all-reducing a new tensor in place would replace the prepared launch's arguments every
   call). Under a fused schedule the result is the op's symmetric workspace (with ``two_shot``
   peers store into it; the next call overwrites it): copied into ``out`` or a new tensor.
-* ``gemm_all_scatter``: the result is the op's symmetric workspace (peers write their blocks
-  into it; the next call overwrites it): copied into ``out`` or a new tensor.
-* ``all_gather_gemm``: the result is the op's output buffer, bound into its prepared GEMM launches
-  (the next call overwrites it): copied into ``out`` or a new tensor. Its input is copied too:
-  peers read ``a_shard`` from the op's heap buffer (unless ``a_shard`` is that buffer).
+* ``gemm_all_scatter``: under a kernel schedule the result is the op's symmetric workspace
+  (peers write their blocks into it; the next call overwrites it): copied into ``out`` or a new
+  tensor. Under ``library`` (one rank: ``auto``'s pick) no copy of the result: on one rank the
+  product is computed into that tensor; on more ranks the local product is all-gathered in the
+  op's buffers and its column blocks copied into place (the layout copy, in place of a clone).
+* ``all_gather_gemm``: under a kernel schedule the result is the op's output buffer, bound into
+  its prepared GEMM launches (the next call overwrites it): copied into ``out`` or a new tensor;
+  its input is copied too (peers read ``a_shard`` from the op's heap buffer, unless ``a_shard``
+  is that buffer; the staged schedules copy it again into staging, on one rank as well). Under
+  ``library`` no copy of the result (the gathered ``A`` is multiplied into that tensor) and, on
+  one rank, none of the input (the shard is multiplied where it is).
 * ``flash_decode`` writes straight into ``out`` or a new tensor (its result is never a workspace).
 * ``moe_dispatch`` / ``moe_combine`` / ``moe_dispatch_gemm`` / ``moe_gemm_combine``: see
   :mod:`iris_fw.moe` and :mod:`iris_fw.moe_gemm` (they have calls of their own, not this path).
@@ -111,9 +125,12 @@ def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = 
     """``a[M, K] @ b[K, N/W]`` on every rank, gathered column-wise: returns ``C[M, N]``, column
     block ``r`` being rank ``r``'s product — in ``out`` (``[M, N]``) when given, else a new tensor.
 
-    **Copies** its result: either is copied from the op's symmetric workspace, because peers
-    store their column blocks into it (a plain tensor is not addressable by peers) and the next
-    call overwrites it."""
+    **No copy of the result** under ``scheduler="library"`` (``auto``'s pick on one rank; a
+    non-contiguous ``out`` gets one): one rank multiplies straight into that tensor; more ranks
+    all-gather the local products (:func:`iris_fw.ccl.all_gather_into_tensor`) and copy the
+    column blocks into place. **Copies** under a kernel schedule: the result is the op's
+    symmetric workspace, because peers store their column blocks into it (a plain tensor is not
+    addressable by peers) and the next call overwrites it."""
     return _call("gemm_all_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -123,10 +140,13 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | No
     """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]`` — in ``out`` (``[M, N/W]``)
     when given, else a new tensor.
 
-    **Copies** its input and its result: the shard into the op's heap buffer (peers read it
-    there; pass that buffer, ``op.buffers["a_heap"]`` of :func:`plan`'s op, to skip it), and the
-    result out of the op's output buffer — only this rank writes it, but it is bound into the
-    prepared GEMM launches and the next call overwrites it."""
+    **No copy of the result** under ``scheduler="library"`` (``auto``'s pick on one rank; a
+    non-contiguous ``out`` gets one): the gathered ``A`` is multiplied straight into that tensor;
+    on one rank the shard is multiplied where it is (no copy of the input either).
+    **Copies** its input and its result under a kernel schedule: the shard into the op's heap
+    buffer (peers read it there; pass that buffer, ``op.buffers["a_heap"]`` of :func:`plan`'s
+    op, to skip it), and the result out of the op's output buffer — only this rank writes it,
+    but it is bound into the prepared GEMM launches and the next call overwrites it."""
     return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -137,8 +157,11 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None
     ``out`` when given, else a new tensor, written there by the op's last step (this rank's
     reduction of the partials).
 
-    **No copy** (a non-contiguous ``out`` gets one): the last writer is this rank's own
-    reduction kernel, launched on the new tensor or ``out``."""
+    **No copy** (a non-contiguous ``out`` gets one) under a kernel schedule: the last writer is
+    this rank's own reduction kernel, launched on the new tensor or ``out`` (two launches: the
+    GEMM kernel, then the reduction) — and on one rank under ``library`` (``auto``'s pick there):
+    one ``torch.matmul`` into that tensor. **Copies** under ``library`` on more ranks: the
+    reduce-scatter writes the op's buffer, for which its launch is prepared."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 

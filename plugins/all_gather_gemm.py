@@ -7,10 +7,13 @@ rows; ``produce(STAGED=False)`` (the fused schedule) reads every row straight fr
 heap inside the K loop. Row blocks are visited starting with this rank's own rows, so compute
 starts on local data while the rest arrives.
 
-Peers read ``a_shard`` from the op's own heap buffer (``op.buffers["a_heap"]``): a call copies
-its input there unless the input *is* that buffer (write your shard into it to skip the copy).
-A tensor the caller placed on the heap is not read in place, because nothing checks per call
-that every rank placed its shard at the same offset.
+Under the kernel schedules peers read ``a_shard`` from the op's own heap buffer
+(``op.buffers["a_heap"]``): a call copies its input there (the plan's ``stage_in``) unless the
+input *is* that buffer (write your shard into it to skip the copy). A tensor the caller placed on
+the heap is not read in place, because nothing checks per call that every rank placed its shard
+at the same offset. The ``library`` form (``auto``'s pick on one rank) is ``torch.matmul`` of the
+shard where it is on one rank, and of :func:`iris_fw.ccl.all_gather_into_tensor`'s gathered ``A``
+on more; it multiplies straight into ``out=`` or a functional call's new tensor (``library_into``).
 """
 
 from __future__ import annotations
@@ -220,20 +223,21 @@ class AllGatherGemm(Pattern):
         staging = torch.empty(M if uses_stash else 1, K, dtype=dtype, device=ctx.device)
         return {"config": config, "out": torch.empty(M, NL, dtype=dtype, device=ctx.device),
                 "staging": staging, "staged": uses_stash, "a_heap": ctx.empty(Ms, K, dtype=dtype),
-                "plans": BindCache(), "operands": OperandCache()}
+                "shard": [None], "plans": BindCache(), "operands": OperandCache()}
 
     def bind(self, ctx, buffers, a_shard, b) -> Plan:
-        a_heap = buffers["a_heap"]
-        if a_shard.data_ptr() != a_heap.data_ptr() or a_shard.stride() != a_heap.stride():
-            a_heap.copy_(a_shard)
-        # the plan reads the shard from a_heap: it depends on b alone
+        # this call's shard, for the plan's stage_in (the kernel schedules: copied into a_heap)
+        # or its library form (read where it is); they let it go once read
+        buffers["shard"][0] = a_shard
+        # the plan reads the shard from a_heap (or, the library form, from buffers["shard"]):
+        # it depends on b alone
         key = (b.data_ptr(), b.stride(), exact(b.dtype))
         plan = buffers["plans"].get(key)
         if plan is not None:
             return plan
         Ms, K = a_shard.shape
         NL = b.shape[1]
-        cfg, c, a_full = buffers["config"], buffers["out"], buffers["staging"]
+        cfg, c, a_full, a_heap = buffers["config"], buffers["out"], buffers["staging"], buffers["a_heap"]
         M = Ms * ctx.world_size
         # Staged: the GEMM reads the local staging buffer (TMA where aligned); fused: the shard
         # pointer stands in (produce(STAGED=False) reads every row from its owner instead).
@@ -246,13 +250,61 @@ class AllGatherGemm(Pattern):
         fetch_bk = cfg.block_k if ctx.device.type == "cpu" else FETCH_BLOCK_K
         tiles_m = triton.cdiv(M, cfg.block_m)
         copies = self._copies(ctx, buffers, a_heap, a_full, Ms, cfg.block_m, shift) if buffers["staged"] else None
+        shard = buffers["shard"]
+
+        def stage_in():  # the kernels read every rank's shard from its heap buffer
+            src, shard[0] = shard[0], None
+            if src.data_ptr() != a_heap.data_ptr() or src.stride() != a_heap.stride():
+                a_heap.copy_(src)
+
+        library, library_into = self._library(ctx, buffers, shard, a_heap, b, c)
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=AgCfg(*gcfg, fetch_bk),
             num_tiles=tiles_m * triton.cdiv(NL, cfg.block_n), num_chunks=tiles_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             # fetch copies every row block into staging, this rank's own included: the
             # communication programs move all of A (the SM split's estimate)
-            comm_bytes=M * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies))
+            comm_bytes=M * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies,
+            stage_in=stage_in, library=library, library_into=library_into))
+
+    @staticmethod
+    def _library(ctx, buffers, shard, a_heap, b, c):
+        """``(library, library_into)``: the library form — one rank: ``torch.matmul`` of the
+        shard where it is (no copy of the input); more ranks: the shard into ``a_heap``
+        (unless it is that buffer), :func:`iris_fw.ccl.all_gather_into_tensor` of it into a
+        local ``[M, K]`` buffer (made on the first such call), ``torch.matmul``. Either
+        multiplies straight into the tensor it is given (``c`` or the caller's), unless that
+        tensor shares ``b``'s memory — or, on one rank, the shard's — which the product still
+        reads: then into ``c`` and copied."""
+        from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
+
+        world = ctx.world_size
+        b_storage = b.untyped_storage().data_ptr()
+
+        if world == 1:
+            def library_into(dst):
+                a, shard[0] = shard[0], None
+                ptr = dst.untyped_storage().data_ptr()
+                if ptr == b_storage or ptr == a.untyped_storage().data_ptr():
+                    torch.matmul(a, b, out=c)
+                    return dst.copy_(c)
+                return torch.matmul(a, b, out=dst)
+        else:
+            def library_into(dst):
+                src, shard[0] = shard[0], None
+                if src.data_ptr() != a_heap.data_ptr() or src.stride() != a_heap.stride():
+                    a_heap.copy_(src)
+                full = buffers.get("gathered")
+                if full is None:
+                    full = buffers["gathered"] = torch.empty(world * a_heap.shape[0], a_heap.shape[1],
+                                                             dtype=a_heap.dtype, device=a_heap.device)
+                ccl.all_gather_into_tensor(full, a_heap, ctx=ctx)
+                if dst.untyped_storage().data_ptr() == b_storage:
+                    torch.matmul(full, b, out=c)
+                    return dst.copy_(c)
+                return torch.matmul(full, b, out=dst)
+
+        return (lambda: library_into(c)), library_into
 
     @staticmethod
     def _copies(ctx, ws, a_shard, a_full, Ms, BM, shift):

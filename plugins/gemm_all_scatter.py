@@ -1,7 +1,9 @@
 """GEMM + all-scatter: every rank computes ``a[M, K] @ b_local[K, N/W]`` and scatters its
 tiles so every rank ends with ``C[M, N]`` (rank ``r``'s product in columns
 ``r*N/W … (r+1)*N/W``). Compute-first: ``produce`` is a GEMM tile, ``consume`` stores it into
-every rank's ``C``.
+every rank's ``C``. The ``library`` form (``auto``'s pick on one rank, where the op is a plain
+GEMM) is ``torch.matmul`` straight into the tensor a functional call delivers into; on more
+ranks + :func:`iris_fw.ccl.all_gather_into_tensor` and the column blocks copied into place.
 """
 
 from __future__ import annotations
@@ -141,11 +143,50 @@ class GemmAllScatter(Pattern):
         a_src, b_src, gcfg = plan_operands(cfg, a, b, cache=buffers["operands"])
         args = Args(a_src, b_src, c, M, NL, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
                     ctx.rank, ctx.world_size, ctx.heap_bases)
+        library_into = self._library_into(ctx, buffers, a, b, c)
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg,
             num_tiles=triton.cdiv(M, cfg.block_m) * triton.cdiv(NL, cfg.block_n),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            comm_bytes=M * NL * c.element_size() * (ctx.world_size - 1), flops=2 * M * NL * K, result=c))
+            comm_bytes=M * NL * c.element_size() * (ctx.world_size - 1), flops=2 * M * NL * K, result=c,
+            library=lambda: library_into(c), library_into=library_into))
+
+    @staticmethod
+    def _library_into(ctx, buffers, a, b, c):
+        """The library form writing ``C`` into a given contiguous ``[M, N]`` tensor. One rank:
+        ``torch.matmul`` straight into it (``C`` is the product) — unless it shares an operand's
+        memory, which the product still reads: then into ``c`` and copied. More ranks: the
+        product into a local ``[M, N/W]`` buffer, :func:`iris_fw.ccl.all_gather_into_tensor` into a
+        ``[W, M, N/W]`` one (both made on the first such call, the collective's launch prepared
+        once for them), and the column blocks copied into place — a copy the layout needs, not
+        a copy of a finished result."""
+        from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
+
+        world = ctx.world_size
+        if world == 1:
+            operand_storage = {a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()}
+
+            def library_into(dst):
+                if dst.untyped_storage().data_ptr() in operand_storage:
+                    torch.matmul(a, b, out=c)
+                    return dst.copy_(c)
+                return torch.matmul(a, b, out=dst)
+
+            return library_into
+        M, NL = a.shape[0], b.shape[1]
+
+        def library_into(dst):
+            local = buffers.get("local")
+            if local is None:
+                local = buffers["local"] = torch.empty(M, NL, dtype=c.dtype, device=c.device)
+                buffers["gathered"] = torch.empty(world, M, NL, dtype=c.dtype, device=c.device)
+            gathered = buffers["gathered"]
+            torch.matmul(a, b, out=local)
+            ccl.all_gather_into_tensor(gathered, local, ctx=ctx)
+            dst.view(M, world, NL).copy_(gathered.transpose(0, 1))
+            return dst
+
+        return library_into
 
     @staticmethod
     def reference(rank, world_size, inputs):

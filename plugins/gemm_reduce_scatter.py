@@ -5,6 +5,16 @@ Compute-first: ``produce`` is a partial GEMM tile; ``consume`` stores it, in the
 into slot ``rank`` of the row owner's ``partials[W, M/W, N]`` buffer. After the kernels each
 rank sums its ``W`` slots in fp32 (``finish``). Row blocks start with the next rank's rows, so
 at any moment the ranks send to different peers.
+
+Two launches per call under the kernel schedules: the GEMM kernel, then this rank's reduction
+(``finish`` / ``finish_into``), which needs every peer's partials (the GEMM kernel's exit barrier)
+and writes the caller's tensor. Folding the reduction into the kernel as a second step (as
+``gemm_all_reduce``'s fused form does) would make it write the op's buffer — the tensor the
+kernel's prepared arguments hold — and a functional call would copy it out again (a launch on a
+GPU); the unfused schedules run later steps in a kernel of their own anyway. The ``library``
+form (``auto``'s pick on one rank, where the op is a plain GEMM) is one ``torch.matmul``,
+straight into the tensor a functional call delivers into; on more ranks it is followed by
+:func:`iris_fw.ccl.reduce_scatter_tensor` into the op's buffer.
 """
 
 from __future__ import annotations
@@ -217,12 +227,46 @@ class GemmReduceScatter(Pattern):
             if n:
                 reduce.launch_with(((1, dst),))
 
+        library, library_into = self._library(ctx, buffers, a, b, out)
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg,
             num_tiles=triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             comm_bytes=(M - Mo) * N * a.element_size(), flops=2 * M * N * K, result=out, finish=finish,
-            finish_into=finish_into))
+            finish_into=finish_into, library=library, library_into=library_into))
+
+    @staticmethod
+    def _library(ctx, buffers, a, b, out):
+        """``(library, library_into)``: the library form. One rank: ``torch.matmul`` (the sum of
+        one partial is the product) straight into the tensor given (``out`` or the caller's) —
+        one launch — unless that tensor shares an operand's memory, which the product still
+        reads: then into ``out`` and copied. More ranks: the product into a local ``[M, N]``
+        buffer (made on the first such call) and :func:`iris_fw.ccl.reduce_scatter_tensor` of it
+        into ``out``; no ``library_into`` there (the collective's launch is prepared per output
+        tensor: a new tensor per call would replace its arguments every call, as
+        ``gemm_all_reduce``'s library form found), so a functional call copies ``out``."""
+        from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
+
+        world = ctx.world_size
+        if world == 1:
+            operand_storage = {a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()}
+
+            def library_into(dst):
+                if dst.untyped_storage().data_ptr() in operand_storage:
+                    torch.matmul(a, b, out=out)
+                    return dst.copy_(out)
+                return torch.matmul(a, b, out=dst)
+
+            return (lambda: library_into(out)), library_into
+
+        def library():
+            full = buffers.get("full")
+            if full is None:
+                full = buffers["full"] = torch.empty(a.shape[0], b.shape[1], dtype=out.dtype, device=out.device)
+            torch.matmul(a, b, out=full)
+            ccl.reduce_scatter_tensor(out, full, ctx=ctx)
+
+        return library, None
 
     @staticmethod
     def reference(rank, world_size, inputs):

@@ -285,6 +285,8 @@ def _auto_choice(ctx):
     a = torch.randn(16, 16, device=ctx.device, dtype=torch.bfloat16)
     defaults = {"gemm_all_scatter": "fused_sequential", "all_gather_gemm": "producer_consumer",
                 "gemm_reduce_scatter": "fused_sequential"}
+    if ctx.world_size == 1:  # one rank: a plain GEMM, the library form (auto.json, "one_rank")
+        defaults = dict.fromkeys(defaults, "library")
     for pattern, expected in defaults.items():
         op = ops.plan(pattern, a, a)
         tuned = lookup(op.pattern, op.signature, ctx)
@@ -298,7 +300,96 @@ def _auto_choice(ctx):
 
 
 def test_auto_scheduler_choice(iris_pool):
-    iris_pool(1).run(_auto_choice)
+    for w in (1, 2):
+        iris_pool(w).run(_auto_choice)
+
+
+#: Per pattern: local operand shapes ``(a, b)`` at world size W, chosen so that
+#: ``out`` has the shape of operand ``alias`` (``out=`` that operand must still be right).
+ALIAS_SHAPES = {
+    "gemm_all_scatter": (lambda w: ((12, 4 * w), (4 * w, 4)), 0),  # out [12, 4W] = a
+    "all_gather_gemm": (lambda w: ((6, 6 * w), (6 * w, 5)), 1),  # out [6W, 5] = b
+    "gemm_reduce_scatter": (lambda w: ((4 * w, 4), (4, 7)), 1),  # out [4, 7] = b
+}
+
+
+def _library_delivers(ctx):
+    """Functional calls under ``library`` write their result straight into ``out`` or a new
+    tensor (no ``clone``; one rank: no ``copy_`` either, and ``all_gather_gemm`` does not copy
+    its input); ``gemm_reduce_scatter`` on more ranks copies it out of the op's buffer. Op
+    buffers poisoned after each call, fresh inputs per call, float64 references, results that
+    do not alias, ``out=`` an operand, the torch ops of a hit counted."""
+    from torch.overrides import TorchFunctionMode
+
+    from iris_fw import callpath
+
+    class Count(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    w = ctx.world_size
+    fns = {"gemm_all_scatter": ops.gemm_all_scatter, "all_gather_gemm": ops.all_gather_gemm,
+           "gemm_reduce_scatter": ops.gemm_reduce_scatter}
+    for pattern, fn in fns.items():
+        ref = ctx.registries.pattern.get(pattern).reference
+        shapes, alias = ALIAS_SHAPES[pattern]
+        results = []
+        for call in range(3):
+            g = [torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * r) for r in range(w)]
+            inputs = [tuple(torch.randn(s, generator=g[r]) for s in shapes(w)) for r in range(w)]
+            mine = tuple(t.to(ctx.device) for t in inputs[ctx.rank])
+            if call == 2:  # out=: poisoned, filled and returned
+                out = torch.full(tuple(mine[alias].shape), float("nan"), device=ctx.device)
+                got = fn(*mine, scheduler="library", out=out)
+                assert got is out
+            else:
+                got = fn(*mine, scheduler="library")
+            op = callpath.state(ctx).ops.values()[-1].__self__
+            delivers = w == 1 or pattern != "gemm_reduce_scatter"
+            assert op.scheduler.name == "library" and op.delivers_into == delivers, (pattern, op.delivers_into)
+            for t in op.buffers.values():  # the op's own buffers are not the result
+                if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+                    t.fill_(float("nan"))
+            ctx.synchronize()
+            want = ref(ctx.rank, w, inputs)
+            _check(got, want, torch.float32, f"ops.{pattern} library call {call} W={w}")
+            assert not ctx.is_symmetric(got) and got.data_ptr() != op.buffers["out"].data_ptr()
+            results.append((got, want))
+        assert len({r[0].data_ptr() for r in results}) == 3, pattern  # no two results alias
+        for i, (got, want) in enumerate(results):  # later calls left earlier results alone
+            _check(got, want, torch.float32, f"ops.{pattern} library result {i} after later calls")
+        # a hit's torch ops: no clone of the result; one rank: the product alone (and the new tensor)
+        with Count() as count:
+            fn(*mine, scheduler="library")
+        if delivers:
+            assert "clone" not in count.seen, (pattern, count.seen)
+        if w == 1:
+            assert [f for f in count.seen if f in ("clone", "copy_", "matmul")] == ["matmul"], (pattern, count.seen)
+        # out= sharing an operand's memory: right values (the product is not written while read)
+        for which in sorted({alias} | ({0} if w == 1 and pattern != "gemm_all_scatter" else set())):
+            g = [torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * r) for r in range(w)]
+            dims = shapes(w)
+            if which == 0 and pattern != "gemm_all_scatter":  # one rank: a square a = out
+                dims = ((dims[0][0], dims[1][1]), (dims[1][1], dims[1][1]))
+            inputs = [tuple(torch.randn(s, generator=g[r]) for s in dims) for r in range(w)]
+            want = ref(ctx.rank, w, inputs)
+            mine = tuple(t.to(ctx.device) for t in inputs[ctx.rank])
+            got = fn(*mine, scheduler="library", out=mine[which])
+            ctx.synchronize()
+            assert got is mine[which]
+            _check(got, want, torch.float32, f"ops.{pattern} library out= operand {which}, W={w}")
+    ctx.barrier()
+
+
+def test_library_functional_calls_deliver_without_a_copy(iris_pool):
+    """One rank (a plain GEMM into out= or the new tensor) and two ranks."""
+    for w in (1, 2):
+        iris_pool(w).run(_library_delivers)
 
 
 def _local_matmul(ctx):
@@ -401,3 +492,23 @@ def test_copy_engine_chunks_ready_only_when_copied():
                     pm = (seq + shift) % tiles_m
                     assert set(range(pm * BM, min(M, pm * BM + BM))) <= staged, (world, Ms, rank, seq)
             assert steps[-1].ready == tiles_m and staged == set(range(M))
+
+
+def _new_shard_each_call(ctx):
+    """``all_gather_gemm`` under a kernel schedule with a new ``a_shard`` tensor per call (the
+    plan, keyed by ``b``, is a hit): each call's ``stage_in`` copies that call's shard into the
+    heap buffer peers read, not the planning input's."""
+    w = ctx.world_size
+    b = torch.randn(8, 5, generator=torch.Generator().manual_seed(3)).to(ctx.device)
+    for call in range(2):
+        shards = [torch.randn(4, 8, generator=torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * r))
+                  for r in range(w)]
+        got = ops.all_gather_gemm(shards[ctx.rank].to(ctx.device), b, scheduler="fused_sequential")
+        ctx.synchronize()
+        _check(got, torch.cat(shards).double() @ b.double().cpu(), torch.float32,
+               f"all_gather_gemm/fused_sequential call {call} on a new shard, W={w}")
+    ctx.barrier()
+
+
+def test_all_gather_gemm_new_shard_each_call(iris_pool):
+    iris_pool(2).run(_new_shard_each_call)

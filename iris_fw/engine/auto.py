@@ -31,7 +31,8 @@ def table() -> dict:
 def lookup(pattern, signature: tuple, ctx) -> Choice:
     """The tuned :class:`Choice` for ``pattern`` at ``signature`` on ``ctx``'s device and world
     size (rows are for the input dtypes the table lists: the signature's dtype), else the
-    pattern's default scheduler (``defaults.patterns``), else the default for its kind.""" 
+    pattern's default scheduler — on one rank ``defaults.one_rank`` first, then
+    ``defaults.patterns`` —, else the default for its kind."""
     data = table()
     dtype = next((x for x in signature if isinstance(x, torch.dtype)), None)
     dtype_name = str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
@@ -43,5 +44,6 @@ def lookup(pattern, signature: tuple, ctx) -> Choice:
             if row["key"] == key:
                 return Choice(row["scheduler"], row.get("comm_sms"), row.get("config"))
     defaults = data["defaults"]
-    by_pattern = defaults.get("patterns", {}).get(pattern.name)
+    by_pattern = ((defaults.get("one_rank", {}).get(pattern.name) if ctx.world_size == 1 else None)
+                  or defaults.get("patterns", {}).get(pattern.name))
     return Choice(by_pattern or defaults["comm_first" if pattern.comm_first else "compute_first"])

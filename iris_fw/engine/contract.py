@@ -152,7 +152,11 @@ class Plan:
     fallback of ``scheduler="auto"`` where fusing does not pay). ``library_into`` (optional,
     with ``library``): the library form writing the result into a given contiguous tensor of
     the result's shape and dtype instead of ``result`` — what a functional call delivers into
-    without a copy under the ``library`` scheduler (see ``finish_into``)."""
+    without a copy under the ``library`` scheduler (see ``finish_into``). ``stage_in``
+    (optional): host-side work the kernels need before they start on this call's inputs (e.g.
+    ``all_gather_gemm`` copies the shard into the heap buffer peers read); the kernel schedules
+    run it (:meth:`Scheduler.run`), the library form does not (it reads the inputs where they
+    are)."""
 
     pattern: str
     pieces: Pieces
@@ -171,6 +175,7 @@ class Plan:
     steps: int = 1
     library: Callable[[], Any] | None = None
     library_into: Callable[[Any], Any] | None = None
+    stage_in: Callable[[], Any] | None = None
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -116,7 +116,10 @@ class Scheduler:
         """Enqueue one call (its kernels, later steps, ``finish``); returns the result. ``into``
         (a contiguous tensor of the result's shape and dtype; only for a plan with
         :attr:`Plan.finish_into`, on a scheduler that keeps this method): ``finish_into(into)``
-        runs in place of ``finish`` and ``into`` is returned."""
+        runs in place of ``finish`` and ``into`` is returned. The plan's ``stage_in`` (if any)
+        runs first."""
+        if plan.stage_in is not None:
+            plan.stage_in()
         self.launch(ctx, plan, ws)
         if plan.steps > 1 and not self.multi_step:
             launch_steps(ctx, plan, ws)

@@ -177,11 +177,11 @@ if gtiles.AVAILABLE:  # the warp_specialized scheduler's pieces (iris_fw.gluon_t
                      dv.load(src + col * args.stride_sk, args.rank, owner, args.heap_bases, mask=mask), mask=mask)
 
     @gluon.jit
-    def _ws_compute(args, tile, CFG: gl.constexpr, NW: gl.constexpr):
+    def _ws_compute(args, tile, CFG: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr):
         """Compute partition: tile ``tile`` from staging, stored (``consume(produce(STAGED=True))``)."""
         seq, off_m, off_n = _coords(args, tile, CFG)
         acc = gtiles.matmul_tile(args.a_full, args.b, off_m, off_n, args.M, args.NL, args.K, args.stride_fm, 1,
-                                 args.stride_bk, args.stride_bn, CFG.BM, CFG.BN, CFG.BK, NW)
+                                 args.stride_bk, args.stride_bn, CFG.BM, CFG.BN, CFG.BK, NW, MMA)
         r, c = gtiles.block_offsets(off_m, off_n, CFG.BM, CFG.BN, NW)
         gl.store(args.c + r * args.stride_cm + c, acc.to(args.c.dtype.element_ty), mask=(r < args.M) & (c < args.NL))
 

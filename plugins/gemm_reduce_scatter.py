@@ -124,11 +124,11 @@ if gtiles.AVAILABLE:  # the warp_specialized scheduler's pieces (iris_fw.gluon_t
     from triton.experimental.gluon import language as gl
 
     @gluon.jit
-    def _ws_compute(args, tile, CFG: gl.constexpr, NW: gl.constexpr):
+    def _ws_compute(args, tile, CFG: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr):
         """Compute partition: the partial tile, stashed (``stash(produce(...))``)."""
         off_m, off_n = _coords(args, tile, CFG)
         acc = gtiles.matmul_tile(args.a, args.b, off_m, off_n, args.M, args.N, args.K, args.stride_am,
-                                 args.stride_ak, args.stride_bk, args.stride_bn, CFG.BM, CFG.BN, CFG.BK, NW)
+                                 args.stride_ak, args.stride_bk, args.stride_bn, CFG.BM, CFG.BN, CFG.BK, NW, MMA)
         r, c = gtiles.block_offsets(off_m, off_n, CFG.BM, CFG.BN, NW)
         gl.store(args.stash + r * args.N + c, acc.to(args.stash.dtype.element_ty), mask=(r < args.M) & (c < args.N))
 

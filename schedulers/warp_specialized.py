@@ -21,9 +21,14 @@ interpreter (CPU ranks) — the same program runs the two roles one after the ot
 patterns' ``@triton.jit`` pieces (:func:`_sequential_roles_kernel`, same items, flags and
 claims). AMD: not available (Triton 3.9 lowers ``warp_specialize`` for gfx1250 only).
 
+GEMM tiles (:func:`iris_fw.gluon_tiles.matmul_tile`): on Hopper (sm_90) shared-memory operands and
+asynchronous ``warpgroup_mma``, elsewhere ``mma_v2``; :data:`MMA` overrides the device's choice
+(scripts/probe_warp_specialized.py times both on one GPU).
+
 Verified: on CPU ranks (the sequential fallback), by the compile matrix (the Gluon kernel for sm_90
-and sm_100, Triton 3.9) and once by hand with Triton 3.6.0 for sm_90. Not yet run on a GPU. Not
-traced (the Gluon kernel records no events)."""
+and sm_100, Triton 3.9; its wgmma variant for sm_90 only) and by hand with Triton 3.6.0 for sm_90.
+The mma_v2 kernel ran on one H100 (run 29: right, 5x slower than the Triton GEMM); the wgmma tile
+has not run on a GPU yet. Not traced (the Gluon kernel records no events)."""
 
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ import triton.language as tl
 
 from iris_fw import gluon_tiles as gtiles
 from iris_fw import trace as tr
-from iris_fw.devinfo import persistent_programs
+from iris_fw.devinfo import info, persistent_programs
+from iris_fw.errors import ArgumentError
 from iris_fw.engine import skeletons as sk
 from iris_fw.engine.scheduler import Scheduler, _memoized, _prepare
 from iris_fw.hookspecs import hookimpl
@@ -48,6 +54,11 @@ COMM_WARPS = 4
 #: Registers a communication warp's thread asks for (``worker_num_regs``: optional in Triton 3.9,
 #: required by earlier Gluon).
 COMM_REGS = tl.constexpr(128)
+#: The GEMM tiles' tensor-core path (:data:`iris_fw.gluon_tiles.MMA_PATHS`) for kernels launched
+#: from now on; ``None``: the device's (:func:`iris_fw.gluon_tiles.mma_path`: wgmma on sm_90,
+#: mma_v2 elsewhere). Set it to ``"mma_v2"`` to compare Hopper's path with the one before it
+#: (scripts/probe_warp_specialized.py times both).
+MMA = None
 #: Why AMD GPUs cannot run it (the compiler's words, Triton 3.9, gfx942 and gfx950).
 AMD_REASON = ("Gluon's warp_specialize is lowered on AMD for gfx1250 only (Triton 3.9: 'Warp specialization is "
               "only supported on gfx1250, got gfx942'); CDNA3/CDNA4 (MI300, MI350) have no warp-specialized "
@@ -114,9 +125,10 @@ if gtiles.AVAILABLE:
     def _compute_partition(top0, top1, rest, flags, counters, num_tiles, num_items, epoch, ok, rank, heap_bases,
                            ARGS: gl.constexpr, NTOP: gl.constexpr, CFG: gl.constexpr, COMM: gl.constexpr,
                            COMPUTE: gl.constexpr, DEPENDS: gl.constexpr, NPROG: gl.constexpr,
-                           COMM_FIRST: gl.constexpr, NW: gl.constexpr):
+                           COMM_FIRST: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr):
         """The default partition: tiles ``pid, pid + NPROG, …`` computed (communicate-first:
-        after obtaining their chunk; compute-first: stashed, then released)."""
+        after obtaining their chunk; compute-first: stashed, then released), GEMM tiles on the
+        tensor-core path ``MMA`` (:func:`iris_fw.gluon_tiles.mma_path`)."""
         for tile in range(gl.program_id(0), num_tiles, NPROG):
             if COMM_FIRST:
                 if ok:
@@ -126,11 +138,11 @@ if gtiles.AVAILABLE:
                                  flags, counters, num_items, epoch, rank, heap_bases, ARGS, NTOP, CFG, COMM, NPROG, NW)
                 if ok:
                     COMPUTE((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
-                            tile, CFG, NW)
+                            tile, CFG, NW, MMA)
             else:
                 if ok:
                     COMPUTE((ARGS(top0, top1, *rest) if NTOP == 2 else ARGS(top0, *rest) if NTOP == 1 else ARGS(*rest)),
-                            tile, CFG, NW)
+                            tile, CFG, NW, MMA)
                     sk.release(flags, tile, epoch, rank, heap_bases)
 
     @gluon.jit
@@ -160,22 +172,23 @@ if gtiles.AVAILABLE:
                                  COMM: gl.constexpr, COMPUTE: gl.constexpr, DEPENDS: gl.constexpr,
                                  NPROG: gl.constexpr, COMM_FIRST: gl.constexpr, ENTRY: gl.constexpr,
                                  EXIT: gl.constexpr, NW: gl.constexpr, COMM_NW: gl.constexpr,
-                                 TRACE: gl.constexpr = 0):
+                                 MMA: gl.constexpr = "mma_v2", TRACE: gl.constexpr = 0):
         """Persistent, ``NW`` compute warps + ``COMM_NW`` communication warps a program: the
         entry barrier, the two partitions at once (:func:`_compute_partition`,
-        :func:`_comm_partition`), the exit barrier. ``trace``/``TRACE``: accepted, not recorded."""
+        :func:`_comm_partition`), the exit barrier. ``MMA``: the GEMM tiles' tensor-core path
+        (:func:`iris_fw.gluon_tiles.mma_path`). ``trace``/``TRACE``: accepted, not recorded."""
         epoch, ok = sk.start_call(st, rank, world_size, heap_bases, ENTRY)
         counters = st + sk.ST_ARRIVE + world_size  # every program's call counter
         if _LIST_API:
             gl.warp_specialize([(_compute_partition, (top0, top1, rest, flags, counters, num_tiles, num_items, epoch,
                                                       ok, rank, heap_bases, ARGS, NTOP, CFG, COMM, COMPUTE, DEPENDS,
-                                                      NPROG, COMM_FIRST, NW)),
+                                                      NPROG, COMM_FIRST, NW, MMA)),
                                 (_comm_partition, (top0, top1, rest, flags, counters, num_tiles, num_items, epoch, ok,
                                                    rank, heap_bases, ARGS, NTOP, CFG, COMM, COMPUTE, DEPENDS, NPROG,
                                                    COMM_FIRST, COMM_NW))], [COMM_NW], [COMM_REGS])
         else:
             gl.warp_specialize((top0, top1, rest, flags, counters, num_tiles, num_items, epoch, ok, rank, heap_bases,
-                                ARGS, NTOP, CFG, COMM, COMPUTE, DEPENDS, NPROG, COMM_FIRST, NW), _compute_partition,
+                                ARGS, NTOP, CFG, COMM, COMPUTE, DEPENDS, NPROG, COMM_FIRST, NW, MMA), _compute_partition,
                                (top0, top1, rest, flags, counters, num_tiles, num_items, epoch, ok, rank, heap_bases,
                                 ARGS, NTOP, CFG, COMM, COMPUTE, DEPENDS, NPROG, COMM_FIRST, COMM_NW),
                                [_comm_partition], [COMM_NW], [COMM_REGS])
@@ -212,7 +225,7 @@ class WarpSpecialized(Scheduler):
 
     def launch(self, ctx, plan, ws):
         gluon_kernel = ctx.device.type == "cuda"
-        key = ("warp_specialized", gluon_kernel)
+        key = ("warp_specialized", gluon_kernel, self.mma_path(ctx) if gluon_kernel else None)
         call = _memoized(ctx, plan, ws, key)
         if call is None:
             if gluon_kernel:
@@ -231,8 +244,17 @@ class WarpSpecialized(Scheduler):
         g = plan.pieces.gluon
         pplan = dataclasses.replace(plan, args=pointer_args(plan.args))
         constexprs = dict(self._constexprs(plan, ws), COMM=g.comm, COMPUTE=g.compute, NW=plan.num_warps,
-                          COMM_NW=COMM_WARPS)
+                          COMM_NW=COMM_WARPS, MMA=self.mma_path(ctx))
         return pplan, constexprs, self._runtime(ctx, plan, ws)
+
+    @staticmethod
+    def mma_path(ctx) -> str:
+        """The GEMM tiles' tensor-core path: :data:`MMA` if set, else the device's."""
+        if MMA is not None:
+            if MMA not in gtiles.MMA_PATHS:
+                raise ArgumentError(f"warp_specialized.MMA must be one of {gtiles.MMA_PATHS} or None, got {MMA!r}")
+            return MMA
+        return gtiles.mma_path(info(ctx.device).arch)
 
     @staticmethod
     def _constexprs(plan, ws):

@@ -1,6 +1,8 @@
 """The ``warp_specialized`` scheduler on one GPU at W = 1: the Triton and Gluon API it finds,
 whether its Gluon kernel compiles and runs, each result against the float64 reference, and the
-time of a call next to ``fused_sequential`` and torch's matmul of the same local product.
+time of a call next to ``fused_sequential`` and torch's matmul of the same local product. Every
+16-bit case runs on each GEMM tile path of the kernel (``mma_path``: the device's, e.g. wgmma on
+an H100, then ``mma_v2`` — ``schedulers/warp_specialized.py``'s ``MMA``).
 
     IRIS_FW_BOOTSTRAP=single python scripts/probe_warp_specialized.py [OUT.json]
 """
@@ -26,6 +28,9 @@ def _api() -> dict:
         from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
 
         out["mma_v2"] = True
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+
+        out["warpgroup_mma"] = True
     except Exception as exc:  # what is missing is the finding
         out["gluon_error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -45,38 +50,47 @@ def _time(fn, iters=20) -> float:
 
 def main() -> None:
     import iris_fw
-    from iris_fw import ops
+    from iris_fw import devinfo, ops
+    from iris_fw import gluon_tiles as gtiles
+    from iris_fw.schedulers import warp_specialized as wsm
 
     report = {"api": _api(), "cases": []}
     print(json.dumps(report["api"]), flush=True)
     shapes = {"all_gather_gemm": [((499, 1001), (1001, 301)), ((4096, 4096), (4096, 4096))],
               "gemm_reduce_scatter": [((300, 1001), (1001, 301)), ((4096, 4096), (4096, 4096))]}
+    device_path = gtiles.mma_path(devinfo.info(torch.device("cuda")).arch)
+    paths = [device_path] + [p for p in ("mma_v2",) if p != device_path]
+    report["api"]["mma_path"] = device_path
+    cases = [(pattern, dtype, a_shape, b_shape, mma) for pattern, shapes_of in shapes.items()
+             for dtype in (torch.bfloat16, torch.float16, torch.float32) for a_shape, b_shape in shapes_of
+             for mma in (paths if dtype != torch.float32 else [device_path])]
     with iris_fw.init(heap_size=1 << 31) as ctx:
-        for pattern, cases in shapes.items():
-            for dtype in (torch.bfloat16, torch.float16, torch.float32):
-                for a_shape, b_shape in cases:
-                    row = {"pattern": pattern, "dtype": str(dtype), "a": a_shape, "b": b_shape}
-                    try:
-                        g = torch.Generator().manual_seed(1)
-                        a = torch.randn(a_shape, generator=g).to(dtype).cuda()
-                        b = torch.randn(b_shape, generator=g).to(dtype).cuda()
-                        op = ops.plan(pattern, a, b, scheduler="warp_specialized")
-                        out = op(a, b)
-                        torch.cuda.synchronize()
-                        want = op.pattern.reference(0, 1, [(a, b)])
-                        err = (out.double() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
-                        row["rel_err"] = err
-                        if a_shape[0] >= 4096 and dtype != torch.float32:
-                            fused = ops.plan(pattern, a, b, scheduler="fused_sequential")
-                            row["us_warp_specialized"] = _time(lambda: op(a, b))
-                            row["us_fused_sequential"] = _time(lambda: fused(a, b))
-                            row["us_torch_matmul"] = _time(lambda: a @ b)
-                            del fused
-                        del op, out
-                    except Exception as exc:
-                        row["error"] = "".join(traceback.format_exception_only(type(exc), exc))[-3000:]
-                    print(json.dumps(row), flush=True)
-                    report["cases"].append(row)
+        for pattern, dtype, a_shape, b_shape, mma in cases:
+            row = {"pattern": pattern, "dtype": str(dtype), "a": a_shape, "b": b_shape, "mma": mma}
+            wsm.MMA = mma  # read when the op launches
+            try:
+                g = torch.Generator().manual_seed(1)
+                a = torch.randn(a_shape, generator=g).to(dtype).cuda()
+                b = torch.randn(b_shape, generator=g).to(dtype).cuda()
+                op = ops.plan(pattern, a, b, scheduler="warp_specialized")
+                out = op(a, b)
+                torch.cuda.synchronize()
+                want = op.pattern.reference(0, 1, [(a, b)])
+                err = (out.double() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
+                row["rel_err"] = err
+                if a_shape[0] >= 4096 and dtype != torch.float32:
+                    fused = ops.plan(pattern, a, b, scheduler="fused_sequential")
+                    row["us_warp_specialized"] = _time(lambda: op(a, b))
+                    row["us_fused_sequential"] = _time(lambda: fused(a, b))
+                    row["us_torch_matmul"] = _time(lambda: a @ b)
+                    del fused
+                del op, out
+            except Exception as exc:
+                row["error"] = "".join(traceback.format_exception_only(type(exc), exc))[-3000:]
+            finally:
+                wsm.MMA = None
+            print(json.dumps(row), flush=True)
+            report["cases"].append(row)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(report, f, indent=1)

@@ -103,6 +103,30 @@ def test_warp_specialized(world, pattern):
     world.run(_run, pattern, "warp_specialized", torch.bfloat16)
 
 
+def test_warp_specialized_mma_path():
+    """The Gluon GEMM tile's tensor-core path: wgmma on Hopper only, mma_v2 elsewhere; the
+    scheduler's ``MMA`` override takes a known path only (GPU-only kernels: no launch here)."""
+    from types import SimpleNamespace
+
+    from iris_fw import gluon_tiles as gtiles
+    from iris_fw.errors import ArgumentError
+    from iris_fw.schedulers import warp_specialized as wsm
+
+    assert gtiles.mma_path("sm_90") == "wgmma"
+    assert [gtiles.mma_path(a) for a in ("sm_80", "sm_100", "sm_120", "cpu")] == ["mma_v2"] * 4
+    ctx = SimpleNamespace(device=torch.device("cpu"))
+    assert wsm.WarpSpecialized.mma_path(ctx) == "mma_v2"
+    saved = wsm.MMA
+    try:
+        wsm.MMA = "wgmma"
+        assert wsm.WarpSpecialized.mma_path(ctx) == "wgmma"
+        wsm.MMA = "tcgen05"
+        with pytest.raises(ArgumentError, match="warp_specialized.MMA"):
+            wsm.WarpSpecialized.mma_path(ctx)
+    finally:
+        wsm.MMA = saved
+
+
 def test_warp_specialized_declines_patterns_without_gluon_pieces(iris_pool):
     iris_pool(1).run(_declines, "gemm_all_scatter", "warp_specialized", "has no Gluon pieces")
 

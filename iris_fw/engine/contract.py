@@ -102,7 +102,9 @@ class GluonPieces:
     """A pattern's ``@gluon.jit`` pieces for warp-specialized kernels (``warp_specialized``
     scheduler; :mod:`iris_fw.gluon_tiles` says why Gluon and why the ``@triton.jit`` pieces do
     not compile there). Each takes ``(args, item, CFG, NW)``, ``NW`` the warps of the partition
-    that runs it, and builds its blocks in :func:`iris_fw.gluon_tiles.rows_layout`. ``args``
+    that runs it, ``compute`` also ``MMA`` (the GEMM tile's tensor-core path for
+    :func:`iris_fw.gluon_tiles.matmul_tile`, :func:`iris_fw.gluon_tiles.mma_path` of the
+    device), and builds its blocks in :func:`iris_fw.gluon_tiles.rows_layout`. ``args``
     arrive with pointers where the plan had TMA descriptors (the descriptors' tensors).
 
     ``comm``: communicate-first, fetch chunk ``item`` into staging (what ``fetch`` does);

@@ -112,6 +112,7 @@ _KINDS: dict[str, tuple[Callable[[str], Any], str]] = {
     "text": (_text, "text"),
     "nvshmem_calls": _one_of("auto", "all"),
     "nvshmem_bootstrap": _one_of("uid", "mpi"),
+    "gluon_mma": _one_of("auto", "wgmma", "mma_v2"),
 }
 
 
@@ -205,6 +206,10 @@ VARIABLES: tuple[Variable, ...] = (
              "The NVSHMEM installation (the folder holding `lib/`: host library and device bitcode) the "
              "`nvshmem` transport loads (unset: the `nvidia/nvshmem` folder of an installed "
              "`nvidia-nvshmem-cu13`/`-cu12` wheel). See docs/nvshmem.md."),
+    Variable("IRIS_FW_GLUON_MMA", "gluon_mma", "auto",
+             "`warp_specialized` scheduler: the Gluon GEMM tile's tensor-core path — `auto` the device's "
+             "(`wgmma` on sm_90, `mma_v2` elsewhere), or `wgmma` / `mma_v2` to compare them "
+             "(scripts/probe_warp_specialized.py); read once per op (its first launch)."),
     Variable("IRIS_FW_NVSHMEM_CALLS", "nvshmem_calls", "auto",
              "`nvshmem` transport: `auto` reaches peers NVSHMEM does not map (other nodes) through NVSHMEM "
              "device calls and every other peer by load/store; `all` reaches every peer through calls (the "

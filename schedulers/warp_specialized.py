@@ -22,7 +22,7 @@ patterns' ``@triton.jit`` pieces (:func:`_sequential_roles_kernel`, same items, 
 claims). AMD: not available (Triton 3.9 lowers ``warp_specialize`` for gfx1250 only).
 
 GEMM tiles (:func:`iris_fw.gluon_tiles.matmul_tile`): on Hopper (sm_90) shared-memory operands and
-asynchronous ``warpgroup_mma``, elsewhere ``mma_v2``; :data:`MMA` overrides the device's choice
+asynchronous ``warpgroup_mma``, elsewhere ``mma_v2``; ``IRIS_FW_GLUON_MMA`` overrides the device's choice
 (scripts/probe_warp_specialized.py times both on one GPU).
 
 Verified: on CPU ranks (the sequential fallback), by the compile matrix (the Gluon kernel for sm_90
@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from iris_fw import env
 from iris_fw import gluon_tiles as gtiles
 from iris_fw import trace as tr
 from iris_fw.devinfo import info, persistent_programs
@@ -54,11 +55,6 @@ COMM_WARPS = 4
 #: Registers a communication warp's thread asks for (``worker_num_regs``: optional in Triton 3.9,
 #: required by earlier Gluon).
 COMM_REGS = tl.constexpr(128)
-#: The GEMM tiles' tensor-core path (:data:`iris_fw.gluon_tiles.MMA_PATHS`) for kernels launched
-#: from now on; ``None``: the device's (:func:`iris_fw.gluon_tiles.mma_path`: wgmma on sm_90,
-#: mma_v2 elsewhere). Set it to ``"mma_v2"`` to compare Hopper's path with the one before it
-#: (scripts/probe_warp_specialized.py times both).
-MMA = None
 #: Why AMD GPUs cannot run it (the compiler's words, Triton 3.9, gfx942 and gfx950).
 AMD_REASON = ("Gluon's warp_specialize is lowered on AMD for gfx1250 only (Triton 3.9: 'Warp specialization is "
               "only supported on gfx1250, got gfx942'); CDNA3/CDNA4 (MI300, MI350) have no warp-specialized "
@@ -221,40 +217,50 @@ class WarpSpecialized(Scheduler):
 
     def grids(self, ctx, plan, comm_sms):
         self.no_split(comm_sms, self.name)
+        if ctx.device.type == "cuda" and ctx.debug:
+            # the pointer checks of iris_fw.device build pointer blocks without a layout, which
+            # Gluon rejects ("expected expand_dims input to be a distributed_type"): refused
+            # while planning, on every rank alike (IRIS_FW_DEBUG is the job's setting)
+            raise ArgumentError(f"scheduler {self.name!r} cannot run with IRIS_FW_DEBUG=1 on a GPU: its Gluon "
+                                f"kernel does not compile the device pointer checks; use another scheduler "
+                                f"(fused_sequential, wg_specialized, ...) or run without IRIS_FW_DEBUG")
         return {ROLE: persistent_programs(ctx.device, plan.num_tiles)}
 
     def launch(self, ctx, plan, ws):
         gluon_kernel = ctx.device.type == "cuda"
-        key = ("warp_specialized", gluon_kernel, self.mma_path(ctx) if gluon_kernel else None)
+        # the tile path is decided once per op (the first launch), not per call
+        mma = ws.extra.get("mma") if gluon_kernel else None
+        if gluon_kernel and mma is None:
+            mma = ws.extra["mma"] = self.mma_path(ctx)
+        key = ("warp_specialized", gluon_kernel, mma)
         call = _memoized(ctx, plan, ws, key)
         if call is None:
             if gluon_kernel:
-                pplan, constexprs, runtime = self.gluon_launch(ctx, plan, ws)
+                pplan, constexprs, runtime = self.gluon_launch(ctx, plan, ws, mma)
                 call = _prepare(ctx, pplan, ws, key, ROLE, _warp_specialized_kernel, constexprs, *runtime)
             else:
                 call = _prepare(ctx, plan, ws, key, ROLE, _sequential_roles_kernel, self._constexprs(plan, ws),
                                 *self._runtime(ctx, plan, ws))
         call()
 
-    def gluon_launch(self, ctx, plan, ws):
+    def gluon_launch(self, ctx, plan, ws, mma: str | None = None):
         """``(plan, constexprs, runtime arguments)`` of the Gluon kernel's launch (the runtime
         arguments after the pattern's): the plan with pointers for TMA descriptors (sharing
         ``plan.memo``).
-        The compile matrix records the kernel from it (the interpreter cannot run Gluon)."""
+        ``mma``: the GEMM tiles' path (default :meth:`mma_path`). The compile matrix records the
+        kernel from it (the interpreter cannot run Gluon)."""
         g = plan.pieces.gluon
         pplan = dataclasses.replace(plan, args=pointer_args(plan.args))
         constexprs = dict(self._constexprs(plan, ws), COMM=g.comm, COMPUTE=g.compute, NW=plan.num_warps,
-                          COMM_NW=COMM_WARPS, MMA=self.mma_path(ctx))
+                          COMM_NW=COMM_WARPS, MMA=mma or self.mma_path(ctx))
         return pplan, constexprs, self._runtime(ctx, plan, ws)
 
     @staticmethod
     def mma_path(ctx) -> str:
-        """The GEMM tiles' tensor-core path: :data:`MMA` if set, else the device's."""
-        if MMA is not None:
-            if MMA not in gtiles.MMA_PATHS:
-                raise ArgumentError(f"warp_specialized.MMA must be one of {gtiles.MMA_PATHS} or None, got {MMA!r}")
-            return MMA
-        return gtiles.mma_path(info(ctx.device).arch)
+        """The GEMM tiles' tensor-core path: ``IRIS_FW_GLUON_MMA`` if not ``auto``, else the
+        device's (:func:`iris_fw.gluon_tiles.mma_path`)."""
+        chosen = env.get("IRIS_FW_GLUON_MMA")
+        return gtiles.mma_path(info(ctx.device).arch) if chosen == "auto" else chosen
 
     @staticmethod
     def _constexprs(plan, ws):

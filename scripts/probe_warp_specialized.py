@@ -2,7 +2,7 @@
 whether its Gluon kernel compiles and runs, each result against the float64 reference, and the
 time of a call next to ``fused_sequential`` and torch's matmul of the same local product. Every
 16-bit case runs on each GEMM tile path of the kernel (``mma_path``: the device's, e.g. wgmma on
-an H100, then ``mma_v2`` — ``schedulers/warp_specialized.py``'s ``MMA``).
+an H100, then ``mma_v2`` — ``IRIS_FW_GLUON_MMA``).
 
     IRIS_FW_BOOTSTRAP=single python scripts/probe_warp_specialized.py [OUT.json]
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import sys
 import traceback
 
@@ -52,7 +53,6 @@ def main() -> None:
     import iris_fw
     from iris_fw import devinfo, ops
     from iris_fw import gluon_tiles as gtiles
-    from iris_fw.schedulers import warp_specialized as wsm
 
     report = {"api": _api(), "cases": []}
     print(json.dumps(report["api"]), flush=True)
@@ -67,7 +67,7 @@ def main() -> None:
     with iris_fw.init(heap_size=1 << 31) as ctx:
         for pattern, dtype, a_shape, b_shape, mma in cases:
             row = {"pattern": pattern, "dtype": str(dtype), "a": a_shape, "b": b_shape, "mma": mma}
-            wsm.MMA = mma  # read when the op launches
+            os.environ["IRIS_FW_GLUON_MMA"] = mma  # read by the op planned below
             try:
                 g = torch.Generator().manual_seed(1)
                 a = torch.randn(a_shape, generator=g).to(dtype).cuda()
@@ -88,7 +88,7 @@ def main() -> None:
             except Exception as exc:
                 row["error"] = "".join(traceback.format_exception_only(type(exc), exc))[-3000:]
             finally:
-                wsm.MMA = None
+                os.environ.pop("IRIS_FW_GLUON_MMA", None)
             print(json.dumps(row), flush=True)
             report["cases"].append(row)
     if len(sys.argv) > 1:

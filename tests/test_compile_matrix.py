@@ -76,8 +76,9 @@ def _compile(recorded, targets, tmp_path, first_only: bool = False, debug: bool 
     assert len(rows) == expected, f"{len(rows)} results for {expected} (kernel variants x targets)"
     failed = []
     for r in rows:
-        known = cm.KNOWN_FAILURES.get((r["kernel"].split(":")[1], r["tag"], r["target"])) or \
-            cm.KNOWN_FAILURES.get((r["kernel"].split(":")[1], "", r["target"]))
+        table = {**cm.KNOWN_FAILURES, **cm.KNOWN_DEBUG_FAILURES} if debug else cm.KNOWN_FAILURES
+        known = table.get((r["kernel"].split(":")[1], r["tag"], r["target"])) or \
+            table.get((r["kernel"].split(":")[1], "", r["target"]))
         if not r["ok"] and not known:
             failed.append(f"{r['kernel']} variant {r['variant']} on {r['target']}: {r['error']}")
         if r["ok"] and known:

@@ -103,28 +103,32 @@ def test_warp_specialized(world, pattern):
     world.run(_run, pattern, "warp_specialized", torch.bfloat16)
 
 
-def test_warp_specialized_mma_path():
-    """The Gluon GEMM tile's tensor-core path: wgmma on Hopper only, mma_v2 elsewhere; the
-    scheduler's ``MMA`` override takes a known path only (GPU-only kernels: no launch here)."""
+def test_warp_specialized_mma_path(monkeypatch):
+    """The Gluon GEMM tile's tensor-core path: wgmma on Hopper only, mma_v2 elsewhere;
+    ``IRIS_FW_GLUON_MMA`` overrides it with a known path only; a debug context on a GPU is
+    refused while planning (the Gluon kernel cannot compile the pointer checks). GPU-only
+    kernels: no launch here."""
     from types import SimpleNamespace
 
     from iris_fw import gluon_tiles as gtiles
-    from iris_fw.errors import ArgumentError
+    from iris_fw.errors import ArgumentError, EnvironmentVariableError
     from iris_fw.schedulers import warp_specialized as wsm
 
     assert gtiles.mma_path("sm_90") == "wgmma"
     assert [gtiles.mma_path(a) for a in ("sm_80", "sm_100", "sm_120", "cpu")] == ["mma_v2"] * 4
     ctx = SimpleNamespace(device=torch.device("cpu"))
     assert wsm.WarpSpecialized.mma_path(ctx) == "mma_v2"
-    saved = wsm.MMA
-    try:
-        wsm.MMA = "wgmma"
-        assert wsm.WarpSpecialized.mma_path(ctx) == "wgmma"
-        wsm.MMA = "tcgen05"
-        with pytest.raises(ArgumentError, match="warp_specialized.MMA"):
-            wsm.WarpSpecialized.mma_path(ctx)
-    finally:
-        wsm.MMA = saved
+    monkeypatch.setenv("IRIS_FW_GLUON_MMA", "wgmma")
+    assert wsm.WarpSpecialized.mma_path(ctx) == "wgmma"
+    monkeypatch.setenv("IRIS_FW_GLUON_MMA", "tcgen05")
+    with pytest.raises(EnvironmentVariableError, match="IRIS_FW_GLUON_MMA"):
+        wsm.WarpSpecialized.mma_path(ctx)
+    monkeypatch.delenv("IRIS_FW_GLUON_MMA")
+    plan = SimpleNamespace(num_tiles=4)
+    sched = wsm.WarpSpecialized()
+    assert sched.grids(SimpleNamespace(device=torch.device("cpu"), debug=True), plan, None)
+    with pytest.raises(ArgumentError, match="IRIS_FW_DEBUG"):
+        sched.grids(SimpleNamespace(device=torch.device("cuda"), debug=True), plan, None)
 
 
 def test_warp_specialized_declines_patterns_without_gluon_pieces(iris_pool):

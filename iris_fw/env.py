@@ -207,8 +207,8 @@ VARIABLES: tuple[Variable, ...] = (
              "`nvshmem` transport loads (unset: the `nvidia/nvshmem` folder of an installed "
              "`nvidia-nvshmem-cu13`/`-cu12` wheel). See docs/nvshmem.md."),
     Variable("IRIS_FW_GLUON_MMA", "gluon_mma", "auto",
-             "`warp_specialized` scheduler: the Gluon GEMM tile's tensor-core path — `auto` the device's "
-             "(`wgmma` on sm_90, `mma_v2` elsewhere), or `wgmma` / `mma_v2` to compare them "
+             "`warp_specialized` scheduler: the Gluon GEMM tile's tensor-core path — `auto` the measured one "
+             "(`mma_v2`), or `wgmma` (Hopper only) / `mma_v2` to compare them "
              "(scripts/probe_warp_specialized.py); read once per op (its first launch)."),
     Variable("IRIS_FW_NVSHMEM_CALLS", "nvshmem_calls", "auto",
              "`nvshmem` transport: `auto` reaches peers NVSHMEM does not map (other nodes) through NVSHMEM "

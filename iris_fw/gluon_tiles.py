@@ -9,10 +9,11 @@ at ``GluonSemantic.arange() missing 1 required positional argument: 'layout'`` �
 code (epochs, flags, barriers: :mod:`iris_fw.engine.skeletons`) and the remote loads and stores
 of :mod:`iris_fw.device` on blocks whose layout is given do. This module has the blocks: the
 GEMM tile and the layouts the pieces build their index blocks with. The tile has three paths:
-exact FMA for fp32; for 16-bit inputs on Hopper (``MMA="wgmma"``) the operands staged in shared
+exact FMA for fp32; for 16-bit inputs register operands and ``mma_v2`` (``MMA="mma_v2"``:
+Ampere's instructions, which sm_90 and sm_100 also run) — what :func:`mma_path` picks, measured —
+or, on Hopper only (``MMA="wgmma"``, ``IRIS_FW_GLUON_MMA=wgmma``), the operands staged in shared
 memory (NVMMA layout, two buffers) and multiplied by asynchronous ``warpgroup_mma`` (wgmma), the
-next K step's loads in flight meanwhile; elsewhere (``MMA="mma_v2"``: Ampere's instructions,
-which sm_90 and sm_100 also run) register operands and ``mma_v2``. :func:`mma_path` picks.
+next K step's loads in flight meanwhile (right on an H100, and 2.2-2.4x slower than mma_v2: run 34).
 
 NVIDIA only: Triton 3.9 lowers ``warp_specialize`` on AMD for gfx1250 alone ("Warp
 specialization is only supported on gfx1250, got gfx942"). ``AVAILABLE`` is False where this
@@ -46,11 +47,19 @@ WGMMA_MAX_N, WGMMA_N_STEP = 256, 8
 MMA_PATHS = ("wgmma", "mma_v2")
 
 
+#: Architectures where ``"wgmma"`` can compile (sm_90a's instructions; Blackwell's are tcgen05).
+WGMMA_ARCHS = ("sm_90",)
+
+
 def mma_path(arch: str) -> str:
     """The tensor-core path of :func:`matmul_tile` on a device of architecture ``arch``
-    (:attr:`iris_fw.devinfo.DeviceInfo.arch`): ``"wgmma"`` on Hopper (sm_90; the instructions
-    are sm_90a's alone: Blackwell's are tcgen05), ``"mma_v2"`` elsewhere."""
-    return "wgmma" if arch == "sm_90" else "mma_v2"
+    (:attr:`iris_fw.devinfo.DeviceInfo.arch`): ``"mma_v2"`` everywhere, measured. On one H100
+    (run 34, docs/performance.md) the ``"wgmma"`` tile — register operands stored to shared
+    memory each K step, no TMA or cp.async pipeline, 12 warps at 168 registers with spills — was
+    right but took 2384-2430 µs at 4096³ against mma_v2's 1006-1102 µs; it stays selectable
+    (``IRIS_FW_GLUON_MMA=wgmma``, sm_90 only: :data:`WGMMA_ARCHS`) until a pipelined version
+    beats it."""
+    return "mma_v2"
 
 
 if AVAILABLE:
@@ -137,7 +146,7 @@ if AVAILABLE:
                     MMA: gl.constexpr = "mma_v2"):
         """``a[off_m:+BM, :K] @ b[:K, off_n:+BN]`` in fp32 (zeros outside ``[M, N]``), in
         :func:`rows_layout`; ``a``, ``b``: pointers. fp32 exactly (FMA); 16-bit inputs on the
-        tensor cores: ``MMA="wgmma"`` (:func:`mma_path` on Hopper) by :func:`_wgmma_tile` where
+        tensor cores: ``MMA="wgmma"`` (Hopper, ``IRIS_FW_GLUON_MMA=wgmma``) by :func:`_wgmma_tile` where
         the block fits (:func:`wgmma_fits`), else ``mma_v2``."""
         layout: gl.constexpr = rows_layout(NW)
         if a.dtype.element_ty == gl.float32:

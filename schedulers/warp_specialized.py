@@ -21,14 +21,14 @@ interpreter (CPU ranks) — the same program runs the two roles one after the ot
 patterns' ``@triton.jit`` pieces (:func:`_sequential_roles_kernel`, same items, flags and
 claims). AMD: not available (Triton 3.9 lowers ``warp_specialize`` for gfx1250 only).
 
-GEMM tiles (:func:`iris_fw.gluon_tiles.matmul_tile`): on Hopper (sm_90) shared-memory operands and
-asynchronous ``warpgroup_mma``, elsewhere ``mma_v2``; ``IRIS_FW_GLUON_MMA`` overrides the device's choice
-(scripts/probe_warp_specialized.py times both on one GPU).
+GEMM tiles (:func:`iris_fw.gluon_tiles.matmul_tile`): ``mma_v2`` (measured the faster one), or on
+Hopper shared-memory operands and asynchronous ``warpgroup_mma`` with ``IRIS_FW_GLUON_MMA=wgmma``
+(scripts/probe_warp_specialized.py times both on one GPU: run 34, wgmma 2.2-2.4x slower).
 
 Verified: on CPU ranks (the sequential fallback), by the compile matrix (the Gluon kernel for sm_90
 and sm_100, Triton 3.9; its wgmma variant for sm_90 only) and by hand with Triton 3.6.0 for sm_90.
-The mma_v2 kernel ran on one H100 (run 29: right, 5x slower than the Triton GEMM); the wgmma tile
-has not run on a GPU yet. Not traced (the Gluon kernel records no events)."""
+On one H100 under MPS both tiles are right at W = 1-4 (runs 31, 33, 34); at W = 1 and 4096³ the
+mma_v2 kernel is ~5x slower than the Triton GEMM and the wgmma one ~11x (docs/performance.md). Not traced (the Gluon kernel records no events)."""
 
 from __future__ import annotations
 
@@ -260,7 +260,11 @@ class WarpSpecialized(Scheduler):
         """The GEMM tiles' tensor-core path: ``IRIS_FW_GLUON_MMA`` if not ``auto``, else the
         device's (:func:`iris_fw.gluon_tiles.mma_path`)."""
         chosen = env.get("IRIS_FW_GLUON_MMA")
-        return gtiles.mma_path(info(ctx.device).arch) if chosen == "auto" else chosen
+        arch = info(ctx.device).arch
+        if chosen == "wgmma" and arch not in gtiles.WGMMA_ARCHS:  # the compiler aborts the process there
+            raise ArgumentError(f"IRIS_FW_GLUON_MMA=wgmma needs a Hopper GPU ({', '.join(gtiles.WGMMA_ARCHS)}); "
+                                f"this device is {arch}")
+        return gtiles.mma_path(arch) if chosen == "auto" else chosen
 
     @staticmethod
     def _constexprs(plan, ws):

@@ -1,8 +1,8 @@
 """The ``warp_specialized`` scheduler on one GPU at W = 1: the Triton and Gluon API it finds,
 whether its Gluon kernel compiles and runs, each result against the float64 reference, and the
 time of a call next to ``fused_sequential`` and torch's matmul of the same local product. Every
-16-bit case runs on each GEMM tile path of the kernel (``mma_path``: the device's, e.g. wgmma on
-an H100, then ``mma_v2`` — ``IRIS_FW_GLUON_MMA``).
+16-bit case runs on each GEMM tile path of the kernel (``mma_path``: the device's, ``mma_v2``,
+then ``wgmma`` on Hopper — ``IRIS_FW_GLUON_MMA``).
 
     IRIS_FW_BOOTSTRAP=single python scripts/probe_warp_specialized.py [OUT.json]
 """
@@ -58,8 +58,10 @@ def main() -> None:
     print(json.dumps(report["api"]), flush=True)
     shapes = {"all_gather_gemm": [((499, 1001), (1001, 301)), ((4096, 4096), (4096, 4096))],
               "gemm_reduce_scatter": [((300, 1001), (1001, 301)), ((4096, 4096), (4096, 4096))]}
-    device_path = gtiles.mma_path(devinfo.info(torch.device("cuda")).arch)
-    paths = [device_path] + [p for p in ("mma_v2",) if p != device_path]
+    arch = devinfo.info(torch.device("cuda")).arch
+    device_path = gtiles.mma_path(arch)
+    paths = [device_path] + [p for p in gtiles.MMA_PATHS
+                             if p != device_path and (p != "wgmma" or arch in gtiles.WGMMA_ARCHS)]
     report["api"]["mma_path"] = device_path
     cases = [(pattern, dtype, a_shape, b_shape, mma) for pattern, shapes_of in shapes.items()
              for dtype in (torch.bfloat16, torch.float16, torch.float32) for a_shape, b_shape in shapes_of

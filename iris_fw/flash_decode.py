@@ -31,19 +31,11 @@ A split program loads the unit's query heads as one ``[ROWS, D]`` tile (padded t
 the online softmax over its ``BLOCK_N``-token K/V tiles, and stores its partial (normalized
 ``o`` and log-sum-exp) in a local scratch. It then counts itself on the unit's counter (local
 atomic); the split that arrives *last* combines the unit's ``n_split`` partials (in split
-order) into this rank's partial of the unit. Then:
-
-* ``scheduler="fused"`` (``"auto"``): that program pushes the rank's partial into slot
-  ``rank`` of every rank's receive buffer (symmetric, double-buffered by the call's epoch
-  parity), arrives on the unit's slots of every rank, waits — bounded — for every rank's
-  arrival on this unit, and combines the ``W`` partials (in rank order) into ``o``. One
-  launch per call, no host synchronization. No program waits for another program of its
-  own launch (only for programs of other ranks), so the kernel is also correct under
-  Triton's CPU interpreter, which runs a launch's programs one after another. Every program
-  is resident on a GPU at once (grid ≤ SMs × ``programs_per_sm``), so the waits progress.
-* ``scheduler="bulk_sync"``: the same kernel stores the rank's partial locally, then
-  ``iris_fw.ccl.all_gather_into_tensor`` gathers every rank's partials and a combine kernel
-  computes ``o`` (three launches) — the bulk-synchronous reference on our side.
+order) into this rank's partial of the unit. What follows is the *algorithm*'s
+(``scheduler=``; see below): ``fused`` (``"auto"``) pushes the partial to every rank, waits
+for theirs and combines them in the same kernel (one launch per call, no host
+synchronization); ``bulk_sync`` stores it locally, all-gathers the partials and combines
+them in a second kernel (three launches: the bulk-synchronous reference on our side).
 
 Per-call state lives on the device: per-program epoch counters (:func:`iris_fw.tilecomm.program_epoch`),
 unit counters reset by the last split, arrival slots holding epochs. A call issued again with
@@ -54,15 +46,31 @@ argument, not part of the cached call).
 **Calls.** The first call of a shape class (B, Hq, Hkv, D, Dv, dtype, kv_lens given or not,
 sm_scale, scheduler) on a group is validated across its members through the group's mailbox
 (:meth:`iris_fw.ccl.Group.exchange`; ``S_r`` may differ): a mismatch raises on every rank
-naming the ranks and the argument. It then plans: tuning row, split count, scratch, and for
-``fused`` a kernel configuration of the group's workspace (:func:`iris_fw.ccl.algorithm.kernel_config`:
-receive buffers and arrival slots, shared by calls of equal bytes). Later calls are one
-dictionary look-up and one launch. Launch configurations are data:
+naming the ranks and the argument. It then plans (:class:`FlashDecode`): tuning row, split
+count, scratch, the local kernel's launch, and the algorithm's part — for ``fused`` a kernel
+configuration of the group's workspace (:func:`iris_fw.ccl.algorithm.kernel_config`: receive
+buffers and arrival slots, shared by calls of equal bytes). Later calls are one dictionary
+look-up and the algorithm's launches. Launch configurations are data:
 ``iris_fw/tuning/flash_decode.json``, keyed by device name.
 
-:func:`flash_decode_reference` (float64, from every rank's slices) and
-:func:`combine_partials` (torch: the combine of per-rank partials, the bulk-synchronous
-baseline's last step) sit beside the op.
+**Algorithms.** ``scheduler=`` names a flash-decode algorithm of the context's algorithm
+registry, registered (hook ``iris_fw_register_algorithms``) as ``"flash_decode.<name>"`` like
+a collective algorithm of :mod:`iris_fw.ccl`; ``"auto"`` is :data:`AUTO_SCHEDULER`, and a name
+not registered raises :class:`~iris_fw.ArgumentError` on every rank, naming the argument and
+the registered ones (:func:`schedulers`). The built-ins, ``fused`` and ``bulk_sync``, are the
+plugin module :mod:`iris_fw.collectives.flash_decode`; a third party registers its own the same
+way. An algorithm is a :class:`DecodeAlgorithm`: the ccl contract (:class:`iris_fw.ccl.algorithm.Algorithm`:
+``name``, ``supports(call)``, ``plan(group, call)``) for an op of several inputs — the call a
+:class:`DecodeCall`, the plan a :class:`FlashDecode`, which keeps what every algorithm shares
+and asks the algorithm for its buffers (``setup``), its launches (``launches``) and each call's
+launch sequence (``run``). Not a ccl ``run(src, dst)``: flash-decode takes ``q``, ``k``,
+``v``, ``kv_lens`` and ``block_table`` and writes ``out``, and its operands are prepared per
+layout (:meth:`FlashDecode.launch`) rather than per input pointer.
+
+This module holds the API, the checks, the tuning rows and the plan; the Triton kernels are
+:mod:`iris_fw.flash_decode_kernels`. :func:`flash_decode_reference` (float64, from every rank's
+slices) and :func:`combine_partials` (torch: the combine of per-rank partials, the
+bulk-synchronous baseline's last step) sit beside the op, as every op's reference does.
 """
 
 from __future__ import annotations
@@ -74,36 +82,37 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
 from . import callpath as cp
 from . import context as _context
 from . import devinfo
-from . import tilecomm as tc
-from . import gemm_tiles as tiles
-from . import trace as tr
 from . import tuning as tuning_tables
 from .ccl import algorithm as al
 from .ccl import api
+from .errors import ArgumentError, ArgumentTypeError
+from .flash_decode_kernels import LOG2E, _flash_decode_kernel
 from .kernel_launcher import KernelLauncher
 
-__all__ = ["DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "FlashDecode", "combine_partials", "flash_decode",
-           "flash_decode_reference", "plan", "tuning"]
+__all__ = ["AUTO_SCHEDULER", "DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "DecodeAlgorithm", "FlashDecode",
+           "combine_partials", "flash_decode", "flash_decode_reference", "plan", "schedulers", "tuning"]
 
 #: dtypes of q, k, v (and of o).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Largest head dim (D and Dv).
 MAX_HEAD_DIM = 256
-#: ``scheduler=`` values; ``"auto"`` is the first.
+#: The built-in ``scheduler=`` values (flash-decode algorithms of :mod:`iris_fw.collectives.flash_decode`);
+#: :func:`schedulers` lists those registered in a context, plugins' included.
 SCHEDULERS = ("fused", "bulk_sync")
+#: The algorithm ``scheduler="auto"`` runs.
+AUTO_SCHEDULER = "fused"
+#: The algorithm registry's prefix of flash-decode algorithms (``"flash_decode.<name>"``).
+COLLECTIVE = "flash_decode"
 #: Operand layouts (q, k, v, kv_lens, block_table pointers and strides) a plan keeps a prepared
 #: launch for, per set of launches (untraced; traced): double-buffered inputs hit. Each holds its
 #: tensors alive, and the output of the call that prepared it.
 PREPARED_LAYOUTS = 4
 #: Smallest tile side ``tl.dot`` takes.
 MIN_DOT = 16
-LOG2E = 1.4426950408889634
-_LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must be a constexpr)
 
 
 # ---- tuning (data) --------------------------------------------------------------------------------
@@ -165,250 +174,8 @@ def tuning(device: torch.device, head_dim: int) -> Tuning:
     rows = data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"]
     for bound, cfg in rows:
         if bound is None or head_dim <= bound:
-            return Tuning(**cfg)
-    return Tuning(**rows[-1][1])
-
-
-# ---- device functions -------------------------------------------------------------------------------
-
-
-@triton.jit
-def _unit(u, HQ: tl.constexpr, HKV: tl.constexpr, ROWS: tl.constexpr):
-    """Unit ``u`` → (sequence b, kv head, first query head, query heads in the unit)."""
-    G: tl.constexpr = HQ // HKV
-    HB: tl.constexpr = (G + ROWS - 1) // ROWS
-    b = u // (HKV * HB)
-    kvh = (u // HB) % HKV
-    hb = u % HB
-    return b, kvh, kvh * G + hb * ROWS, tl.minimum(G - hb * ROWS, ROWS)
-
-
-@triton.jit
-def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride_qh, stride_qd, stride_kp, stride_ks,
-                     stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr, DV: tl.constexpr,
-                     ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PAGE: tl.constexpr, EXACT: tl.constexpr):
-    """Online softmax of the ``rows_valid`` query heads at ``q_ptr`` (``[ROWS, D]`` rows
-    ``stride_qh`` apart) over tokens ``first … last-1`` of one kv head of one sequence's slice.
-    ``PAGE == 0``: token ``t``'s ``[D]`` key at ``k_ptr + t * stride_ks``; ``PAGE > 0`` (paged
-    KV): in page ``table[t // PAGE]``, row ``t % PAGE``: ``k_ptr + page * stride_kp + (t % PAGE)
-    * stride_ks``; values likewise (``[Dv]``). Scores are ``q·k · qk_scale`` in base-2 units
-    (``qk_scale`` includes log2(e)). Returns ``(acc [ROWS, BDV], m [ROWS], l [ROWS])`` in fp32:
-    ``acc / l`` is the attention output, ``m + log2(l)`` the base-2 log-sum-exp."""
-    rows = tl.arange(0, ROWS)
-    dq = tl.arange(0, BD)
-    dv = tl.arange(0, BDV)
-    qt = tl.load(q_ptr + rows[:, None] * stride_qh + dq[None, :] * stride_qd,
-                 mask=(rows[:, None] < rows_valid) & (dq[None, :] < D), other=0.0)
-    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
-    tok = tl.arange(0, BLOCK_N)
-    if PAGE == 0:  # contiguous: the tiles' pointers advance by BLOCK_N tokens
-        k_tile = k_ptr + first.to(tl.int64) * stride_ks + dq[:, None] * stride_kd + tok[None, :] * stride_ks
-        v_tile = v_ptr + first.to(tl.int64) * stride_vs + tok[:, None] * stride_vs + dv[None, :] * stride_vd
-    for n0 in range(first, last, BLOCK_N):
-        valid = (n0 + tok) < last
-        if PAGE > 0:  # paged: each token's row from the block table
-            t = n0 + tok
-            page = tl.load(table + t // PAGE, mask=valid, other=0).to(tl.int64)
-            k_tile = k_ptr + (page * stride_kp + (t % PAGE) * stride_ks)[None, :] + dq[:, None] * stride_kd
-            v_tile = v_ptr + (page * stride_vp + (t % PAGE) * stride_vs)[:, None] + dv[None, :] * stride_vd
-        kt = tl.load(k_tile, mask=valid[None, :] & (dq[:, None] < D), other=0.0)  # [BD, BLOCK_N]: Kᵀ
-        s = tiles.dot(qt, kt, None, EXACT) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_tile, mask=valid[:, None] & (dv[None, :] < DV), other=0.0)  # [BLOCK_N, BDV]
-        acc = tiles.dot(p.to(vt.dtype), vt, acc * alpha[:, None], EXACT)
-        m = m_new
-        if PAGE == 0:
-            k_tile += BLOCK_N * stride_ks
-            v_tile += BLOCK_N * stride_vs
-    return acc, m, l
-
-
-@triton.jit
-def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_TO_LOG2: tl.constexpr, DV: tl.constexpr,
-                   ROWS: tl.constexpr, BDV: tl.constexpr):
-    """Combine ``count`` partials of ``rows_valid`` heads, in slot order (so every rank computes
-    bitwise the same): slot ``i``'s normalized outputs at ``o_ptr + i * o_stride`` (``[ROWS, DV]``,
-    rows ``DV`` apart) and log-sum-exps at ``lse_ptr + i * lse_stride`` (``[ROWS]``; times
-    ``LSE_TO_LOG2`` in base 2; ``-inf``: no tokens). Returns ``(o [ROWS, BDV], lse [ROWS] in
-    base 2)`` in fp32; heads without any token get ``o = 0``, ``lse = -inf``. Loads go to L2
-    (``.cg``): the partials were written by other programs or ranks."""
-    rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, BDV)
-    rmask = rows < rows_valid
-    omask = rmask[:, None] & (cols[None, :] < DV)
-    top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    for i in range(0, count):
-        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
-        top = tl.maximum(top, x * LSE_TO_LOG2)
-    base = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
-    for i in range(0, count):
-        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
-        w = tl.exp2(x * LSE_TO_LOG2 - base)
-        o = tl.load(o_ptr + i * o_stride + rows[:, None] * DV + cols[None, :], mask=omask, other=0.0,
-                    cache_modifier=".cg")
-        total += w
-        acc += w[:, None] * o
-    safe = tl.where(total > 0, total, 1.0)
-    return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
-
-
-# ---- kernels ----------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_lse, unit_counters, mine, recv, slots,
-                         epochs, batch, seq, n_split,
-                         stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
-                         stride_vb, stride_vs, stride_vh, stride_vd, stride_tb,
-                         qk_scale, rank, world_size, heap_bases,
-                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-                         ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
-                         trace, TRACE: tl.constexpr = 0):
-    """Split-KV decode attention of this rank's slice, its splits combined per unit by the
-    unit's last split, then (``FUSED``) combined across ranks, else stored locally.
-
-    ``q [B, HQ, D]``, ``k [B, seq, HKV, D]``, ``v [B, seq, HKV, DV]`` (strides given), or with
-    ``PAGE > 0`` (paged KV) ``k [pages, PAGE, HKV, D]``, ``v [pages, PAGE, HKV, DV]`` and
-    ``block_table`` int32 ``[B, seq / PAGE]`` (rows ``stride_tb`` apart) naming each sequence's
-    pages in order; ``kv_lens`` int32 ``[B]`` (read if ``HAS_LENS``); ``out``: contiguous ``[B, HQ, DV]``
-    (``FUSED``). Arguments a variant does not read are passed as None (``kv_lens`` without
-    ``HAS_LENS``, ``block_table`` unpaged, ``out``/``recv``/``slots``/``epochs`` not ``FUSED``,
-    ``mine`` ``FUSED``); the launches name every argument (:meth:`FlashDecode._launches`). Local scratch: ``partials`` fp32 ``[units, n_split, ROWS, DV]``,
-    ``partial_lse`` fp32 ``[units, n_split, ROWS]``, ``unit_counters`` int64 ``[units]`` (zero
-    between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
-    then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
-    ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
-    ``[units, world_size]``, ``epochs`` int64 ``[programs]``.
-
-    Traced (:mod:`iris_fw.trace`): per program its span (item: the call's epoch, ``FUSED``;
-    else -1); per work item an ``attention`` event (item: ``unit * n_split + split``); the
-    unit's last split also a ``reduce`` (the splits' combine, item: the unit) and, ``FUSED``,
-    a ``push`` of the partial to the peers, the ``arrivals`` wait on the unit's slots and a
-    ``reduce`` of the ranks' partials."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    G: tl.constexpr = HQ // HKV
-    HB: tl.constexpr = (G + ROWS - 1) // ROWS
-    units = batch * HKV * HB
-    pack = batch * HQ * (DV + 1)
-    lse_at = batch * HQ * DV
-    rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, BDV)
-    if FUSED:
-        epoch = tc.program_epoch(epochs)
-        buf = recv + (epoch % 2) * world_size * pack
-    if TRACE:
-        started = tr.record_start(trace, TRACE)
-    live = 1
-    for item in range(pid, units * n_split, nprog):
-        if TRACE:
-            t0 = tr.record_start(trace, TRACE)
-        u = item // n_split
-        s = item % n_split
-        b = u // (HKV * HB)  # as _unit (inlined: the interpreter pays per nested call)
-        kvh = (u // HB) % HKV
-        h0 = kvh * G + (u % HB) * ROWS
-        rows_valid = tl.minimum(G - (u % HB) * ROWS, ROWS)
-        length = seq
-        if HAS_LENS:
-            length = tl.minimum(tl.maximum(tl.load(kv_lens + b), 0), seq)
-        chunk = ((length + n_split - 1) // n_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        start = tl.minimum(s * chunk, length)
-        b64 = b.to(tl.int64)
-        k_ptr = k + kvh * stride_kh
-        v_ptr = v + kvh * stride_vh
-        table = block_table  # None unless paged
-        if PAGE == 0:
-            k_ptr += b64 * stride_kb
-            v_ptr += b64 * stride_vb
-        else:
-            table = block_table + b64 * stride_tb
-        acc, m, l = _split_attention(
-            q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
-            tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
-            stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
-        # this split's partial, normalized, and its base-2 log-sum-exp
-        safe = tl.where(l > 0, l, 1.0)
-        omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
-        slot = u * n_split + s
-        tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], acc / safe[:, None], mask=omask)
-        tl.store(partial_lse + slot * ROWS + rows, tl.where(l > 0, m + tl.log2(safe), float("-inf")),
-                 mask=rows < rows_valid)
-        if TRACE:
-            tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
-            t0 = tr.record_start(trace, TRACE)
-        # the unit's last split to get here combines them (every thread's stores before the release)
-        tl.debug_barrier()
-        done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()
-        if done == n_split - 1:
-            tl.store(unit_counters + u, 0)
-            o, lse2 = _combine_slots(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS,
-                                     ROWS * DV, ROWS, n_split, rows_valid, 1.0, DV, ROWS, BDV)
-            o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
-            lse_off = lse_at + b * HQ + h0 + rows
-            lse = lse2 / _LOG2E
-            if FUSED:
-                if TRACE:
-                    tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
-                    t0 = tr.record_start(trace, TRACE)
-                tc.tile_store_all(buf + rank * pack + o_off, o, rank, world_size, heap_bases, mask=omask)
-                tc.tile_store_all(buf + rank * pack + lse_off, lse, rank, world_size, heap_bases,
-                                  mask=rows < rows_valid)
-                tc.arrive(slots + u * world_size, epoch, rank, world_size, heap_bases)
-                if TRACE:  # the unit's rows of o and lse, fp32, to every other rank
-                    tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
-                                   tr.as_i64(rows_valid) * (DV + 1) * 4 * (world_size - 1), u)
-                    t0 = tr.record_start(trace, TRACE)
-                if live:  # after one timed-out wait, no more waiting: one missing peer costs one timeout
-                    live = tc.wait_arrivals(slots + u * world_size, epoch, rank, world_size, heap_bases)
-                if TRACE:
-                    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
-                    t0 = tr.record_start(trace, TRACE)
-                if live:
-                    o, lse2 = _combine_slots(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack,
-                                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
-                    tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
-            else:
-                tl.store(mine + o_off, o, mask=omask)
-                tl.store(mine + lse_off, lse, mask=rows < rows_valid)
-            if TRACE:
-                tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
-    if TRACE:
-        if FUSED:
-            tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
-        else:
-            tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, -1)
-
-
-@triton.jit
-def _combine_kernel(gathered, out, batch, world_size, HQ: tl.constexpr, HKV: tl.constexpr, DV: tl.constexpr,
-                    ROWS: tl.constexpr, BDV: tl.constexpr, trace, TRACE: tl.constexpr = 0):
-    """``out [B, HQ, DV]`` (contiguous) from every rank's packed partial: ``gathered`` fp32
-    ``[world_size, pack]`` (see :func:`_flash_decode_kernel`). One program per unit (traced:
-    a ``reduce`` event, item: the unit)."""
-    if TRACE:
-        t0 = tr.record_start(trace, TRACE)
-    b, kvh, h0, rows_valid = _unit(tl.program_id(0), HQ, HKV, ROWS)
-    pack = batch * HQ * (DV + 1)
-    rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, BDV)
-    o, lse2 = _combine_slots(gathered + (b * HQ + h0) * DV, gathered + batch * HQ * DV + b * HQ + h0, pack,
-                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
-    omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
-    tl.store(out + (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :], o.to(out.dtype.element_ty), mask=omask)
-    if TRACE:
-        tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, tl.program_id(0))
+            return Tuning(**tuning_tables.fields(cfg))
+    return Tuning(**tuning_tables.fields(rows[-1][1]))
 
 
 # ---- the call ---------------------------------------------------------------------------------------
@@ -448,12 +215,34 @@ def _check_tensor(ctx, t, name: str, dims: int) -> torch.Tensor:
     return t
 
 
-def _scheduler(name) -> str:
-    if name == "auto":
-        return SCHEDULERS[0]
-    if name not in SCHEDULERS:
-        raise ValueError(f"flash_decode: scheduler must be 'auto' or one of {SCHEDULERS}, got {name!r}")
-    return name
+def schedulers(ctx: Any = None) -> list[str]:
+    """The ``scheduler=`` names registered in ``ctx`` (default the current context): every
+    flash-decode algorithm (``"flash_decode.<name>"`` in its algorithm registry), the built-ins
+    :data:`SCHEDULERS` and any a plugin registered; ``"auto"`` (= :data:`AUTO_SCHEDULER`) besides."""
+    return al.names(_context.resolve(ctx), COLLECTIVE)
+
+
+def algorithm_of(ctx, scheduler: str) -> "DecodeAlgorithm":
+    """The registered algorithm a ``scheduler=`` name (``"auto"``: :data:`AUTO_SCHEDULER`) runs
+    in ``ctx``. Raises :class:`~iris_fw.ArgumentError` naming the argument and the registered
+    names when none is registered under it (or it is not available here)."""
+    if not isinstance(scheduler, str):
+        raise ArgumentTypeError(f"flash_decode: scheduler must be a name (str), got {type(scheduler).__name__} "
+                                f"{scheduler!r}")
+    name = AUTO_SCHEDULER if scheduler == "auto" else scheduler
+    registry = ctx.registries.algorithm
+    key = f"{COLLECTIVE}.{name}"
+    if key not in registry:
+        known = ", ".join(al.names(ctx, COLLECTIVE)) or (
+            "none registered: the built-ins load from iris-fw's entry point 'flash_decode_algorithms'; "
+            "reinstall iris-fw")
+        raise ArgumentError(f"flash_decode: scheduler must be 'auto' or a registered flash-decode algorithm "
+                            f"({known}), got {scheduler!r}")
+    entry = registry.entry(key)
+    ok, why = entry.availability()
+    if not ok:
+        raise ArgumentError(f"flash_decode: scheduler {name!r} (from {entry.provider}) is not available here: {why}")
+    return entry.obj
 
 
 def check_out(out, call: DecodeCall, device) -> None:
@@ -515,8 +304,13 @@ def check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler, block_table=None) -> 
         sm_scale = 1.0 / math.sqrt(d)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
         raise ValueError(f"flash_decode: sm_scale must be a finite number or None, got {sm_scale!r}")
-    return DecodeCall(batch, hq, hkv, d, dv, q.dtype, kv_lens is not None, float(sm_scale), _scheduler(scheduler),
-                      page_size)
+    algo = algorithm_of(ctx, scheduler)
+    name = AUTO_SCHEDULER if scheduler == "auto" else scheduler
+    call = DecodeCall(batch, hq, hkv, d, dv, q.dtype, kv_lens is not None, float(sm_scale), name, page_size)
+    ok, why = algo.supports(call)
+    if not ok:
+        raise ArgumentError(f"flash_decode: scheduler {name!r} cannot run this call: {why}")
+    return call
 
 
 def _key(q, k, v, kv_lens, sm_scale, scheduler, block_table):
@@ -545,18 +339,83 @@ def _key(q, k, v, kv_lens, sm_scale, scheduler, block_table):
             kd, vd, layout, lens, sm_scale)
 
 
+# ---- algorithms -------------------------------------------------------------------------------------
+
+
+class DecodeAlgorithm(al.Algorithm):
+    """Base class of flash-decode algorithms: how a plan's per-rank partials become ``o`` on every
+    rank. Registered like a collective algorithm of :mod:`iris_fw.ccl` (hook
+    ``iris_fw_register_algorithms``) as ``"flash_decode.<name>"``; ``flash_decode(...,
+    scheduler=name)`` runs it (``"auto"``: :data:`AUTO_SCHEDULER`). The built-ins are
+    ``flash_decode.fused`` and ``flash_decode.bulk_sync`` (:mod:`iris_fw.collectives.flash_decode`).
+
+    It keeps :class:`~iris_fw.ccl.algorithm.Algorithm`'s contract — ``collective``
+    (``"flash_decode"``), ``name``, ``available()``, ``supports(call)``, ``plan(group, call)``,
+    ``key`` — with what flash-decode's several inputs need instead of ``run(src, dst)``: the
+    call is a :class:`DecodeCall` and the plan a :class:`FlashDecode`, which owns what every
+    algorithm shares (tuning, split count, the local scratch, the local kernel's launch, the
+    prepared launch per operand layout) and asks its algorithm for the rest:
+
+    * :meth:`setup` (once per plan, on every member of the group alike): the algorithm's own
+      buffers, e.g. symmetric ones carved from the group's workspace (``group.config``,
+      ``group.carve``, :func:`iris_fw.ccl.algorithm.kernel_config`);
+    * :meth:`launches` (per plan, and again per trace session with ``tracer``): its launches
+      by role, each a :class:`~iris_fw.kernel_launcher.BoundLaunch` with the plan's arguments
+      bound by name (:meth:`FlashDecode.kernel_args`, :meth:`FlashDecode.trace_handle`);
+    * :meth:`run` (every call, the hit path: keep it short): enqueue the call on the current
+      stream — through :meth:`FlashDecode.launch` for a launch that takes the attention
+      kernel's per-call operands, by calling the bound launch for the others.
+
+    A call has passed :meth:`supports` on every rank before it is planned; no host
+    synchronization may happen in :meth:`run` (calls are captured in CUDA graphs)."""
+
+    collective = COLLECTIVE
+
+    def supports(self, call: DecodeCall) -> tuple[bool, str]:
+        return True, ""
+
+    def plan(self, group, call: DecodeCall) -> "FlashDecode":
+        """The call planned on ``group`` (validated already): a :class:`FlashDecode` running this
+        algorithm."""
+        return FlashDecode(group, call, algorithm=self)
+
+    def setup(self, fd: "FlashDecode") -> None:
+        """Make this algorithm's state of the plan ``fd`` (default: none)."""
+
+    def launches(self, fd: "FlashDecode", tracer) -> dict:
+        """This algorithm's launches of the plan ``fd`` beside its ``"local"`` one, by role;
+        ``tracer``: the trace session to record into (:mod:`iris_fw.trace`), ``None`` for the
+        untraced variants (default: none)."""
+        return {}
+
+    def run(self, fd: "FlashDecode", launches: dict, q, k, v, kv_lens, block_table, out) -> None:  # pragma: no cover
+        """One call of the plan ``fd`` into ``out`` (``[B, Hq, Dv]``, q's dtype, contiguous; the
+        batch is not empty): ``launches`` are the plan's current ones (``"local"``, this
+        algorithm's, ``"prepared"``: :meth:`FlashDecode.launch`'s cache)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<flash-decode algorithm {self.key}>"
+
+
+# ---- the plan ---------------------------------------------------------------------------------------
+
+
 class FlashDecode:
     """A flash_decode prepared for one :class:`DecodeCall` on a group (kept in the group's call
-    cache): tuning (``tune``: default the table's row), split count, scratch, launchers and —
-    fused — the group's kernel configuration; made on every member of the group alike. ``fd(q, k, v, kv_lens=None, out=None) -> o``; ``fd.partial(q, k, v,
-    kv_lens=None) -> packed`` runs the local kernel alone (no communication): this rank's
-    partial, fp32 ``[B·Hq·(Dv+1)]`` = ``o [B, Hq, Dv]`` then natural-log ``lse [B, Hq]``
-    (:meth:`unpack` splits it). Inside a trace session (``ctx.trace``) its kernels run their
-    traced variants (docs/tracing.md)."""
+    cache): tuning (``tune``: default the table's row), split count, scratch, the local kernel's
+    launch and its algorithm's part (``algorithm``: default the one registered under
+    ``call.scheduler``, :class:`DecodeAlgorithm`); made on every member of the group alike.
+    ``fd(q, k, v, kv_lens=None, out=None) -> o``; ``fd.partial(q, k, v, kv_lens=None) -> packed``
+    runs the local kernel alone (no communication): this rank's partial, fp32
+    ``[B·Hq·(Dv+1)]`` = ``o [B, Hq, Dv]`` then natural-log ``lse [B, Hq]`` (:meth:`unpack`
+    splits it). Inside a trace session (``ctx.trace``) its kernels run their traced variants
+    (docs/tracing.md)."""
 
-    def __init__(self, group, call: DecodeCall, tune: Tuning | None = None):
+    def __init__(self, group, call: DecodeCall, tune: Tuning | None = None, algorithm: DecodeAlgorithm | None = None):
         ctx = group.ctx
         self.group, self.call = group, call
+        self.algorithm = algorithm or algorithm_of(ctx, call.scheduler)
         dev = ctx.device
         tune = tune or tuning(dev, max(call.head_dim, call.v_head_dim))
         self.tune = tune
@@ -574,63 +433,50 @@ class FlashDecode:
                                     device=dev)
         self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.rows), dtype=f32, device=dev)
         self.unit_counters = torch.zeros(max(1, self.units), dtype=torch.int64, device=dev)
-        constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim, ROWS=self.rows,
-                          BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
-                          BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
-                          HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
-        self._constexprs = constexprs
-        self._options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
-        self.mine = None  # the local partial (packed), made on first use
-        if call.scheduler == "bulk_sync":
-            # symmetric within the group — carved from its workspace, which every rank of the world
-            # made, so members-only calls keep the world's heap symmetric — and shared by every
-            # call of this size: an all-gather may read it in place
-            self.mine = group.config(("flash_decode.bulk_sync partial", self.pack),
-                                     lambda: group.carve(self.pack, f32, "flash_decode.bulk_sync partial"))
-            self.gathered = torch.empty(group.size * self.pack, dtype=f32, device=dev)
+        #: the attention kernel's constexprs and launch options (an algorithm's variants add theirs)
+        self.constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim,
+                               ROWS=self.rows, BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
+                               BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
+                               HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
+        self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
+        self.mine = None  # the local partial (packed), made on first use (or by the algorithm)
+        self.algorithm.setup(self)
         self._debug = ctx.debug  # IRIS_FW_DEBUG=1: q compared across the group per call
         self._untraced = self._launches(None)
         self._traced = None  # (session, launches) of the last trace session it ran in
 
     # ---- launches -------------------------------------------------------------------------------
-    def _launches(self, tracer) -> dict:
-        """The launches of the ``local``, ``fused`` (the group's kernel configuration) and
-        ``combine`` kernels, each a :class:`~iris_fw.kernel_launcher.BoundLaunch` with the plan's
-        own arguments bound by name (scratch, sizes, rank, the trace handle) and the call's given
-        by name at each launch; with ``tracer`` (a trace session) their traced variants,
-        recording into the session's buffers (:mod:`iris_fw.trace`)."""
-        group, call, f32 = self.group, self.call, torch.float32
-        constexprs = self._constexprs
-        traced = {} if tracer is None else {"TRACE": tracer.mode}
-
-        def handle(role, programs):
-            label = f"flash_decode.{call.scheduler} {role}"
-            return None if tracer is None else tracer.handle((id(group), label), programs, label, pin=group)
-
-        plan = dict(partials=self.partials, partial_lse=self.partial_lse, unit_counters=self.unit_counters,
+    def kernel_args(self) -> dict:
+        """The attention kernel's (:func:`~iris_fw.flash_decode_kernels._flash_decode_kernel`)
+        arguments this plan fixes, by name: the local scratch, sizes, rank and the group's heap
+        bases."""
+        group, call = self.group, self.call
+        return dict(partials=self.partials, partial_lse=self.partial_lse, unit_counters=self.unit_counters,
                     batch=call.batch, n_split=self.n_split, qk_scale=self.qk_scale, rank=group.rank,
                     world_size=group.size, heap_bases=group.heap_bases)
+
+    def trace_handle(self, tracer, role: str, programs: int):
+        """The trace buffer handle of this plan's ``role`` launch of ``programs`` programs in the
+        session ``tracer`` (named ``"flash_decode.<scheduler> <role>"``); ``None`` untraced."""
+        if tracer is None:
+            return None
+        label = f"{COLLECTIVE}.{self.call.scheduler} {role}"
+        return tracer.handle((id(self.group), label), programs, label, pin=self.group)
+
+    def _launches(self, tracer) -> dict:
+        """The ``local`` launch (the attention kernel, its partial stored locally) and the
+        algorithm's (:meth:`DecodeAlgorithm.launches`), each a
+        :class:`~iris_fw.kernel_launcher.BoundLaunch` with the plan's own arguments bound by name
+        (scratch, sizes, rank, the trace handle) and the call's given by name at each launch;
+        with ``tracer`` (a trace session) their traced variants, recording into the session's
+        buffers (:mod:`iris_fw.trace`)."""
+        traced = {} if tracer is None else {"TRACE": tracer.mode}
         local = KernelLauncher(_flash_decode_kernel, (self.nprog,),
-                               constexprs={**constexprs, "FUSED": False, **traced}, **self._options)
-        launches = {"local": local.bind(**plan, out=None, recv=None, slots=None, epochs=None,
-                                        trace=handle("local", self.nprog))}
-        if call.scheduler == "fused":
-            fused, (recv, slots, epochs) = al.kernel_config(
-                group, ("flash_decode.fused",), _flash_decode_kernel, nprog=self.nprog,
-                constexprs={**constexprs, "FUSED": True}, options=self._options, label="flash_decode.fused",
-                tracer=tracer,
-                buffers=[(2 * group.size * self.pack, f32, "partials exchange"),
-                         (self.units * group.size, torch.int64, "arrival slots")])
-            launches["fused"] = fused.launcher.bind(**plan, mine=None, recv=recv, slots=slots, epochs=epochs,
-                                                    trace=fused.trace)
-        else:
-            units = max(1, self.units)
-            combine = KernelLauncher(_combine_kernel, (units,), constexprs={
-                **{k: constexprs[k] for k in ("HQ", "HKV", "DV", "ROWS", "BDV")}, **traced},
-                num_warps=self.tune.num_warps)
-            launches["combine"] = combine.bind(gathered=self.gathered, batch=call.batch, world_size=group.size,
-                                               trace=handle("combine", units))
-        launches["prepared"] = {}  # {operand layout: (PreparedLaunch, index of seq, of the output)}: _launch
+                               constexprs={**self.constexprs, "FUSED": False, **traced}, **self.options)
+        launches = {"local": local.bind(**self.kernel_args(), out=None, recv=None, slots=None, epochs=None,
+                                        trace=self.trace_handle(tracer, "local", self.nprog))}
+        launches.update(self.algorithm.launches(self, tracer))
+        launches["prepared"] = {}  # {operand layout: (PreparedLaunch, index of seq, of the output)}: launch
         return launches
 
     def _current(self) -> dict:
@@ -643,15 +489,16 @@ class FlashDecode:
         tracer.launched()
         return self._traced[1]
 
-    def _launch(self, launches: dict, role: str, q, k, v, kv_lens, block_table, buffer) -> None:
-        """The ``role`` launch of ``launches`` (:meth:`_launches`: ``"local"`` or ``"fused"``) on
-        this call's tensors, ``seq`` and strides, ``buffer`` being its output (``mine`` or
-        ``out``). A call on the operands of an earlier one — the same ``data_ptr`` and strides
-        of ``q``, ``k``, ``v``, ``kv_lens`` and ``block_table``: the operand layout — reuses that
-        call's :class:`~iris_fw.kernel_launcher.PreparedLaunch` (the last
-        :data:`PREPARED_LAYOUTS` layouts), given only what may change between such
-        calls, ``seq`` (a decode loop's growing slice) and the output; a new layout binds every
-        argument by name once and prepares it."""
+    def launch(self, launches: dict, role: str, q, k, v, kv_lens, block_table, buffer, output: str = "mine") -> None:
+        """The ``role`` launch of ``launches`` (``"local"`` or an algorithm's, of a kernel taking
+        the attention kernel's per-call arguments) on this call's tensors, ``seq`` and strides,
+        ``buffer`` being its argument ``output`` (``"mine"``: the local partial; ``"out"``). A
+        call on the operands of an earlier one — the same ``data_ptr`` and strides of ``q``,
+        ``k``, ``v``, ``kv_lens`` and ``block_table``: the operand layout — reuses that call's
+        :class:`~iris_fw.kernel_launcher.PreparedLaunch` (the last :data:`PREPARED_LAYOUTS`
+        layouts), given only what may change between such calls, ``seq`` (a decode loop's
+        growing slice) and the output; a new layout binds every argument by name once and
+        prepares it."""
         if block_table is None:
             seq = k.shape[1]
             layout = (role, q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -668,17 +515,16 @@ class FlashDecode:
             launch.launch_with(((seq_at, seq), (buffer_at, buffer)))
             return
         bound = launches[role]
-        name = "out" if role == "fused" else "mine"
         (sqb, sqh, sqd), (skb, sks, skh, skd), (svb, svs, svh, svd) = q.stride(), k.stride(), v.stride()
         args = bound.args(q=q, k=k, v=v, kv_lens=kv_lens, block_table=block_table, seq=seq,
                           stride_qb=sqb, stride_qh=sqh, stride_qd=sqd, stride_kb=skb, stride_ks=sks, stride_kh=skh,
                           stride_kd=skd, stride_vb=svb, stride_vs=svs, stride_vh=svh, stride_vd=svd,
-                          stride_tb=0 if block_table is None else block_table.stride(0), **{name: buffer})
+                          stride_tb=0 if block_table is None else block_table.stride(0), **{output: buffer})
         params = bound.launcher.runtime_params
         launch = bound.launcher.prepare(*args)
         if len(prepared) >= PREPARED_LAYOUTS:
             del prepared[next(iter(prepared))]
-        prepared[layout] = (launch, params.index("seq"), params.index(name))
+        prepared[layout] = (launch, params.index("seq"), params.index(output))
         launch()
 
     def partial(self, q, k, v, kv_lens=None, mine=None, block_table=None) -> torch.Tensor:
@@ -689,7 +535,7 @@ class FlashDecode:
                 self.mine = torch.empty(self.pack, dtype=torch.float32, device=q.device)
             mine = self.mine
         if self.call.batch:
-            self._launch(self._current(), "local", q, k, v, kv_lens, block_table, mine)
+            self.launch(self._current(), "local", q, k, v, kv_lens, block_table, mine)
         return mine
 
     def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -710,13 +556,7 @@ class FlashDecode:
             check_out(out, c, q.device)
         if not c.batch:
             return out
-        launches = self._current()
-        if c.scheduler == "fused":
-            self._launch(launches, "fused", q, k, v, kv_lens, block_table, out)
-        else:
-            mine = self.partial(q, k, v, kv_lens, self.mine, block_table)
-            api.all_gather_into_tensor(self.gathered, mine, group=self.group, ctx=self.group.ctx)
-            launches["combine"](out=out)
+        self.algorithm.run(self, self._current(), q, k, v, kv_lens, block_table, out)
         return out
 
     def __repr__(self) -> str:
@@ -730,13 +570,13 @@ _LABEL = "iris_fw.flash_decode"
 
 def _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table) -> FlashDecode:
     """The miss path (:func:`iris_fw.callpath.plan_call`): checked here, validated across the group
-    through its mailbox, planned."""
+    through its mailbox, planned by its algorithm (:meth:`DecodeAlgorithm.plan`)."""
     def check():
         call = check_args(ctx, q, k, v, kv_lens, sm_scale, scheduler, block_table)
         return call.fields(ctx.device.type), call, None
 
     return cp.plan_call(ctx, _LABEL, check, lambda fields, error, _: g.exchange(_LABEL, fields, error),
-                        lambda call, _: FlashDecode(g, call))
+                        lambda call, _: algorithm_of(ctx, call.scheduler).plan(g, call))
 
 
 def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, plan_only=False):
@@ -775,7 +615,8 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: 
     Dv]`` (this rank's slice; rank order is sequence order), ``kv_lens`` int32 ``[B]`` (valid
     tokens of this rank's slice; default all ``S_r``), ``sm_scale`` (default ``1/sqrt(D)``),
     ``out`` (a contiguous ``[B, Hq, Dv]`` tensor of q's dtype to write; default a new one),
-    ``scheduler``: ``"auto"`` (= ``"fused"``), ``"fused"`` or ``"bulk_sync"``; ``group``: as
+    ``scheduler``: ``"auto"`` (= ``"fused"``), ``"fused"``, ``"bulk_sync"`` or another
+    registered flash-decode algorithm (:func:`schedulers`); ``group``: as
     in :mod:`iris_fw.ccl` (default every rank). Paged KV (as vLLM): ``block_table`` int32
     ``[B, pages]`` lists each sequence's pages of this rank's slice in order, ``k [num_pages,
     page_size, Hkv, D]`` and ``v [num_pages, page_size, Hkv, Dv]`` hold the pages; ``S_r`` is

@@ -151,8 +151,7 @@ def _measured_rows(device_name: str) -> tuple:
     rows = tuning.load("gemm")["devices"].get(device_name, [])  # measured rows only: no defaults
     out = []
     for max_m, config in rows:
-        config = dict(config)
-        config.pop("measured", None)  # the note of what chose the row
+        config = tuning.fields(config)  # without the note of what chose the row
         bounds = (max_m, config.pop("max_n", None), config.pop("max_k", None))
         out.append((bounds, GemmConfig(**config)))
     return tuple(out)

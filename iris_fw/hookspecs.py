@@ -90,6 +90,9 @@ def iris_fw_register_algorithms(registry):
         Its registry name is ``"<collective>.<name>"`` (e.g. ``"all_reduce.one_shot"``), the
         ``algorithm=`` a caller passes is ``name``; ``supports(call)`` says which calls it can
         run and ``plan(group, call)`` returns the launch (docs/architecture.md, "add a collective").
+        Flash-decode algorithms register here too, as ``"flash_decode.<name>"``: an
+        :class:`iris_fw.flash_decode.DecodeAlgorithm` instance, which ``flash_decode(...,
+        scheduler=name)`` runs (docs/architecture.md, "a flash-decode algorithm").
     :return: nothing.
     """
 

@@ -131,7 +131,7 @@ def tile_config(device: torch.device, mean_rows: float | None = None) -> TileCon
     call; None: the last row)."""
     data = _table()
     dev = devinfo.info(device)
-    row = dict(data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"])
+    row = tuning.fields(data["devices"].get(dev.name) or data["defaults"]["cpu" if dev.type == "cpu" else "cuda"])
     by_load = row.pop("block_m")
     row["block_m"] = next((bm for bound, bm in by_load
                            if bound is None or (mean_rows is not None and mean_rows <= bound)), by_load[-1][1])

@@ -16,8 +16,9 @@ rank's device, returned), else as a new tensor::
 
 ``moe_dispatch``/``moe_combine`` (:mod:`iris_fw.moe`) are expert-parallel exchanges with their
 own modes; ``moe_dispatch_gemm``/``moe_gemm_combine`` (:mod:`iris_fw.moe_gemm`) fuse them with
-the experts' grouped GEMMs. ``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers, ``"fused"`` (one kernel
-that combines across ranks) and ``"bulk_sync"``; the GEMM schedulers below are the engine's.
+the experts' grouped GEMMs. ``flash_decode`` (:mod:`iris_fw.flash_decode`) has its own schedulers — registered flash-decode
+algorithms, ``"fused"`` (one kernel that combines across ranks), ``"bulk_sync"`` or a plugin's —;
+the GEMM schedulers below are the engine's.
 
 ``scheduler`` is a registered scheduler's name (``bulk_sync``, ``producer_consumer``,
 ``fused_sequential``, ``wg_specialized``, ``copy_engine``, ``library`` — no fusion: cuBLAS

@@ -250,7 +250,9 @@ class AllGatherGemm(Pattern):
             pattern=self.name, pieces=self.pieces, args=args, cfg=AgCfg(*gcfg, fetch_bk),
             num_tiles=tiles_m * triton.cdiv(NL, cfg.block_n), num_chunks=tiles_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            comm_bytes=(M - Ms) * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies))
+            # fetch copies every row block into staging, this rank's own included: the
+            # communication programs move all of A (the SM split's estimate)
+            comm_bytes=M * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies))
 
     @staticmethod
     def _copies(ctx, ws, a_shard, a_full, Ms, BM, shift):

@@ -148,7 +148,10 @@ for step in $STEPS; do
         echo "rc $?"; grep -v "^\[rank [0-9]*\] *$" "$log" | tail -${LAUNCH_TAIL:-12} | cut -c1-400 ;;
     tests)
         need_mps
-        [ -n "${SUITE_MPS_PERCENT:-}" ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$SUITE_MPS_PERCENT
+        # the suite's share: XDIST workers' pools of up to 4 ranks run at once, and MPS caps a
+        # client's SMs without reserving any (100 / ranks per GPU each would oversubscribe it:
+        # run 29's W = 4 wg_specialized WaitTimeout)
+        export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${SUITE_MPS_PERCENT:-5}
         IRIS_FW_FAILURE_LOG="$OUT/failures-tests.log" timeout ${TESTS_TIMEOUT:-540} $PYTEST -v -n ${XDIST:-2} "${parts[@]}" \
             > "$OUT/tests.log" 2>&1
         grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | grep -oE "(PASSED|FAILED|ERROR|SKIPPED)" | sort | uniq -c

@@ -107,7 +107,8 @@ STAGES = [
      or (f.endswith("contract.py") and fn == "get")),
     ("argument checks (hit)", lambda f, fn: fn in ("check_out", "_check_open", "check_same_query")),
     ("op / bind / plan memo", lambda f, fn: f.endswith(("engine/op.py", "engine/scheduler.py", "gemm.py"))
-     or fn in ("bind", "_memoized", "run", "launch", "finish", "library", "comm_first", "num_items")),
+     or fn in ("bind", "_memoized", "run", "launch", "finish", "library", "comm_first", "num_items")
+     and not f.endswith("flash_decode.py")),
     ("ccl entry (key built inline)", lambda f, fn: "/ccl/" in f),
     ("flash_decode entry", lambda f, fn: f.endswith("flash_decode.py")),
     ("ops entry", lambda f, fn: f.endswith("iris_fw/ops.py")),

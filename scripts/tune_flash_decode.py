@@ -35,8 +35,12 @@ from tune_gemm import graph_of, interleaved  # (this folder: the script's own di
 ROTATE_BYTES = 256 << 20
 #: Candidate (items_per_program, block_n, num_warps) rows (num_stages 3, one program per SM:
 #: every program of the fused kernel must be resident).
-GRID = [(items, bn, w) for items in (1, 2, 4, 8) for bn in (32, 64, 128) for w in (4, 8)]
 MAX_SPLITS = 128
+#: ... and, with one item per program, fewer splits than the grid would allow (max_splits 4 and
+#: 8): at batch 1 and 2 more splits mean a longer combine of the unit's partials (run 28: 33
+#: splits took twice the time of 16).
+GRID = ([(items, bn, w, MAX_SPLITS) for items in (1, 2, 4, 8) for bn in (32, 64, 128) for w in (4, 8)]
+        + [(1, bn, w, cap) for cap in (4, 8) for bn in (32, 64, 128) for w in (4, 8)])
 
 
 def parse(argv):
@@ -51,7 +55,8 @@ def parse(argv):
 
 
 def label(t: fd.Tuning) -> str:
-    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}"
+    cap = "" if t.max_splits == MAX_SPLITS else f"_cap{t.max_splits}"
+    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{cap}"
 
 
 def point(ctx, batch, tokens, opts, log) -> list[dict]:
@@ -67,10 +72,10 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     want = current.partial(q, ks[0], vs[0]).clone()
     base = current.tune
     plans = {"current " + label(base): current}
-    grid = [(3, 16, 4)] if opts.quick else GRID
-    for items, bn, w in grid:
+    grid = [(3, 16, 4, MAX_SPLITS), (1, 16, 4, 2)] if opts.quick else GRID
+    for items, bn, w, cap in grid:
         tune = fd.Tuning(block_n=bn, num_warps=w, num_stages=base.num_stages if opts.quick else 3, programs_per_sm=1,
-                         items_per_program=items, max_splits=MAX_SPLITS, max_rows=base.max_rows)
+                         items_per_program=items, max_splits=cap, max_rows=base.max_rows)
         try:
             p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
             got = p.partial(q, ks[0], vs[0]).clone()

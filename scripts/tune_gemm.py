@@ -59,7 +59,8 @@ def candidates(m: int) -> list[GemmConfig]:
         splits = (1, 2, 4)
     else:
         shapes = [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (256, 64, 64, 8, 4), (256, 128, 64, 8, 3),
-                  (64, 128, 64, 4, 4)]
+                  (64, 128, 64, 4, 4), (128, 128, 128, 8, 3), (128, 128, 64, 4, 5), (64, 256, 64, 8, 4),
+                  (128, 64, 128, 4, 4), (64, 128, 128, 4, 4)]
         splits = (1, 2, 3, 4)
     group = 1 if m <= 64 else 8
     return [GemmConfig(bm, bn, bk, group, w, st, split_k=s) for bm, bn, bk, w, st in shapes for s in splits]

@@ -279,6 +279,8 @@ def _bad_rank(ctx, what):
         kwargs["sm_scale"] = 0.5 if r == 1 else None  # None: 1/sqrt(16) = 0.25
     if what == "scheduler":
         kwargs["scheduler"] = "bulk_sync" if r == 0 else "fused"
+    if what == "unknown_scheduler":
+        kwargs["scheduler"] = "fsued"
     if what == "lens" and r == 0:
         kwargs["kv_lens"] = torch.ones(b, dtype=torch.int32, device=dev)
     if what == "lens_dtype":
@@ -310,8 +312,8 @@ def _bad_rank(ctx, what):
     return str(info.value)
 
 
-@pytest.mark.parametrize("what", ["heads", "dtype", "scale", "scheduler", "lens", "lens_dtype", "head_dim", "gqa",
-                                  "too_big", "paged", "table_dtype"])
+@pytest.mark.parametrize("what", ["heads", "dtype", "scale", "scheduler", "unknown_scheduler", "lens", "lens_dtype",
+                                  "head_dim", "gqa", "too_big", "paged", "table_dtype"])
 def test_bad_input_raises_everywhere(iris_pool, what):
     """A bad or mismatched argument on one rank (or all) raises on every rank, naming the ranks
     and the argument; no hang."""
@@ -334,6 +336,90 @@ def test_bad_input_raises_everywhere(iris_pool, what):
         assert all("head dim D must be in [1, 256]" in m for m in msgs), msgs
     if what == "table_dtype":
         assert all("block_table must be an int32 tensor" in m for m in msgs), msgs
+    if what == "unknown_scheduler":  # the argument named, the registered flash-decode algorithms listed
+        assert all("scheduler must be 'auto' or a registered flash-decode algorithm (" in m and "bulk_sync, fused" in m
+                   and "'fsued'" in m for m in msgs), msgs
+
+
+# ---- a third party's algorithm ----------------------------------------------------------------------
+
+_PLUGIN_SCRIPT = """
+import iris_fw, torch
+from iris_fw import ccl
+from iris_fw.errors import ArgumentError
+from iris_fw.flash_decode import (DecodeAlgorithm, FlashDecode, combine_partials, flash_decode, flash_decode_reference,
+                                  plan, schedulers)
+from iris_fw.hookspecs import hookimpl
+from iris_fw.registry import load_registries, plugin_manager
+
+
+class TorchCombine(DecodeAlgorithm):
+    # the plan's local kernel, ccl's all-gather of the packed partials, the combine in torch
+    name = "torch_combine"
+
+    def setup(self, fd):
+        fd.mine = torch.empty(fd.pack, dtype=torch.float32, device=fd.group.ctx.device)
+        fd.gathered = torch.empty(fd.group.size * fd.pack, dtype=torch.float32, device=fd.group.ctx.device)
+
+    def run(self, fd, launches, q, k, v, kv_lens, block_table, out):
+        fd.launch(launches, "local", q, k, v, kv_lens, block_table, fd.mine)
+        ccl.all_gather_into_tensor(fd.gathered, fd.mine, group=fd.group, ctx=fd.group.ctx)
+        o, lse = fd.unpack(fd.gathered.view(fd.group.size, -1))
+        out.copy_(combine_partials(o, lse))
+
+
+class Plugin:
+    @hookimpl
+    def iris_fw_register_algorithms(self, registry):
+        registry.register(TorchCombine(), "flash_decode.torch_combine")
+
+
+pm = plugin_manager()  # the installed plugins (the built-ins' entry points) and this one
+pm.register(Plugin(), name="my-decode-plugin")
+regs = load_registries(pm)
+assert regs.algorithm.entry("flash_decode.torch_combine").provider == "plugin 'my-decode-plugin'"
+with iris_fw.init(heap_size=16 << 20, registries=regs) as ctx:
+    w, r, dev = ctx.world_size, ctx.rank, ctx.device
+    assert {"fused", "bulk_sync", "torch_combine"} <= set(schedulers()), schedulers()
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 16, generator=g)
+    ks = [torch.randn(2, 5 + p, 2, 16, generator=g) for p in range(w)]
+    vs = [torch.randn(2, 5 + p, 2, 8, generator=g) for p in range(w)]
+    want = flash_decode_reference(q, ks, vs)
+    for call in range(2):  # planned, then the cached plan
+        got = flash_decode(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combine")
+        ctx.synchronize()
+        assert torch.allclose(got.double().cpu(), want, atol=1e-5), (got, want)
+    fd = plan(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combine")
+    assert isinstance(fd, FlashDecode) and isinstance(fd.algorithm, TorchCombine), fd
+    try:
+        flash_decode(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combin")
+    except ArgumentError as exc:
+        assert "bulk_sync, fused, torch_combine" in str(exc), exc
+    else:
+        raise AssertionError("an unknown scheduler was accepted")
+    ctx.barrier()
+    print(f"plugin algorithm ok on rank {r}")
+"""
+
+
+@pytest.mark.slow
+def test_a_plugins_algorithm_runs_as_a_scheduler(tmp_path, on_gpu):
+    """A flash-decode algorithm registered by a plugin (a :class:`DecodeAlgorithm` through the
+    ``iris_fw_register_algorithms`` hook, as a third party's entry point would) is listed by
+    ``schedulers()``, runs as ``scheduler=its name`` on 2 CPU ranks (right against float64, its
+    plan cached), and is named among the choices when a call names an unregistered one."""
+    import subprocess
+    import sys
+
+    if on_gpu:
+        pytest.skip("CPU ranks (the GPU runs cover the built-in algorithms)")
+    script = tmp_path / "decode_plugin.py"
+    script.write_text(_PLUGIN_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", "2", str(script)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and all(f"plugin algorithm ok on rank {r}" in res.stdout for r in (0, 1)), \
+        res.stdout[-4000:] + res.stderr[-4000:]
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------
@@ -485,7 +571,7 @@ _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
 def _compile_all(target_name):
     """Compile every job for one target; print a line per job (in a child process that set
     TRITON_INTERPRET=0 before importing Triton)."""
-    from iris_fw import flash_decode as mod
+    from iris_fw import flash_decode_kernels as mod
 
     for name, elem, constexprs in _COMPILE_JOBS:
         types = {"q": elem, "k": elem, "v": elem, "out": elem, "kv_lens": "i32", "partials": "fp32",

@@ -83,8 +83,9 @@ def test_split_counters_belong_to_the_context():
     """The counters hang off the context that made them (``ctx.extensions``), go with it, and a
     call with no context open uses counters of its own; ``ctx=`` takes a context only."""
     dev = _device()
-    a = torch.randn(24, 40, device=dev, dtype=torch.float32)
-    b = torch.randn(40, 20, device=dev, dtype=torch.float32)
+    k = 320 if GPU else 40  # several BK steps of _config's K block: the call splits
+    a = torch.randn(24, k, device=dev, dtype=torch.float32)
+    b = torch.randn(k, 20, device=dev, dtype=torch.float32)
     cfg = _config(2)
     with iris_fw.init(heap_size=1 << 20, bootstrap="single") as ctx:
         with pytest.raises(TypeError, match="ctx"):

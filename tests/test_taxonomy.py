@@ -339,14 +339,18 @@ def test_default_split_bounds():
     from iris_fw.engine.contract import Pieces, Plan
     from iris_fw.engine.scheduler import default_comm_sms
 
-    def plan(comm_bytes, flops):
-        return Plan(pattern="p", pieces=Pieces(None, None, None, None), args=(), cfg=(), num_tiles=1, num_warps=4,
+    def plan(comm_bytes, flops, tiles=1):
+        return Plan(pattern="p", pieces=Pieces(None, None, None, None), args=(), cfg=(), num_tiles=tiles, num_warps=4,
                     num_stages=1, comm_bytes=comm_bytes, flops=flops, result=None)
 
     assert default_comm_sms(plan(0, 10**12), 132) == 1
     assert default_comm_sms(plan(10**12, 1), 132) == 66
     mid = default_comm_sms(plan(96 << 20, 2 * 8192 * 7168 * 8192), 132)
     assert 1 < mid < 66 and mid == math.ceil((96 << 20) / (2 * 8192 * 7168 * 8192 / (132 * 5.5e12)) / 25e9)
+    # nothing to move, but 2048 tiles of an 8192^3 GEMM (1.5 ms): one program cannot walk them
+    # in time (1 us each), two can
+    walk = 2048 * 1e-6 / (2 * 8192**3 / (132 * 5.5e12))
+    assert walk > 1 and default_comm_sms(plan(0, 2 * 8192**3, tiles=2048), 132) == math.ceil(walk) == 2
 
 
 def _current_context(ctx):
@@ -372,6 +376,7 @@ def test_default_config_counts_waves(monkeypatch):
     from iris_fw.gemm import CPU_CONFIG, FP32_CONFIG, HOPPER_LARGE, HOPPER_SMALL, default_config
 
     monkeypatch.setattr(iris_fw.gemm, "measured_config", lambda *args, **kwargs: None)
+    monkeypatch.setattr(iris_fw.gemm, "measured_group_m", lambda device: None)
 
     gpu, bf16 = torch.device("cuda"), torch.bfloat16
     expected = {(8192, 7168, 8192): HOPPER_LARGE, (4096, 2048, 8192): HOPPER_LARGE, (1024, 2048, 8192): HOPPER_SMALL,
@@ -382,6 +387,9 @@ def test_default_config_counts_waves(monkeypatch):
     assert default_config(4096, 2048, 8192, bf16, gpu, programs=116) == HOPPER_SMALL
     assert default_config(4096, 2048, 8192, torch.float32, gpu, programs=116) == FP32_CONFIG
     assert default_config(4096, 2048, 8192, bf16, torch.device("cpu")) == CPU_CONFIG
+    # a measured tile order (tuning/gemm.json 'tile_order') replaces the estimate's GROUP_M
+    monkeypatch.setattr(iris_fw.gemm, "measured_group_m", lambda device: 16)
+    assert default_config(8192, 7168, 8192, bf16, gpu, programs=132).group_m == 16
 
 
 def test_copy_engine_chunks_ready_only_when_copied():

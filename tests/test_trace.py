@@ -694,7 +694,7 @@ def _instructions(ptx: str, name: str) -> list:
 def _compile_flash_decode(target, clock):
     """The flash-decode kernels' traced variants (fused; the bulk-synchronous combine)."""
     from helpers import compile_kernel
-    from iris_fw import flash_decode as fd
+    from iris_fw import flash_decode_kernels as fd
 
     name = "sm90" if target.backend == "cuda" else "gfx942"
     types = {k: "*" + t for k, t in dict(q="bf16", k="bf16", v="bf16", out="bf16", kv_lens="i32", block_table="i32",

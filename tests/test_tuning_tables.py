@@ -55,3 +55,19 @@ def test_the_callers_read_through_the_loader():
     assert algorithm.auto_order(Ctx(), 2, "all_gather", 1024) == ["push", "pull"]
     assert moe.auto_mode(torch.device("cpu"), 1) in ("low_latency", "throughput")
     assert gemm.measured_config(16, torch.device("cpu")) is None  # measured rows are per GPU name
+
+
+def test_every_device_row_makes_its_configuration(monkeypatch):
+    """Each measured device row of the GEMM, flash-decode and MoE-GEMM tables builds the
+    configuration its reader makes — notes (``measured``) left out — so a row pasted from a
+    GPU sweep cannot break that GPU's calls (run 30: a flash-decode row's ``measured`` note made
+    every flash_decode call on the H100 raise ``TypeError``)."""
+    from iris_fw import devinfo, flash_decode, gemm, moe_gemm
+
+    for table, read in (("gemm", lambda dev: gemm._measured_rows(dev.name)),
+                        ("flash_decode", lambda dev: flash_decode.tuning(torch.device("cuda"), 128)),
+                        ("moe_gemm", lambda dev: moe_gemm.tile_config(torch.device("cuda")))):
+        for name in tuning.load(table)["devices"]:
+            dev = devinfo.DeviceInfo(**{**devinfo.info(torch.device("cpu")).__dict__, "name": name, "type": "cuda"})
+            monkeypatch.setattr(devinfo, "info", lambda device, dev=dev: dev)
+            assert read(dev), (table, name)

@@ -133,8 +133,9 @@ class Plan:
 
     ``args``: the pattern's ``Args`` named tuple (runtime values); ``cfg``: its constexpr named
     tuple. ``num_tiles`` output tiles; ``num_chunks`` operand chunks (0 for compute-first
-    patterns). ``comm_bytes`` (bytes this rank moves to or from peers) and ``flops`` feed the
-    default SM split. ``finish`` (optional) runs on the host after the kernels (a local
+    patterns). ``comm_bytes`` (bytes this rank's communication programs move: to or from
+    peers, and the local copies they make, such as a gather's own share) and ``flops`` feed
+    the default SM split. ``finish`` (optional) runs on the host after the kernels (a local
     reduction, …) and must only enqueue device work. ``result`` is what the op returns.
     ``finish_into`` (optional, with ``finish``): the same step writing the result into a given
     contiguous tensor of the result's shape and dtype instead of ``result`` — set where the

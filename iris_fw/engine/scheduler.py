@@ -29,15 +29,22 @@ from .skeletons import (_consumer_kernel, _fused_kernel, _producer_kernel, _spec
 #: plain loads/stores, and the bf16 tensor-core rate of one SM.
 PER_SM_LINK_BYTES_PER_S = 25e9
 PER_SM_FLOPS_PER_S = 5.5e12
+#: What one communication program spends on an item besides moving its bytes: the acquire of
+#: the item's flag (an L2 round trip after the release), its bookkeeping and, traced, its
+#: events. Measured on one H100 (run 28, docs/performance.md "tracing overhead"): the single
+#: consumer program of gemm_all_scatter at W = 1 (2048 tiles, nothing to move) took ~0.75 us
+#: per tile untraced and ~1.1 us traced, longer than the 1.47 ms GEMM: it set the op's time.
+PER_ITEM_S = 1.0e-6
 
 
 def default_comm_sms(plan: Plan, sms: int) -> int:
-    """Enough communication SMs to move ``plan.comm_bytes`` while the others compute, at least
-    1 and at most half the SMs."""
+    """Enough communication SMs to move ``plan.comm_bytes`` and to walk ``plan.num_items``
+    items (:data:`PER_ITEM_S` each) while the others compute, at least 1 and at most half the
+    SMs."""
     if sms <= 2:
         return 1
-    compute_s = plan.flops / (sms * PER_SM_FLOPS_PER_S)
-    need = plan.comm_bytes / max(compute_s, 1e-9) / PER_SM_LINK_BYTES_PER_S
+    compute_s = max(plan.flops / (sms * PER_SM_FLOPS_PER_S), 1e-9)
+    need = max(plan.comm_bytes / compute_s / PER_SM_LINK_BYTES_PER_S, plan.num_items * PER_ITEM_S / compute_s)
     return int(min(max(1, math.ceil(need)), sms // 2))
 
 

@@ -65,6 +65,16 @@ def check(name: str, data: Any) -> None:
                     raise TuningTableError(f"{where}: {path}: a row must be [bound (null or int >= 0), value], got {row!r:.80}")
 
 
+#: Keys of a row's value that are notes, not fields: what measured the row.
+NOTES = ("measured",)
+
+
+def fields(value: dict) -> dict:
+    """A row's value without its notes (:data:`NOTES`): the keyword arguments of the
+    configuration it describes."""
+    return {key: v for key, v in value.items() if key not in NOTES}
+
+
 def _row_lists(node: Any, path: str) -> list:
     if isinstance(node, list):
         return [(path, node)]

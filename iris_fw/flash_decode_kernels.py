@@ -1,0 +1,268 @@
+"""The Triton kernels of distributed flash-decode (:mod:`iris_fw.flash_decode`): the split-KV
+attention kernel of one rank's slice (``_flash_decode_kernel``: its splits combined per unit
+by the unit's last split, then — ``FUSED`` — pushed to and combined across the ranks, else
+stored locally as the rank's packed partial) and the combine of every rank's gathered partials
+(``_combine_kernel``), with the device functions they share.
+
+The host side — checks, planning, tuning, the call path — is :mod:`iris_fw.flash_decode`; the
+algorithms that launch these kernels (``flash_decode.fused``, ``flash_decode.bulk_sync``) are
+:mod:`iris_fw.collectives.flash_decode`. Every launch names its arguments
+(:meth:`iris_fw.kernel_launcher.KernelLauncher.bind`).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import gemm_tiles as tiles
+from . import tilecomm as tc
+from . import trace as tr
+
+__all__ = ["LOG2E"]
+
+#: log2(e): scores are kept in base 2 (``qk_scale`` includes it).
+LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must be a constexpr)
+
+
+# ---- device functions -------------------------------------------------------------------------------
+
+
+@triton.jit
+def _unit(u, HQ: tl.constexpr, HKV: tl.constexpr, ROWS: tl.constexpr):
+    """Unit ``u`` → (sequence b, kv head, first query head, query heads in the unit)."""
+    G: tl.constexpr = HQ // HKV
+    HB: tl.constexpr = (G + ROWS - 1) // ROWS
+    b = u // (HKV * HB)
+    kvh = (u // HB) % HKV
+    hb = u % HB
+    return b, kvh, kvh * G + hb * ROWS, tl.minimum(G - hb * ROWS, ROWS)
+
+
+@triton.jit
+def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride_qh, stride_qd, stride_kp, stride_ks,
+                     stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr, DV: tl.constexpr,
+                     ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PAGE: tl.constexpr, EXACT: tl.constexpr):
+    """Online softmax of the ``rows_valid`` query heads at ``q_ptr`` (``[ROWS, D]`` rows
+    ``stride_qh`` apart) over tokens ``first … last-1`` of one kv head of one sequence's slice.
+    ``PAGE == 0``: token ``t``'s ``[D]`` key at ``k_ptr + t * stride_ks``; ``PAGE > 0`` (paged
+    KV): in page ``table[t // PAGE]``, row ``t % PAGE``: ``k_ptr + page * stride_kp + (t % PAGE)
+    * stride_ks``; values likewise (``[Dv]``). Scores are ``q·k · qk_scale`` in base-2 units
+    (``qk_scale`` includes log2(e)). Returns ``(acc [ROWS, BDV], m [ROWS], l [ROWS])`` in fp32:
+    ``acc / l`` is the attention output, ``m + log2(l)`` the base-2 log-sum-exp."""
+    rows = tl.arange(0, ROWS)
+    dq = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    qt = tl.load(q_ptr + rows[:, None] * stride_qh + dq[None, :] * stride_qd,
+                 mask=(rows[:, None] < rows_valid) & (dq[None, :] < D), other=0.0)
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
+    tok = tl.arange(0, BLOCK_N)
+    if PAGE == 0:  # contiguous: the tiles' pointers advance by BLOCK_N tokens
+        k_tile = k_ptr + first.to(tl.int64) * stride_ks + dq[:, None] * stride_kd + tok[None, :] * stride_ks
+        v_tile = v_ptr + first.to(tl.int64) * stride_vs + tok[:, None] * stride_vs + dv[None, :] * stride_vd
+    for n0 in range(first, last, BLOCK_N):
+        valid = (n0 + tok) < last
+        if PAGE > 0:  # paged: each token's row from the block table
+            t = n0 + tok
+            page = tl.load(table + t // PAGE, mask=valid, other=0).to(tl.int64)
+            k_tile = k_ptr + (page * stride_kp + (t % PAGE) * stride_ks)[None, :] + dq[:, None] * stride_kd
+            v_tile = v_ptr + (page * stride_vp + (t % PAGE) * stride_vs)[:, None] + dv[None, :] * stride_vd
+        kt = tl.load(k_tile, mask=valid[None, :] & (dq[:, None] < D), other=0.0)  # [BD, BLOCK_N]: Kᵀ
+        s = tiles.dot(qt, kt, None, EXACT) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_tile, mask=valid[:, None] & (dv[None, :] < DV), other=0.0)  # [BLOCK_N, BDV]
+        acc = tiles.dot(p.to(vt.dtype), vt, acc * alpha[:, None], EXACT)
+        m = m_new
+        if PAGE == 0:
+            k_tile += BLOCK_N * stride_ks
+            v_tile += BLOCK_N * stride_vs
+    return acc, m, l
+
+
+@triton.jit
+def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_TO_LOG2: tl.constexpr, DV: tl.constexpr,
+                   ROWS: tl.constexpr, BDV: tl.constexpr):
+    """Combine ``count`` partials of ``rows_valid`` heads, in slot order (so every rank computes
+    bitwise the same): slot ``i``'s normalized outputs at ``o_ptr + i * o_stride`` (``[ROWS, DV]``,
+    rows ``DV`` apart) and log-sum-exps at ``lse_ptr + i * lse_stride`` (``[ROWS]``; times
+    ``LSE_TO_LOG2`` in base 2; ``-inf``: no tokens). Returns ``(o [ROWS, BDV], lse [ROWS] in
+    base 2)`` in fp32; heads without any token get ``o = 0``, ``lse = -inf``. Loads go to L2
+    (``.cg``): the partials were written by other programs or ranks."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    rmask = rows < rows_valid
+    omask = rmask[:, None] & (cols[None, :] < DV)
+    top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    for i in range(0, count):
+        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
+        top = tl.maximum(top, x * LSE_TO_LOG2)
+    base = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
+    for i in range(0, count):
+        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
+        w = tl.exp2(x * LSE_TO_LOG2 - base)
+        o = tl.load(o_ptr + i * o_stride + rows[:, None] * DV + cols[None, :], mask=omask, other=0.0,
+                    cache_modifier=".cg")
+        total += w
+        acc += w[:, None] * o
+    safe = tl.where(total > 0, total, 1.0)
+    return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
+
+
+# ---- kernels ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_lse, unit_counters, mine, recv, slots,
+                         epochs, batch, seq, n_split,
+                         stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+                         stride_vb, stride_vs, stride_vh, stride_vd, stride_tb,
+                         qk_scale, rank, world_size, heap_bases,
+                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                         ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
+                         trace, TRACE: tl.constexpr = 0):
+    """Split-KV decode attention of this rank's slice, its splits combined per unit by the
+    unit's last split, then (``FUSED``) combined across ranks, else stored locally.
+
+    ``q [B, HQ, D]``, ``k [B, seq, HKV, D]``, ``v [B, seq, HKV, DV]`` (strides given), or with
+    ``PAGE > 0`` (paged KV) ``k [pages, PAGE, HKV, D]``, ``v [pages, PAGE, HKV, DV]`` and
+    ``block_table`` int32 ``[B, seq / PAGE]`` (rows ``stride_tb`` apart) naming each sequence's
+    pages in order; ``kv_lens`` int32 ``[B]`` (read if ``HAS_LENS``); ``out``: contiguous ``[B, HQ, DV]``
+    (``FUSED``). Arguments a variant does not read are passed as None (``kv_lens`` without
+    ``HAS_LENS``, ``block_table`` unpaged, ``out``/``recv``/``slots``/``epochs`` not ``FUSED``,
+    ``mine`` ``FUSED``); the launches name every argument (:meth:`FlashDecode._launches`). Local scratch: ``partials`` fp32 ``[units, n_split, ROWS, DV]``,
+    ``partial_lse`` fp32 ``[units, n_split, ROWS]``, ``unit_counters`` int64 ``[units]`` (zero
+    between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
+    then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
+    ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
+    ``[units, world_size]``, ``epochs`` int64 ``[programs]``.
+
+    Traced (:mod:`iris_fw.trace`): per program its span (item: the call's epoch, ``FUSED``;
+    else -1); per work item an ``attention`` event (item: ``unit * n_split + split``); the
+    unit's last split also a ``reduce`` (the splits' combine, item: the unit) and, ``FUSED``,
+    a ``push`` of the partial to the peers, the ``arrivals`` wait on the unit's slots and a
+    ``reduce`` of the ranks' partials."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    G: tl.constexpr = HQ // HKV
+    HB: tl.constexpr = (G + ROWS - 1) // ROWS
+    units = batch * HKV * HB
+    pack = batch * HQ * (DV + 1)
+    lse_at = batch * HQ * DV
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    if FUSED:
+        epoch = tc.program_epoch(epochs)
+        buf = recv + (epoch % 2) * world_size * pack
+    if TRACE:
+        started = tr.record_start(trace, TRACE)
+    live = 1
+    for item in range(pid, units * n_split, nprog):
+        if TRACE:
+            t0 = tr.record_start(trace, TRACE)
+        u = item // n_split
+        s = item % n_split
+        b = u // (HKV * HB)  # as _unit (inlined: the interpreter pays per nested call)
+        kvh = (u // HB) % HKV
+        h0 = kvh * G + (u % HB) * ROWS
+        rows_valid = tl.minimum(G - (u % HB) * ROWS, ROWS)
+        length = seq
+        if HAS_LENS:
+            length = tl.minimum(tl.maximum(tl.load(kv_lens + b), 0), seq)
+        chunk = ((length + n_split - 1) // n_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        start = tl.minimum(s * chunk, length)
+        b64 = b.to(tl.int64)
+        k_ptr = k + kvh * stride_kh
+        v_ptr = v + kvh * stride_vh
+        table = block_table  # None unless paged
+        if PAGE == 0:
+            k_ptr += b64 * stride_kb
+            v_ptr += b64 * stride_vb
+        else:
+            table = block_table + b64 * stride_tb
+        acc, m, l = _split_attention(
+            q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
+            tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+            stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
+        # this split's partial, normalized, and its base-2 log-sum-exp
+        safe = tl.where(l > 0, l, 1.0)
+        omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
+        slot = u * n_split + s
+        tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], acc / safe[:, None], mask=omask)
+        tl.store(partial_lse + slot * ROWS + rows, tl.where(l > 0, m + tl.log2(safe), float("-inf")),
+                 mask=rows < rows_valid)
+        if TRACE:
+            tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
+            t0 = tr.record_start(trace, TRACE)
+        # the unit's last split to get here combines them (every thread's stores before the release)
+        tl.debug_barrier()
+        done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
+        tl.debug_barrier()
+        if done == n_split - 1:
+            tl.store(unit_counters + u, 0)
+            o, lse2 = _combine_slots(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS,
+                                     ROWS * DV, ROWS, n_split, rows_valid, 1.0, DV, ROWS, BDV)
+            o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
+            lse_off = lse_at + b * HQ + h0 + rows
+            lse = lse2 / _LOG2E
+            if FUSED:
+                if TRACE:
+                    tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
+                    t0 = tr.record_start(trace, TRACE)
+                tc.tile_store_all(buf + rank * pack + o_off, o, rank, world_size, heap_bases, mask=omask)
+                tc.tile_store_all(buf + rank * pack + lse_off, lse, rank, world_size, heap_bases,
+                                  mask=rows < rows_valid)
+                tc.arrive(slots + u * world_size, epoch, rank, world_size, heap_bases)
+                if TRACE:  # the unit's rows of o and lse, fp32, to every other rank
+                    tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                                   tr.as_i64(rows_valid) * (DV + 1) * 4 * (world_size - 1), u)
+                    t0 = tr.record_start(trace, TRACE)
+                if live:  # after one timed-out wait, no more waiting: one missing peer costs one timeout
+                    live = tc.wait_arrivals(slots + u * world_size, epoch, rank, world_size, heap_bases)
+                if TRACE:
+                    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
+                    t0 = tr.record_start(trace, TRACE)
+                if live:
+                    o, lse2 = _combine_slots(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack,
+                                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
+                    tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
+            else:
+                tl.store(mine + o_off, o, mask=omask)
+                tl.store(mine + lse_off, lse, mask=rows < rows_valid)
+            if TRACE:
+                tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
+    if TRACE:
+        if FUSED:
+            tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)
+        else:
+            tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, -1)
+
+
+@triton.jit
+def _combine_kernel(gathered, out, batch, world_size, HQ: tl.constexpr, HKV: tl.constexpr, DV: tl.constexpr,
+                    ROWS: tl.constexpr, BDV: tl.constexpr, trace, TRACE: tl.constexpr = 0):
+    """``out [B, HQ, DV]`` (contiguous) from every rank's packed partial: ``gathered`` fp32
+    ``[world_size, pack]`` (see :func:`_flash_decode_kernel`). One program per unit (traced:
+    a ``reduce`` event, item: the unit)."""
+    if TRACE:
+        t0 = tr.record_start(trace, TRACE)
+    b, kvh, h0, rows_valid = _unit(tl.program_id(0), HQ, HKV, ROWS)
+    pack = batch * HQ * (DV + 1)
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    o, lse2 = _combine_slots(gathered + (b * HQ + h0) * DV, gathered + batch * HQ * DV + b * HQ + h0, pack,
+                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
+    omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
+    tl.store(out + (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :], o.to(out.dtype.element_ty), mask=omask)
+    if TRACE:
+        tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, tl.program_id(0))

@@ -90,6 +90,11 @@ def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=N
         ctx.barrier()
 
 
+def _cpu_extended(value):
+    """``value`` as a parameter that runs under ``-m extended`` on CPU ranks (everywhere on GPUs)."""
+    return pytest.param(value, marks=pytest.mark.extended if iris_fw.interpreting() else ())
+
+
 def _world_kinds():
     """``(world, kind)`` parameters: world sizes 1-4 x ragged and aligned shapes. On CPU ranks W = 4
     (as everywhere, :func:`helpers.world_params`) and W = 3's aligned shapes run under
@@ -239,7 +244,7 @@ def test_lost_producer_times_out_naming_the_flag(iris_pool):
     iris_pool(1).run(_lost_producer)
 
 
-def _consumer_first(ctx, pattern):
+def _consumer_first(ctx, pattern, kind):
     """``producer_consumer`` with its consumer kernel run to its end *before* its producer kernel
     starts — the interpreter runs each launch to its end in launch order, so this is the
     dispatch order that hung on one H100 under MPS (the consumer's programs resident on every SM
@@ -265,36 +270,38 @@ def _consumer_first(ctx, pattern):
 
     pc.launch_producer, pc.launch_consumer = producer, consumer
     try:
-        for kind in ("ragged", "aligned"):
-            inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
-            mine = inputs[ctx.rank]
-            op = ops.plan(pattern, *mine, ctx=ctx, scheduler="producer_consumer")
-            for call in range(2):
-                if call:
-                    inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
-                    for dst, src in zip(mine, inputs[ctx.rank]):
-                        dst.copy_(src)
-                _poison(op)
-                launches.clear()
-                out = op(*mine)
-                assert [name for name, _ in launches] == ["producer", "consumer"], launches
-                kw = launches[1][1]
-                assert kw["helps"] and kw["entry"] and kw["exit"], kw  # it may produce: it has the barriers
-                ctx.synchronize()
-                want = op.pattern.reference(ctx.rank, ctx.world_size, inputs)
-                _check(out, want, torch.bfloat16, f"{pattern} consumer first, {kind} call {call} rank {ctx.rank}")
-                del out
-            del op
-            ctx.barrier()
+        inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
+        mine = inputs[ctx.rank]
+        op = ops.plan(pattern, *mine, ctx=ctx, scheduler="producer_consumer")
+        for call in range(2):
+            if call:
+                inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
+                for dst, src in zip(mine, inputs[ctx.rank]):
+                    dst.copy_(src)
+            _poison(op)
+            launches.clear()
+            out = op(*mine)
+            assert [name for name, _ in launches] == ["producer", "consumer"], launches
+            kw = launches[1][1]
+            assert kw["helps"] and kw["entry"] and kw["exit"], kw  # it may produce: it has the barriers
+            ctx.synchronize()
+            want = op.pattern.reference(ctx.rank, ctx.world_size, inputs)
+            _check(out, want, torch.bfloat16, f"{pattern} consumer first, {kind} call {call} rank {ctx.rank}")
+            del out
+        del op
+        ctx.barrier()
     finally:
         pc.launch_producer, pc.launch_consumer = real_producer, real_consumer
 
 
+@pytest.mark.parametrize("kind", ["ragged", _cpu_extended("aligned")])
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_consumer_before_producer_makes_progress(iris_pool, pattern):
+def test_consumer_before_producer_makes_progress(iris_pool, pattern, kind):
     """The GPU hang of ``all_gather_gemm`` under MPS (docs/gpu-tests.md, 2026-11-25 third
-    session), by construction on CPU ranks: the consumer kernel runs entirely before its producer."""
-    iris_pool(2).run(_consumer_first, pattern)
+    session), by construction on CPU ranks: the consumer kernel runs entirely before its producer.
+    Ragged shapes (items cut by masks at every edge), and aligned ones (under ``-m extended`` on
+    CPU ranks)."""
+    iris_pool(2).run(_consumer_first, pattern, kind)
 
 
 def _auto_choice(ctx):

@@ -113,7 +113,7 @@ def _chunked_rank(ctx, algorithm):
     from iris_fw.ccl import WorkspaceFull
 
     g = ccl.new_group(list(range(ctx.world_size)), workspace_bytes=1 << 18)
-    tokens, hidden = 100, 96  # 3 launches of 42 rows
+    tokens, hidden = 20, 500  # 3 launches: 8 rows (2 per program on CPU ranks), 8, then 4
     data = _draw(ctx, tokens, hidden, torch.float32, fresh_seed(ctx), 2)
     xs = [d[0][ctx.rank].to(ctx.device, copy=True) for d in data]
     res = [d[1].to(ctx.device, copy=True) for d in data]

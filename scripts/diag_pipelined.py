@@ -28,8 +28,14 @@ def _inputs(seed, shape, world, dtype):
     return [torch.randn(*shape, generator=g).to(dtype) for _ in range(world)]
 
 
+def _elems(ctx, gpu_elems, cpu_elems):
+    """Elements of a message before its ragged tail: ``gpu_elems`` on GPUs, ``cpu_elems`` on CPU
+    ranks (each tile is interpreted there; a few tiles still spread a call over several programs)."""
+    return cpu_elems if ctx.device.type == "cpu" else gpu_elems
+
+
 def _case_ccl_all_reduce(ctx, calls, algorithm, heap):
-    n = 4096 + 37
+    n = _elems(ctx, 4096, 2048) + 37
     w, r = ctx.world_size, ctx.rank
     data = [_inputs(1000 + i, (n,), w, torch.float32) for i in range(calls)]
     make = ctx.zeros if heap else (lambda *s, **k: torch.zeros(*s, device=ctx.device, **k))
@@ -42,7 +48,7 @@ def _case_ccl_all_reduce(ctx, calls, algorithm, heap):
 
 
 def _case_all_gather(ctx, calls):
-    n, w, r = 2048 + 5, ctx.world_size, ctx.rank
+    n, w, r = _elems(ctx, 2048, 1024) + 5, ctx.world_size, ctx.rank
     data = [_inputs(2000 + i, (n,), w, torch.float32) for i in range(calls)]
     src = [ctx.zeros(n, dtype=torch.float32) for _ in range(calls)]
     for s, d in zip(src, data):

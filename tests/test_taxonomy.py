@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from helpers import fresh_seed, on_worlds
+import iris_fw
+
+from helpers import fresh_seed, on_worlds, world_params
 from iris_fw import ops
 from iris_fw.gemm import GemmConfig, matmul
 from iris_fw.devinfo import num_sms
@@ -88,10 +90,30 @@ def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=N
         ctx.barrier()
 
 
+def _cpu_extended(value):
+    """``value`` as a parameter that runs under ``-m extended`` on CPU ranks (everywhere on GPUs)."""
+    return pytest.param(value, marks=pytest.mark.extended if iris_fw.interpreting() else ())
+
+
+def _world_kinds():
+    """``(world, kind)`` parameters: world sizes 1-4 x ragged and aligned shapes. On CPU ranks W = 4
+    (as everywhere, :func:`helpers.world_params`) and W = 3's aligned shapes run under
+    ``-m extended``: W = 3 catches splits that are not powers of two, which the ragged shapes
+    carry; the aligned shapes run at W = 1 and 2 (the default run's time on CI's two cores)."""
+    out = []
+    for w in world_params(1, 2, 3):
+        size, marks = (w, ()) if isinstance(w, int) else (w.values[0], w.marks)
+        for kind in ("ragged", "aligned"):
+            extra = (pytest.mark.extended,) if kind == "aligned" and size == 3 and iris_fw.interpreting() else ()
+            out.append(pytest.param(size, kind, marks=(*marks, *extra), id=f"w{size}-{kind}"))
+    return out
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_scheduler_x_pattern(world, pattern, scheduler):
-    world.run(_run, pattern, scheduler, torch.bfloat16)
+@pytest.mark.parametrize("world,kind", _world_kinds(), indirect=["world"])
+def test_scheduler_x_pattern(world, kind, pattern, scheduler):
+    world.run(_run, pattern, scheduler, torch.bfloat16, kinds=(kind,))
 
 
 @on_worlds(1, 2)
@@ -148,9 +170,10 @@ def _declines(ctx, pattern, scheduler, message):
     assert message in str(info.value), str(info.value)
 
 
-def test_copy_engine_all_gather_gemm(world):
+@pytest.mark.parametrize("world,kind", _world_kinds(), indirect=["world"])
+def test_copy_engine_all_gather_gemm(world, kind):
     """The copy-engine scheduler (communicate-first patterns with copies only)."""
-    world.run(_run, "all_gather_gemm", "copy_engine", torch.bfloat16)
+    world.run(_run, "all_gather_gemm", "copy_engine", torch.bfloat16, kinds=(kind,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
@@ -255,7 +278,7 @@ def test_lost_producer_times_out_naming_the_flag(iris_pool):
     iris_pool(1).run(_lost_producer)
 
 
-def _consumer_first(ctx, pattern):
+def _consumer_first(ctx, pattern, kind):
     """``producer_consumer`` with its consumer kernel run to its end *before* its producer kernel
     starts — the interpreter runs each launch to its end in launch order, so this is the
     dispatch order that hung on one H100 under MPS (the consumer's programs resident on every SM
@@ -281,36 +304,38 @@ def _consumer_first(ctx, pattern):
 
     pc.launch_producer, pc.launch_consumer = producer, consumer
     try:
-        for kind in ("ragged", "aligned"):
-            inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
-            mine = inputs[ctx.rank]
-            op = ops.plan(pattern, *mine, ctx=ctx, scheduler="producer_consumer")
-            for call in range(2):
-                if call:
-                    inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
-                    for dst, src in zip(mine, inputs[ctx.rank]):
-                        dst.copy_(src)
-                _poison(op)
-                launches.clear()
-                out = op(*mine)
-                assert [name for name, _ in launches] == ["producer", "consumer"], launches
-                kw = launches[1][1]
-                assert kw["helps"] and kw["entry"] and kw["exit"], kw  # it may produce: it has the barriers
-                ctx.synchronize()
-                want = op.pattern.reference(ctx.rank, ctx.world_size, inputs)
-                _check(out, want, torch.bfloat16, f"{pattern} consumer first, {kind} call {call} rank {ctx.rank}")
-                del out
-            del op
-            ctx.barrier()
+        inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
+        mine = inputs[ctx.rank]
+        op = ops.plan(pattern, *mine, ctx=ctx, scheduler="producer_consumer")
+        for call in range(2):
+            if call:
+                inputs = _inputs(ctx, pattern, kind, torch.bfloat16, fresh_seed(ctx))
+                for dst, src in zip(mine, inputs[ctx.rank]):
+                    dst.copy_(src)
+            _poison(op)
+            launches.clear()
+            out = op(*mine)
+            assert [name for name, _ in launches] == ["producer", "consumer"], launches
+            kw = launches[1][1]
+            assert kw["helps"] and kw["entry"] and kw["exit"], kw  # it may produce: it has the barriers
+            ctx.synchronize()
+            want = op.pattern.reference(ctx.rank, ctx.world_size, inputs)
+            _check(out, want, torch.bfloat16, f"{pattern} consumer first, {kind} call {call} rank {ctx.rank}")
+            del out
+        del op
+        ctx.barrier()
     finally:
         pc.launch_producer, pc.launch_consumer = real_producer, real_consumer
 
 
+@pytest.mark.parametrize("kind", ["ragged", _cpu_extended("aligned")])
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_consumer_before_producer_makes_progress(iris_pool, pattern):
+def test_consumer_before_producer_makes_progress(iris_pool, pattern, kind):
     """The GPU hang of ``all_gather_gemm`` under MPS (docs/gpu-tests.md, 2026-11-25 third
-    session), by construction on CPU ranks: the consumer kernel runs entirely before its producer."""
-    iris_pool(2).run(_consumer_first, pattern)
+    session), by construction on CPU ranks: the consumer kernel runs entirely before its producer.
+    Ragged shapes (items cut by masks at every edge), and aligned ones (under ``-m extended`` on
+    CPU ranks)."""
+    iris_pool(2).run(_consumer_first, pattern, kind)
 
 
 def _auto_choice(ctx):

@@ -381,6 +381,25 @@ def _split_counters(ctx, device: torch.device, tiles: int) -> torch.Tensor:
     return split_counters(ctx).get(device, tiles)
 
 
+def storage_of(*tensors) -> frozenset:
+    """The storage pointers of ``tensors`` (None skipped): what :func:`product_into` must not
+    multiply into. A plan computes its fixed operands' once."""
+    return frozenset(t.untyped_storage().data_ptr() for t in tensors if t is not None)
+
+
+def product_into(a: torch.Tensor, b: torch.Tensor, dst: torch.Tensor, buffer: torch.Tensor,
+                 operands: frozenset, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``dst`` = ``a @ b`` (``+ bias``) with ``torch.matmul`` — the library form of a one-rank
+    op writing where the caller wants it. Straight into ``dst``, unless ``dst`` shares memory
+    with an operand (``operands``: :func:`storage_of`, e.g. ``out=a``), which the product still
+    reads: then into ``buffer`` (the op's own result tensor) and copied. Returns ``dst``."""
+    target = buffer if dst.untyped_storage().data_ptr() in operands else dst
+    torch.matmul(a, b, out=target)
+    if bias is not None:
+        target.add_(bias)
+    return dst if target is dst else dst.copy_(target)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
            config: GemmConfig | None = None, ctx=None) -> torch.Tensor:
     """``a[M, K] @ b[K, N]`` with the patterns' Triton GEMM (persistent, TMA where possible).

@@ -29,7 +29,8 @@ from iris_fw import gemm_tiles as tiles
 from iris_fw import gluon_tiles as gtiles
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Copy, GluonPieces, Pattern, Pieces, Plan
-from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, exact, plan_operands
+from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, exact, plan_operands,
+                          product_into, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 #: Columns of ``A`` one fetch step copies (GPU); the CPU uses the GEMM's ``block_k``.
@@ -279,16 +280,12 @@ class AllGatherGemm(Pattern):
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
 
         world = ctx.world_size
-        b_storage = b.untyped_storage().data_ptr()
+        b_storage = storage_of(b)
 
         if world == 1:
             def library_into(dst):
                 a, shard[0] = shard[0], None
-                ptr = dst.untyped_storage().data_ptr()
-                if ptr == b_storage or ptr == a.untyped_storage().data_ptr():
-                    torch.matmul(a, b, out=c)
-                    return dst.copy_(c)
-                return torch.matmul(a, b, out=dst)
+                return product_into(a, b, dst, c, b_storage | storage_of(a))
         else:
             def library_into(dst):
                 src, shard[0] = shard[0], None
@@ -299,10 +296,7 @@ class AllGatherGemm(Pattern):
                     full = buffers["gathered"] = torch.empty(world * a_heap.shape[0], a_heap.shape[1],
                                                              dtype=a_heap.dtype, device=a_heap.device)
                 ccl.all_gather_into_tensor(full, a_heap, ctx=ctx)
-                if dst.untyped_storage().data_ptr() == b_storage:
-                    torch.matmul(full, b, out=c)
-                    return dst.copy_(c)
-                return torch.matmul(full, b, out=dst)
+                return product_into(full, b, dst, c, b_storage)
 
         return (lambda: library_into(c)), library_into
 

@@ -39,7 +39,8 @@ from iris_fw import gemm_tiles as tiles
 from iris_fw import tilecomm as tc
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan, check_tensor
-from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
+from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands,
+                          product_into, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 #: The all-reduce algorithms of the pattern (see the module docstring).
@@ -259,19 +260,13 @@ class GemmAllReduce(Pattern):
 
         # the operands' memory: a call into a tensor that shares it (out=a) goes through the op's
         # buffer, not multiplied into while read
-        operand_storage = {t.untyped_storage().data_ptr() for t in (a, b, bias) if t is not None}
+        operands = storage_of(a, b, bias)
 
         def library_into(dst):
             # one rank: the product is the result, written where the caller wants it. (More ranks
             # sum in the op's buffer and copy: the all-reduce's prepared launch is kept per tensor,
             # and a new tensor per call would replace its arguments every call.)
-            if dst.untyped_storage().data_ptr() in operand_storage:
-                library()
-                return dst.copy_(out)
-            torch.matmul(a, b, out=dst)
-            if bias is not None:
-                dst.add_(bias)
-            return dst
+            return product_into(a, b, dst, out, operands, bias)
 
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],

@@ -18,7 +18,8 @@ from iris_fw import device as dv
 from iris_fw import gemm_tiles as tiles
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, Pieces, Plan
-from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
+from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands,
+                          product_into, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 
@@ -164,15 +165,8 @@ class GemmAllScatter(Pattern):
 
         world = ctx.world_size
         if world == 1:
-            operand_storage = {a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()}
-
-            def library_into(dst):
-                if dst.untyped_storage().data_ptr() in operand_storage:
-                    torch.matmul(a, b, out=c)
-                    return dst.copy_(c)
-                return torch.matmul(a, b, out=dst)
-
-            return library_into
+            operands = storage_of(a, b)
+            return lambda dst: product_into(a, b, dst, c, operands)
         M, NL = a.shape[0], b.shape[1]
 
         def library_into(dst):

@@ -31,7 +31,8 @@ from iris_fw import gluon_tiles as gtiles
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, GluonPieces, Pattern, PatternError, Pieces, Plan
 from iris_fw.kernel_launcher import KernelLauncher
-from iris_fw.gemm import GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands
+from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands,
+                          product_into, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 #: Elements per program of the final reduction (GPU; the CPU uses a small block).
@@ -249,13 +250,10 @@ class GemmReduceScatter(Pattern):
 
         world = ctx.world_size
         if world == 1:
-            operand_storage = {a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()}
+            operands = storage_of(a, b)
 
             def library_into(dst):
-                if dst.untyped_storage().data_ptr() in operand_storage:
-                    torch.matmul(a, b, out=out)
-                    return dst.copy_(out)
-                return torch.matmul(a, b, out=dst)
+                return product_into(a, b, dst, out, operands)
 
             return (lambda: library_into(out)), library_into
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from typing import Callable
 
 import torch
 
@@ -177,7 +178,8 @@ class Calls:
         return None
 
     # ---- checks while waiting ---------------------------------------------------------------------
-    def check(self, mine: str, peers, group: bool = False, recovering: bool = False) -> None:
+    def check(self, mine: str, peers, group: bool = False, recovering: bool = False,
+              joined: Callable[[int], bool] | None = None) -> None:
         """Raise if a peer in ``peers`` will not join this rank's call ``mine``: it failed (its
         board: in this host call or a later one, or — while the job is aborted and this is not
         the barrier that recovers from it (``recovering``) — inside a call before this one, see
@@ -186,7 +188,13 @@ class Calls:
         with the abort's cause where the job was aborted by another rank's host failure inside a call
         (:meth:`~iris_fw.watchdog.Watchdog.host_failure`: the failed rank's board no longer says so once
         it entered its re-arming barrier), else :class:`CallMismatch`. Called between polls of a
-        wait."""
+        wait.
+
+        Counters ahead are evidence only from a peer that has not joined this exchange: one that
+        has (``joined(peer)``, a group's exchange: its post is there; a host call: its board's
+        host-call number has reached this one) may have completed it — every post arrived after
+        this rank's last poll — and launched the next kernel before this rank polls again. Read
+        after the counters, so a peer seen ahead and not joined had not joined when it launched."""
         ctx = self._ctx()
         aborted = None
         for p in peers:
@@ -219,6 +227,8 @@ class Calls:
         found = self.ahead(peers)
         if found is not None and not self._told:
             p, description = found
+            if joined(p) if joined is not None else self.board(p)[0] >= self.host_seq:
+                return  # it is in this exchange (or done with it): its counters are its next call's
             raise self.mismatch(
                 f"rank {p} launched a call this rank did not make — {description} — while rank {ctx.rank} "
                 f"is in {mine} "

@@ -139,3 +139,40 @@ def test_flash_decode_with_another_query_is_caught_under_debug(iris_pool):
     """A rank whose q differs (the caller's promise broken: a wrong result on some rank) raises on
     every rank with IRIS_FW_DEBUG=1."""
     iris_pool(2).run(_different_query)
+
+
+def test_counters_ahead_count_only_from_a_peer_outside_this_exchange():
+    """A peer whose epoch counters are ahead while this rank waits in an exchange is a mismatch
+    only if it has not joined that exchange. One that joined may have completed it (every post
+    arrived after this rank's last poll) and launched its next kernel before this rank polls
+    again: a correct program under load (a false ``CallMismatch`` seen once in a helper's run,
+    2026-11-27). Host calls: the peer's board has reached this rank's host-call number; a
+    group's exchange: the peer's post is there (``joined``)."""
+    from types import SimpleNamespace
+
+    from iris_fw.call_identity import IDLE, IN_HOST_CALL, Calls
+    from iris_fw.errors import CallMismatch
+
+    class Ctx:  # (weakly referenced by Calls)
+        rank = 1
+        watchdog = SimpleNamespace(aborted=False, host_failure=lambda: None)
+
+    ctx = Ctx()
+    calls = Calls(ctx, 0)
+    calls.host_seq = 5
+    calls.ahead = lambda peers: (0, "ccl.all_reduce epochs")
+    calls.mismatch = lambda text: CallMismatch(text)
+
+    for board_seq, state, raises in ((5, IN_HOST_CALL, False),  # in this host call, or done with it
+                                     (5, IDLE, False),
+                                     (4, IDLE, True)):  # repeated a validated call: never entered this one
+        calls.board = lambda p, s=board_seq, st=state: (s, 0, st, "")
+        if raises:
+            with pytest.raises(CallMismatch, match="rank 0 launched a call this rank did not make"):
+                calls.check("ccl.all_reduce", [0])
+        else:
+            calls.check("ccl.all_reduce", [0])
+    calls.board = lambda p: (4, 0, IDLE, "")
+    calls.check("ccl.all_reduce", [0], group=True, joined=lambda p: True)  # its post is there
+    with pytest.raises(CallMismatch, match="did not make"):
+        calls.check("ccl.all_reduce", [0], group=True, joined=lambda p: False)

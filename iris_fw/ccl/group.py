@@ -162,7 +162,8 @@ class Group:
             self.ctx.watchdog.check(f"the group {list(self.ranks)}'s exchange")  # a lost member: raise now
             if now - checked >= CHECK_INTERVAL_S:  # a member in another call, or failed: raise now
                 checked = now
-                self.ctx.calls.check(call, [self.ranks[peer]], group=True)
+                self.ctx.calls.check(call, [self.ranks[peer]], group=True,
+                                     joined=lambda _p: int(word.item()) >= seq)
             time.sleep(pause)
             pause = min(pause * 2, 2e-3)
         box = self.ctx.peer_view(self._box(seq % 2), self.ranks[peer])

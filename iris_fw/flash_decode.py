@@ -89,7 +89,7 @@ from . import devinfo
 from . import tuning as tuning_tables
 from .ccl import algorithm as al
 from .ccl import api
-from .errors import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError, IrisError
 from .flash_decode_kernels import LOG2E, _flash_decode_kernel
 from .kernel_launcher import KernelLauncher
 
@@ -238,11 +238,10 @@ def algorithm_of(ctx, scheduler: str) -> "DecodeAlgorithm":
             "reinstall iris-fw")
         raise ArgumentError(f"flash_decode: scheduler must be 'auto' or a registered flash-decode algorithm "
                             f"({known}), got {scheduler!r}")
-    entry = registry.entry(key)
-    ok, why = entry.availability()
-    if not ok:
-        raise ArgumentError(f"flash_decode: scheduler {name!r} (from {entry.provider}) is not available here: {why}")
-    return entry.obj
+    try:
+        return registry.require_available(key)
+    except IrisError as exc:  # the registry's reason, as bad input of this argument
+        raise ArgumentError(f"flash_decode: scheduler {name!r}: {exc}") from None
 
 
 def check_out(out, call: DecodeCall, device) -> None:

@@ -89,6 +89,7 @@ import triton.language as tl
 
 from . import callpath
 from . import context as _context
+from . import core as _core
 from . import device as dv
 from . import devinfo
 from . import tilecomm as tc
@@ -563,7 +564,7 @@ def _check_tensor(ctx, t, name: str, dims: int) -> torch.Tensor:
 
 def _positive_int(value, name: str) -> int:
     try:
-        return _context._check_int(value, name, low=1)
+        return _core.check_int(value, name, low=1)
     except (ArgumentTypeError, ArgumentError) as exc:
         raise type(exc)(f"moe_dispatch: {exc}") from None
 

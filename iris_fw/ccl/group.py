@@ -34,7 +34,7 @@ import torch
 
 from ..callpath import MAX_CACHED_CALLS, CallCache
 from ..call_identity import CHECK_INTERVAL_S, IN_GROUP_CALL, describe_call
-from ..context import check_reports
+from ..core import check_reports
 from ..errors import ArgumentError, CallMismatch, IrisError, WaitTimeout
 
 #: Bytes of one mailbox message (pickled fields); two per member, used by exchange parity.
@@ -173,7 +173,7 @@ class Group:
     def exchange(self, label: str, fields: dict, error: BaseException | None = None, extra: Any = None) -> list:
         """Members only, one exchange: every member's ``fields`` must be equal and no member may
         have rejected its arguments (``error``), else every member raises (see
-        :func:`iris_fw.context.check_reports`); returns every member's ``extra`` in group order
+        :func:`iris_fw.core.check_reports`); returns every member's ``extra`` in group order
         (per-rank values that legitimately differ, e.g. all-to-all split sizes). A member that
         does not post within the context's ``wait_timeout`` makes the others raise
         :class:`~iris_fw.WaitTimeout` naming it."""

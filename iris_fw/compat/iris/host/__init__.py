@@ -446,7 +446,7 @@ def _barrier_slots(ctx, group) -> torch.Tensor:
     """The arrival slots the device barrier of ``group`` (None: the world) advances on this rank."""
     if group is None:
         from iris_fw import device as _dev
-        from iris_fw.context import header_bytes
+        from iris_fw.core import header_bytes
 
         first = _dev.HDR_BARRIER_SLOTS.value
         return ctx.transport.heap[:header_bytes(ctx.world_size)].view(torch.int64)[first:first + ctx.world_size]

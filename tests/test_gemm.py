@@ -368,3 +368,43 @@ def test_tune_script_smoke(tmp_path):
         GemmConfig(**{k: v for k, v in config.items() if k not in ("max_n", "max_k", "measured")})
     records = [json.loads(line) for line in (tmp_path / "gemm_tune.jsonl").read_text().splitlines()]
     assert records and all(not r["wrong"] for r in records), records
+
+
+def test_tune_script_large_smoke(tmp_path, monkeypatch):
+    """``scripts/tune_gemm.py --large`` runs end to end on the interpreter, and the rows it
+    proposes (large products with short K) are rows the table and its reader accept, read as
+    their bounds say."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "tune_gemm.py")
+    spec = importlib.util.spec_from_file_location("tune_gemm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--large", "--quick", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "gemm_large_rows.json").read_text()).keys() == {"cpu"}
+    records = [json.loads(line) for line in (tmp_path / "gemm_large.jsonl").read_text().splitlines()]
+    assert records and all(not r["wrong"] for r in records) and any(r["current"] for r in records), records
+    # the candidates are valid configurations, the estimate's first
+    gpu_like = GemmConfig(128, 256, 64, 16, 8, 3)
+    cands = mod.large_candidates(gpu_like, quick=False)
+    assert cands[0] == gpu_like and 12 <= len(cands) <= 20 and len(set(cands)) == len(cands)
+    # rows from a (made-up) sweep result: the short-K shape's row first; each applies as bounded
+    a, b = GemmConfig(256, 128, 64, 8, 8, 4), GemmConfig(128, 256, 64, 8, 8, 4)
+    rows = mod.large_rows({(8192, 8192, 8192): (b, 1500.0, 1540.0, 1541.0),
+                           (16384, 14336, 4096): (a, 2700.0, 2705.8, 2842.6)}, "GPU X")
+    assert [r[1]["max_k"] for r in rows] == [4096, 8192] and all(r[0] is None for r in rows)
+    table = {**gemm.tuning.load("gemm"), "devices": {"GPU X": rows}}
+    gemm.tuning.check("gemm", table)
+    monkeypatch.setattr(gemm.tuning, "load", lambda name: table)
+    gemm._measured_rows.cache_clear()
+    gemm._tile_orders.cache_clear()
+    try:
+        (b1, c1), (b2, c2) = gemm._measured_rows("GPU X")
+        assert (c1, c2) == (a, b)
+        assert b1.hold(16384, 14336, 4096) and not b1.hold(8192, 8192, 8192) and b2.hold(8192, 8192, 8192)
+        assert not any(bounds.hold(256, 8192, 4096) for bounds in (b1, b2))  # few-row products: not these rows
+    finally:
+        gemm._measured_rows.cache_clear()
+        gemm._tile_orders.cache_clear()

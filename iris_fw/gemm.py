@@ -19,8 +19,14 @@ streams never share them); a call with no context open zeroes counters of its ow
 memset), and so does a call captured in a CUDA graph on a stream that has none yet — a memset
 node of the graph (about a microsecond per replay: run one split-K call on the capture stream
 before capturing to use the stream's). Split rows come from the measured rows of
-``iris_fw/tuning/gemm.json`` (``max_m`` / ``max_n`` / ``max_k`` bounds); the patterns' kernels
-do not split, so :func:`default_config` gives them only rows without a split.
+``iris_fw/tuning/gemm.json`` (``max_m`` / ``max_n`` / ``max_k`` bounds, :class:`RowBounds`);
+the patterns' kernels do not split, so :func:`default_config` gives them only rows without a split.
+
+**Tile order**: ``group_m`` (tile rows visited together) and ``xcds`` (:class:`GemmConfig`):
+on GPUs that deal programs round-robin to chiplets with an L2 each (AMD Instinct MI300X /
+MI355X: 8 XCDs) the tiles of each wave are renumbered so that every chiplet's programs take
+consecutive ones (:func:`iris_fw.gemm_tiles.xcd_item`); the device's ``tile_order`` row of
+the table gives both (:func:`measured_tile_order`).
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 class GemmCfg(NamedTuple):
     """The constexpr configuration every GEMM pattern's ``CFG`` starts from (block sizes, tile
-    order, whether each operand is a TMA descriptor, exact fp32 products)."""
+    order, whether each operand is a TMA descriptor, exact fp32 products). ``XCDS`` /
+    ``PROGRAMS``: the chiplet renumbering of the tile order (:func:`iris_fw.gemm_tiles.xcd_item`:
+    ``XCDS`` chiplets, waves of ``PROGRAMS`` programs — the device's SMs / CUs, the programs of
+    a persistent kernel over the whole device); 1 and 1 where there is none."""
 
     BM: int
     BN: int
@@ -61,6 +70,8 @@ class GemmCfg(NamedTuple):
     A_DESC: bool
     B_DESC: bool
     EXACT: bool
+    XCDS: int = 1
+    PROGRAMS: int = 1
 
 
 #: Rows up to which measured split-K rows apply (few-row products: decode, small prefill).
@@ -70,7 +81,10 @@ SPLIT_K_MAX_M = 256
 @dataclass(frozen=True)
 class GemmConfig:
     """Tile shape and launch options of the Triton GEMM. ``split_k``: K ranges per output tile
-    (1: none; more: :func:`matmul` only, see the module's docstring)."""
+    (1: none; more: :func:`matmul` only, see the module's docstring). ``group_m`` and ``xcds``
+    are the tile order: tile rows visited together, and the chiplets (AMD's XCDs, each with its
+    own L2) whose programs get consecutive tiles (1: no renumbering;
+    :func:`iris_fw.gemm_tiles.xcd_item`)."""
 
     block_m: int
     block_n: int
@@ -79,6 +93,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1
+    xcds: int = 1
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -93,6 +108,8 @@ class GemmConfig:
             raise ArgumentError(f"GemmConfig.num_stages must be a positive int, got {self.num_stages!r}")
         if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k < 1:
             raise ArgumentError(f"GemmConfig.split_k must be a positive int, got {self.split_k!r}")
+        if not isinstance(self.xcds, int) or isinstance(self.xcds, bool) or self.xcds < 1:
+            raise ArgumentError(f"GemmConfig.xcds must be a positive int, got {self.xcds!r}")
 
 
 #: The CPU interpreter: small tiles, so tiny test shapes still have several tiles.
@@ -123,65 +140,114 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
     waves x tile time, where waves = ceil(tiles / programs) counts a partly filled last wave
     (or a partly filled last column of tiles) in full. That picks 128x256 tiles for large
     shapes and 128x128 where wide tiles leave SMs idle (few tiles, or ``n`` not a multiple of
-    256), as measured at the taxonomy's local shapes (docs/performance.md)."""
+    256), as measured at the taxonomy's local shapes (docs/performance.md).
+
+    The device's tile order (:func:`measured_tile_order`) gives every configuration chosen here
+    its ``xcds`` (a measured row may set its own) and the estimated 16-bit ones their
+    ``group_m``."""
+    order = measured_tile_order(device)
     if device.type == "cpu":
-        return CPU_CONFIG
-    if dtype == torch.float32:
-        return FP32_CONFIG
-    measured = measured_config(m, device, n=n, k=k, split=split)
-    if measured is not None:
-        return measured
-    if programs is None:
-        programs = num_sms(device)
+        cfg = CPU_CONFIG
+    elif dtype == torch.float32:
+        cfg = FP32_CONFIG
+    else:
+        measured = measured_config(m, device, n=n, k=k, split=split)
+        if measured is not None:
+            return measured  # (its xcds: the row's own, else the device's: _measured_rows)
+        if programs is None:
+            programs = num_sms(device)
 
-    def estimate(choice):
-        cfg, efficiency = choice
-        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        return triton.cdiv(tiles, programs) * cfg.block_m * cfg.block_n / efficiency
+        def estimate(choice):
+            cfg, efficiency = choice
+            tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+            return triton.cdiv(tiles, programs) * cfg.block_m * cfg.block_n / efficiency
 
-    cfg = min(HOPPER_TILES, key=estimate)[0]
-    group_m = measured_group_m(device)
-    return cfg if group_m is None else replace(cfg, group_m=group_m)
+        cfg = min(HOPPER_TILES, key=estimate)[0]
+        if order.group_m is not None:
+            cfg = replace(cfg, group_m=order.group_m)
+    return cfg if cfg.xcds == order.xcds else replace(cfg, xcds=order.xcds)
+
+
+#: Keys of a measured row's config that bound the products it applies to (not configuration
+#: fields): ``max_n`` / ``max_k`` (at most; absent: any) and ``min_m`` / ``min_n`` (at least;
+#: absent: 0) — beside the row's ``max_m``.
+ROW_BOUNDS = ("max_n", "max_k", "min_m", "min_n")
+
+
+class RowBounds(NamedTuple):
+    """The products a measured row of ``iris_fw/tuning/gemm.json`` applies to (None: any)."""
+
+    max_m: int | None
+    max_n: int | None = None
+    max_k: int | None = None
+    min_m: int = 0
+    min_n: int = 0
+
+    def hold(self, m: int, n: int | None, k: int | None) -> bool:
+        """Whether ``[m, k] @ [k, n]`` is within the bounds (a bound on ``n`` / ``k`` holds when
+        that size is not given)."""
+        return ((self.max_m is None or m <= self.max_m) and m >= self.min_m
+                and (n is None or ((self.max_n is None or n <= self.max_n) and n >= self.min_n))
+                and (k is None or self.max_k is None or k <= self.max_k))
 
 
 @functools.lru_cache(maxsize=None)
 def _measured_rows(device_name: str) -> tuple:
-    """``((max_m, max_n, max_k), GemmConfig)`` rows of the device (None: no bound). A row is
-    ``[max_m, config]``; ``config`` may bound ``max_n`` / ``max_k`` too."""
+    """``(RowBounds, GemmConfig)`` rows of the device. A row is ``[max_m, config]`` (``max_m``
+    null: any); ``config`` may carry :data:`ROW_BOUNDS` too. A row without ``xcds`` takes the
+    device's tile order's."""
     rows = tuning.load("gemm")["devices"].get(device_name, [])  # measured rows only: no defaults
+    xcds = _tile_orders().get(device_name, NO_TILE_ORDER).xcds
     out = []
     for max_m, config in rows:
         config = tuning.fields(config)  # without the note of what chose the row
-        bounds = (max_m, config.pop("max_n", None), config.pop("max_k", None))
-        out.append((bounds, GemmConfig(**config)))
+        bounds = RowBounds(max_m, **{key: config.pop(key) for key in ROW_BOUNDS if key in config})
+        out.append((bounds, GemmConfig(**{"xcds": xcds, **config})))
     return tuple(out)
+
+
+class TileOrder(NamedTuple):
+    """A device's tile order (``tile_order`` of ``iris_fw/tuning/gemm.json``): ``group_m``, the
+    ``GROUP_M`` of the estimated configurations (None: their own), and ``xcds``, the chiplets
+    whose programs get consecutive tiles in every configuration (1: none)."""
+
+    group_m: int | None = None
+    xcds: int = 1
+
+
+#: A device without a ``tile_order`` entry.
+NO_TILE_ORDER = TileOrder()
 
 
 @functools.lru_cache(maxsize=None)
 def _tile_orders() -> dict:
     table = tuning.load("gemm")
-    return {name: row["group_m"] for name, row in table.get("tile_order", {}).items() if not name.startswith("_")}
+    return {name: TileOrder(**tuning.fields(row))  # (without the note of what measured it)
+            for name, row in table.get("tile_order", {}).items() if not name.startswith("_")}
 
 
-def measured_group_m(device: torch.device) -> int | None:
-    """The measured tile order (``GROUP_M``: tile rows visited together, sharing ``B``'s
-    columns in L2) of the estimated configurations on ``device`` (``tile_order`` of
-    ``iris_fw/tuning/gemm.json``, chosen by time and L2 hit rate), or None (their own)."""
+def measured_tile_order(device: torch.device) -> TileOrder:
+    """The tile order of ``device`` (``tile_order`` of ``iris_fw/tuning/gemm.json`` by device
+    name): ``GROUP_M`` (tile rows visited together, sharing ``B``'s columns in L2) of the
+    estimated configurations, chosen by time and L2 hit rate, and the chiplet count ``xcds`` of
+    GPUs that deal programs round-robin to chiplets with an L2 each (AMD Instinct's XCDs);
+    :data:`NO_TILE_ORDER` where the table has none."""
     orders = _tile_orders()
-    return orders.get(info(device).name) if orders else None
+    return orders.get(info(device).name, NO_TILE_ORDER) if orders else NO_TILE_ORDER
 
 
 def measured_config(m: int, device: torch.device, n: int | None = None, k: int | None = None,
                     split: bool = False) -> GemmConfig | None:
     """The measured tile configuration for a 16-bit ``[m, k] @ [k, n]`` product on ``device``
     (``iris_fw/tuning/gemm.json``: few-row products, where the estimate of
-    :func:`default_config` does not hold), or None: the first row whose bounds hold (``max_m``;
-    ``max_n`` / ``max_k`` where the row has them and ``n`` / ``k`` are given). Rows with
-    ``split_k`` > 1 count only with ``split``."""
-    for (max_m, max_n, max_k), cfg in _measured_rows(info(device).name):
+    :func:`default_config` does not hold, and large ones a sweep found faster than it), or
+    None: the first row whose bounds hold (:class:`RowBounds`: ``max_m``; ``max_n`` /
+    ``max_k`` / ``min_m`` / ``min_n`` where the row has them and ``n`` / ``k`` are given). Rows
+    with ``split_k`` > 1 count only with ``split``."""
+    for bounds, cfg in _measured_rows(info(device).name):
         if cfg.split_k > 1 and not split:
             continue
-        if m <= max_m and (max_n is None or n is None or n <= max_n) and (max_k is None or k is None or k <= max_k):
+        if bounds.hold(m, n, k):
             return cfg
     return None
 
@@ -262,11 +328,15 @@ def plan_operands(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, *, a_tma: b
     """``(a source, b source, GemmCfg)`` for a pattern's plan: each operand as a TMA descriptor
     where :func:`tma_ok` (``a_tma=False`` keeps ``a`` a pointer), and the constexpr
     configuration every GEMM pattern's ``CFG`` starts from. ``cache``: reuse descriptors of
-    operands seen before."""
+    operands seen before. With ``cfg.xcds`` > 1 the chiplet renumbering's waves are the
+    device's SM (CU) count: a pattern's kernels run one program per SM, and a kernel with
+    fewer (a two-role schedule's compute side) maps tiles alike, with less of the locality."""
     get = cache.operand if cache is not None else (lambda t, block: operand(t, list(block)))
     a_src, a_desc = get(a, (cfg.block_m, cfg.block_k)) if a_tma else (a, False)
     b_src, b_desc = get(b, (cfg.block_k, cfg.block_n))
-    return a_src, b_src, GemmCfg(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(a.dtype))
+    wave = num_sms(b.device) if cfg.xcds > 1 else 1
+    return a_src, b_src, GemmCfg(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, a_desc, b_desc, exact(a.dtype),
+                                 cfg.xcds, wave)
 
 
 @triton.jit
@@ -300,23 +370,26 @@ def _split_tile(a, b, c, partials, counters, tile, split, pm, pn, M, N, K, strid
 def _matmul_kernel(a, b, c, partials, counters, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                    stride_cn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    A_DESC: tl.constexpr, B_DESC: tl.constexpr, EXACT: tl.constexpr, NPROG: tl.constexpr,
-                   SPLIT_K: tl.constexpr = 1):
+                   SPLIT_K: tl.constexpr = 1, XCDS: tl.constexpr = 1):
     """``c[M, N] = a[M, K] @ b[K, N]``, persistent over the ``tiles x SPLIT_K`` work items (item
     ``tile * SPLIT_K + split``). ``SPLIT_K`` 1: each tile whole (``partials`` and ``counters``
     unused); more: :func:`_split_tile` (fp32 ``partials [tiles, SPLIT_K, BM, BN]``, int32
-    ``counters [tiles]`` zero between calls)."""
+    ``counters [tiles]`` zero between calls). ``XCDS`` > 1: items renumbered chiplet by chiplet
+    over waves of ``NPROG`` (:func:`~iris_fw.gemm_tiles.xcd_item`)."""
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
-    for item in range(tl.program_id(0), tiles_m * tiles_n * SPLIT_K, NPROG):
+    items = tiles_m * tiles_n * SPLIT_K
+    for item in range(tl.program_id(0), items, NPROG):
         if SPLIT_K == 1:
-            pm, pn = tiles.grouped_tile(item, tiles_m, tiles_n, GROUP_M)
+            pm, pn = tiles.grouped_tile(item, tiles_m, tiles_n, GROUP_M, XCDS, NPROG)
             acc = tiles.matmul_tile(a, b, pm * BM, pn * BN, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                                     BM, BN, BK, A_DESC, B_DESC, EXACT)
             tiles.store_block(c, acc, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN)
         else:
-            tile = item // SPLIT_K
+            work = tiles.xcd_item(item, items, NPROG, XCDS)  # a tile's splits: on one chiplet
+            tile = work // SPLIT_K
             pm, pn = tiles.grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-            _split_tile(a, b, c, partials, counters, tile, item % SPLIT_K, pm, pn, M, N, K, stride_am, stride_ak,
+            _split_tile(a, b, c, partials, counters, tile, work % SPLIT_K, pm, pn, M, N, K, stride_am, stride_ak,
                         stride_bk, stride_bn, stride_cm, stride_cn, BM, BN, BK, A_DESC, B_DESC, EXACT, SPLIT_K)
 
 
@@ -437,6 +510,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     _matmul_kernel[(nprog,)](
         a_src, b_src, out, partials, counters, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         out.stride(0), out.stride(1), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
-        A_DESC=a_desc, B_DESC=b_desc, EXACT=exact(a.dtype), NPROG=nprog, SPLIT_K=split,
+        A_DESC=a_desc, B_DESC=b_desc, EXACT=exact(a.dtype), NPROG=nprog, SPLIT_K=split, XCDS=cfg.xcds,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

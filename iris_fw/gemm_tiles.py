@@ -43,9 +43,46 @@ def dot(x, y, acc, EXACT: tl.constexpr):
 
 
 @triton.jit
-def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+def xcd_program(pid, programs, XCDS: tl.constexpr):
+    """Program ``pid`` of ``programs`` renumbered chiplet by chiplet: a GPU that deals
+    consecutive programs out round-robin to ``XCDS`` chiplets, each with its own L2 (AMD
+    Instinct MI300X / MI355X: 8 XCDs), runs program ``pid`` on chiplet ``pid % XCDS``; here
+    chiplet ``c``'s programs get consecutive numbers, after those of chiplets ``0 … c-1``, so
+    consecutive logical numbers share one L2. A bijection of ``[0, programs)`` for every
+    ``programs`` (when ``programs % XCDS`` is not 0, the first ``programs % XCDS`` chiplets hold
+    one program more); ``XCDS`` 1: ``pid`` itself."""
+    out = pid
+    if XCDS > 1:
+        xcd = pid % XCDS
+        per = programs // XCDS
+        out = xcd * per + tl.minimum(xcd, programs % XCDS) + pid // XCDS
+    return out
+
+
+@triton.jit
+def xcd_item(item, items, PROGRAMS: tl.constexpr, XCDS: tl.constexpr):
+    """Item ``item`` of a persistent loop over ``items`` items by ``PROGRAMS`` programs (item
+    ``i`` runs on program ``i % PROGRAMS``, in wave ``i // PROGRAMS``) renumbered by
+    :func:`xcd_program` within its wave (the last wave: over the programs it has), so that in
+    every wave the items one chiplet runs are consecutive. A bijection of ``[0, items)``: a
+    pure function of the item, so every kernel of a pattern maps a tile alike whatever its
+    own program count (a different count costs locality, never correctness). ``XCDS`` 1:
+    ``item`` itself."""
+    out = item
+    if XCDS > 1:
+        first = item // PROGRAMS * PROGRAMS
+        out = first + xcd_program(item - first, tl.minimum(items - first, PROGRAMS), XCDS)
+    return out
+
+
+@triton.jit
+def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr, XCDS: tl.constexpr = 1, PROGRAMS: tl.constexpr = 1):
     """``(pm, pn)`` of linear ``tile`` in a ``tiles_m x tiles_n`` grid visited in groups of
-    ``GROUP_M`` tile rows (consecutive tiles share ``B`` columns and ``A`` rows in L2)."""
+    ``GROUP_M`` tile rows (consecutive tiles share ``B`` columns and ``A`` rows in L2). With
+    ``XCDS`` > 1 the tile number is first renumbered chiplet by chiplet (:func:`xcd_item` over
+    waves of ``PROGRAMS`` programs), so the tiles each chiplet runs at once are consecutive in
+    that order and share the chiplet's L2; ``XCDS`` 1 (the default): no renumbering."""
+    tile = xcd_item(tile, tiles_m * tiles_n, PROGRAMS, XCDS)
     width = GROUP_M * tiles_n
     group = tile // width
     first_m = group * GROUP_M
@@ -56,11 +93,12 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def rotated_tile(tile, tiles_m, tiles_n, shift, GROUP_M: tl.constexpr):
+def rotated_tile(tile, tiles_m, tiles_n, shift, GROUP_M: tl.constexpr, XCDS: tl.constexpr = 1,
+                 PROGRAMS: tl.constexpr = 1):
     """Like :func:`grouped_tile`, with tile rows rotated by ``shift``: returns
     ``(row sequence number, pm, pn)`` where row ``seq`` of the visit order is tile row
     ``(seq + shift) % tiles_m`` (patterns start each rank on a different row block)."""
-    seq, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+    seq, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M, XCDS, PROGRAMS)
     return seq, (seq + shift) % tiles_m, pn
 
 

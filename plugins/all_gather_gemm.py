@@ -65,7 +65,8 @@ class Args(NamedTuple):
 
 
 class AgCfg(NamedTuple):
-    """Constexpr configuration: the GEMM's plus the columns one fetch step copies."""
+    """Constexpr configuration: the GEMM's (:class:`~iris_fw.gemm.GemmCfg`, its fields in its
+    order) plus the columns one fetch step copies."""
 
     BM: int
     BN: int
@@ -74,13 +75,16 @@ class AgCfg(NamedTuple):
     A_DESC: bool
     B_DESC: bool
     EXACT: bool
+    XCDS: int
+    PROGRAMS: int
     FETCH_BK: int
 
 
 @triton.jit
 def _coords(args, tile, CFG: tl.constexpr):
     """``(row-block sequence number, off_m, off_n)`` of ``tile``."""
-    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.NL, CFG.BN), args.shift, CFG.GROUP_M)
+    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.NL, CFG.BN), args.shift, CFG.GROUP_M,
+                                     CFG.XCDS, CFG.PROGRAMS)
     return seq, pm * CFG.BM, pn * CFG.BN
 
 
@@ -260,7 +264,7 @@ class AllGatherGemm(Pattern):
 
         library, library_into = self._library(ctx, buffers, shard, a_heap, b, c)
         return buffers["plans"].put(key, Plan(
-            pattern=self.name, pieces=self.pieces, args=args, cfg=AgCfg(*gcfg, fetch_bk),
+            pattern=self.name, pieces=self.pieces, args=args, cfg=AgCfg(*gcfg, FETCH_BK=fetch_bk),
             num_tiles=tiles_m * triton.cdiv(NL, cfg.block_n), num_chunks=tiles_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             # fetch copies every row block into staging, this rank's own included: the

@@ -89,7 +89,8 @@ class Args(NamedTuple):
 
 @triton.jit
 def _offsets(args, tile, CFG: tl.constexpr):
-    pm, pn = tiles.grouped_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.N, CFG.BN), CFG.GROUP_M)
+    pm, pn = tiles.grouped_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.N, CFG.BN), CFG.GROUP_M, CFG.XCDS,
+                                CFG.PROGRAMS)
     return pm * CFG.BM, pn * CFG.BN
 
 

@@ -45,7 +45,8 @@ class Args(NamedTuple):
 
 @triton.jit
 def _coords(args, tile, CFG: tl.constexpr):
-    pm, pn = tiles.grouped_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.NL, CFG.BN), CFG.GROUP_M)
+    pm, pn = tiles.grouped_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.NL, CFG.BN), CFG.GROUP_M, CFG.XCDS,
+                                CFG.PROGRAMS)
     return pm * CFG.BM, pn * CFG.BN
 
 

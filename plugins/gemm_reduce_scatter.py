@@ -64,7 +64,8 @@ class Args(NamedTuple):
 
 @triton.jit
 def _coords(args, tile, CFG: tl.constexpr):
-    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.N, CFG.BN), args.shift, CFG.GROUP_M)
+    seq, pm, pn = tiles.rotated_tile(tile, tl.cdiv(args.M, CFG.BM), tl.cdiv(args.N, CFG.BN), args.shift, CFG.GROUP_M,
+                                     CFG.XCDS, CFG.PROGRAMS)
     return pm * CFG.BM, pn * CFG.BN
 
 

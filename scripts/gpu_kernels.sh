@@ -24,6 +24,12 @@
 #           8192x8192x8192 (time vs cuBLAS); with `ncu` on the machine also the L2 hit rate
 #           (lts__t_sector_hit_rate.pct) of each GROUP_M's kernel at 8192^3; gemm_tile_order.json = the
 #           'tile_order' entry of iris_fw/tuning/gemm.json (GROUP_M of the larger shapes).
+#   bigtile scripts/tune_gemm.py --large: the estimate's configuration and 15 candidates (block
+#           128x256x64 / 256x128x64 / 128x128x64 / 128x256x32, warps 4/8, stages 3-5, GROUP_M
+#           8/16) vs cuBLAS at 16384x14336x4096 and 8192x8192x8192 (BIGTILE_SHAPES; "taxonomy":
+#           the taxonomy's six local GEMMs), CUDA graphs, interleaved; gemm_large_rows.json =
+#           rows of iris_fw/tuning/gemm.json for the shapes where a candidate beat the estimate.
+#           Not in the default STEPS: STEPS=bigtile BUDGET=300 bash scripts/gpu_kernels.sh
 #   fdncu   ncu on scripts/probe_fd_small_batch.py at B 1 x 4K and 16K tokens: flash-decode's
 #           split-KV kernel beside torch SDPA's kernels (time, DRAM bytes and throughput, grid,
 #           registers, warps active) — why batch 1 trails SDPA.
@@ -87,6 +93,11 @@ for step in $STEPS; do
         r=$?; rc=$(( rc | r )); echo "rc $r"
         grep -E "overhead|events" "$OUT/trace.log" | grep -v "^\[rank" | cut -c1-220 | tee -a "$SUMMARY"
         rm -rf "$OUT/trace/traces" ;;  # the traces themselves are large; overhead.json stays
+    bigtile)
+        timeout -k 10 $(limit ${BIGTILE_TIMEOUT:-240}) python3 scripts/tune_gemm.py --large --calls ${BIGTILE_CALLS:-5} \
+            --rounds ${BIGTILE_ROUNDS:-20} ${BIGTILE_SHAPES:+--shapes $BIGTILE_SHAPES} --out "$OUT" > "$OUT/bigtile.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r"
+        { grep -E "^\|" "$OUT/bigtile.log"; grep -E "WRONG|Error" "$OUT/bigtile.log" | head -10; } | tee -a "$SUMMARY" ;;
     groups)
         timeout -k 10 $(limit ${GROUPS_TIMEOUT:-60}) python3 scripts/tune_gemm.py --groups --rounds 10 --out "$OUT" \
             > "$OUT/groups.log" 2>&1
@@ -145,7 +156,7 @@ PY
     echo "   ($(( $(date +%s) - t0 )) s)" | tee -a "$SUMMARY"
 done
 # at most 8 files come back: summary and tuning snippets stay outside, the rest packed
-keep="summary.md gemm_tuning_rows.json flash_decode_tuning_row.json gemm_tile_order.json"
+keep="summary.md gemm_tuning_rows.json flash_decode_tuning_row.json gemm_tile_order.json gemm_large_rows.json"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz $(for f in $keep; do echo --exclude=./$f; done) ./* \
     && find . -mindepth 1 ! -name logs.tgz $(for f in $keep; do echo ! -name $f; done) -delete)
 ls -la "$OUT"

@@ -16,8 +16,18 @@ paste them under the device's name) into ``--out``; prints a table.
 ``--groups``: instead, the tile order — GROUP_M 1, 4, 8, 16 — of the best measured (or
 default) configuration at the given shapes (``--shapes M,N,K ...``), same protocol.
 
+``--large``: instead, the large products where :func:`iris_fw.gemm.default_config`'s estimate
+applies (default 16384x14336x4096, the taxonomy's all-gather + GEMM, and 8192x8192x8192;
+``--shapes``, or ``--shapes taxonomy`` for the taxonomy's local GEMMs at one rank): the
+estimate's configuration and :data:`LARGE_CANDIDATES` (block 128x256x64 / 256x128x64 /
+128x128x64 / 128x256x32, warps 4 / 8, stages 3-5, GROUP_M 8 / 16), same protocol. Writes
+``gemm_large.jsonl`` and ``gemm_large_rows.json``: a row ``[null, {config, "min_m": M,
+"min_n": N, "max_k": K, "measured"}]`` per shape whose best beat the estimate's configuration
+(paste them after the device's few-row rows; ordered shortest K first).
+
     python3 scripts/tune_gemm.py --out $OUT                       # the split-K sweep
     python3 scripts/tune_gemm.py --groups --shapes 256,8192,8192 8192,8192,8192
+    python3 scripts/tune_gemm.py --large --out $OUT               # 16384x14336x4096, 8192^3
     python3 scripts/tune_gemm.py --quick                          # CPU smoke run (interpreter)
 """
 
@@ -44,6 +54,22 @@ KS = (4096, 8192, 14336, 28672)
 ROTATE_BYTES = 256 << 20
 #: GROUP_M values of the tile-order sweep.
 GROUPS = (1, 4, 8, 16)
+#: Shapes of the ``--groups`` sweep.
+GROUP_SHAPES = ("256,8192,8192", "8192,8192,8192")
+#: Shapes of the ``--large`` sweep: the taxonomy's shortest-K local GEMM (95.2 % of cuBLAS with
+#: the estimate on one H100, docs/performance.md) and the square one.
+LARGE_SHAPES = ("16384,14336,4096", "8192,8192,8192")
+#: The configurations of the ``--large`` sweep beside the estimate's own (bf16; (block_m,
+#: block_n, block_k, group_m, warps, stages)). 128x256 and 256x128 tiles need 8 warps (their
+#: fp32 accumulator spills at 4) and fit 4 stages of 64-deep blocks in Hopper's shared memory,
+#: not 5; 128x128 tiles fit 5; 32-deep blocks of 128x256 tiles fit 5.
+LARGE_CANDIDATES = (
+    (128, 256, 64, 16, 8, 3), (128, 256, 64, 16, 8, 4), (128, 256, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4),
+    (256, 128, 64, 16, 8, 3), (256, 128, 64, 16, 8, 4), (256, 128, 64, 8, 8, 3),
+    (128, 128, 64, 16, 4, 4), (128, 128, 64, 16, 4, 5), (128, 128, 64, 16, 8, 4), (128, 128, 64, 8, 8, 5),
+    (128, 128, 64, 8, 4, 5),
+    (128, 256, 32, 16, 8, 4), (128, 256, 32, 16, 8, 5), (128, 256, 32, 8, 8, 5),
+)
 
 
 def candidates(m: int) -> list[GemmConfig]:
@@ -173,7 +199,9 @@ def table_rows(best: dict, device_name: str) -> list[list]:
         for k in ks:
             (n,) = {nn for mm, nn, kk in best if (mm, kk) == (m, k)} or {None}
             cfg, us, ref = best[(m, n, k)]
-            config = asdict(cfg)  # a row: [max_m, config], the config carrying its bounds and its measurement
+            # a row: [max_m, config], the config carrying its bounds and its measurement (not
+            # xcds: the device's tile order gives it)
+            config = {key: v for key, v in asdict(cfg).items() if key != "xcds"}
             if cfg.split_k > 1:
                 config["max_n"] = n
             if k != ks[-1]:
@@ -192,7 +220,10 @@ def parse(argv):
     p.add_argument("--calls", type=int, default=10, help="calls per graph replay")
     p.add_argument("--rounds", type=int, default=15, help="interleaved replays of each method")
     p.add_argument("--groups", action="store_true", help="the GROUP_M sweep instead (at --shapes)")
-    p.add_argument("--shapes", nargs="+", default=["256,8192,8192", "8192,8192,8192"], help="M,N,K for --groups")
+    p.add_argument("--large", action="store_true", help="the large-product sweep instead (at --shapes)")
+    p.add_argument("--shapes", nargs="+", default=None,
+                   help=f"M,N,K for --groups (default {' '.join(GROUP_SHAPES)}) or --large (default "
+                        f"{' '.join(LARGE_SHAPES)}; 'taxonomy': the taxonomy's local GEMMs at one rank)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 2 rounds (CPU smoke run)")
     p.add_argument("--out", default=os.environ.get("OUT") or "gemm-tune")
     return p.parse_args(argv)
@@ -208,14 +239,22 @@ def main(argv=None) -> int:
 
 def _sweep_all(opts) -> int:
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if opts.shapes is None:
+        opts.shapes = list(LARGE_SHAPES if opts.large else GROUP_SHAPES)
+    elif opts.shapes == ["taxonomy"]:
+        from iris_fw.bench.taxonomy import SHAPES, local_shape
+
+        opts.shapes = list(dict.fromkeys(",".join(map(str, local_shape(p, M, N, K, 1))) for p, M, N, K in SHAPES))
     if opts.quick:
         opts.ms, opts.n, opts.ks, opts.calls, opts.rounds = [5, 20], 40, [48], 1, 1
-        opts.shapes = ["20,40,48"]
+        opts.shapes = ["40,40,32", "20,40,48"] if opts.large else ["20,40,48"]
     os.makedirs(opts.out, exist_ok=True)
     name = devinfo.info(dev).name
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     log(f"device {name}, torch {torch.__version__}; {opts.calls} calls per replay, {opts.rounds} rounds")
     records = []
+    if opts.large:
+        return _large(opts, dev, name, log)
     if opts.groups:
         log("| M x N x K | config | GROUP_M | us | % of cuBLAS |\n|---|---|---:|---:|---:|")
         for spec in opts.shapes:
@@ -285,6 +324,72 @@ def _sweep_all(opts) -> int:
     rows = table_rows(best, name)
     log("\n".join(summary))
     log(f"tuning rows for {name!r} (iris_fw/tuning/gemm.json):\n" + json.dumps(rows, indent=1))
+    return 0
+
+
+def large_candidates(current: GemmConfig, quick: bool) -> list[GemmConfig]:
+    """The estimate's configuration first, then :data:`LARGE_CANDIDATES` (on the CPU: the
+    estimate and one more GROUP_M)."""
+    if quick:
+        return [current, replace(current, group_m=current.group_m * 2)]
+    return list(dict.fromkeys([current] + [GemmConfig(bm, bn, bk, g, w, st) for bm, bn, bk, g, w, st in LARGE_CANDIDATES]))
+
+
+def large_rows(best: dict, device_name: str) -> list[list]:
+    """Tuning-table rows (``iris_fw/tuning/gemm.json``) from ``{(m, n, k): (config, us, cuBLAS
+    us, estimate's us)}``, one per shape whose best is not the estimate's configuration:
+    ``[None, config]`` bounded to products at least ``m x n`` with at most ``k`` (``min_m``,
+    ``min_n``, ``max_k``), shortest ``k`` first, then the larger ``m * n`` (the first row whose
+    bounds hold applies)."""
+    rows = []
+    for (m, n, k), (cfg, us, ref, current_us) in sorted(best.items(), key=lambda kv: (kv[0][2], -kv[0][0] * kv[0][1])):
+        config = {key: v for key, v in asdict(cfg).items() if key not in ("split_k", "xcds")}
+        config.update(min_m=m, min_n=n, max_k=k)
+        config["measured"] = (f"{device_name} {time.strftime('%Y-%m-%d', time.gmtime())}, scripts/tune_gemm.py --large: "
+                              f"{m}x{n}x{k} bf16 {us:.1f} us, cuBLAS {ref:.1f} us ({100 * ref / us:.1f}%); "
+                              f"the estimate's {current_us:.1f} us ({100 * ref / current_us:.1f}%)")
+        rows.append([None, config])
+    return rows
+
+
+def _large(opts, dev, name, log) -> int:
+    """The ``--large`` sweep (module docstring)."""
+    records, best = [], {}
+    summary = ["| M x N x K | cuBLAS us | estimate us (config) | best us (config) | best % of cuBLAS |",
+               "|---|---:|---|---|---:|"]
+    for spec in opts.shapes:
+        m, n, k = (int(x) for x in spec.split(","))
+        shape = Shape(m, n, k, dev, opts.quick)
+        current = default_config(m, n, k, torch.bfloat16, dev, split=True)
+        meta = sweep(shape, large_candidates(current, opts.quick), opts, log)
+        ref = meta.pop("cublas")["us"]
+        for lab, r in meta.items():
+            records.append({"m": m, "n": n, "k": k, "config": lab, "us": r.get("us"), "err": r.get("err"),
+                            "wrong": r.get("wrong", False), "cublas_us": ref,
+                            "pct_of_cublas": 100 * ref / r["us"] if r.get("us") else None,
+                            "current": r["config"] == current})
+        with open(os.path.join(opts.out, "gemm_large.jsonl"), "w") as f:  # every shape so far
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        timed = {lab: r for lab, r in meta.items() if r.get("us") and not r.get("wrong")}
+        cur = timed.get(label(current))
+        if not timed or cur is None:
+            log(f"| {m}x{n}x{k} | {ref:.1f} | the estimate's configuration did not run | | |")
+            continue
+        win = min(timed, key=lambda lab: timed[lab]["us"])
+        line = (f"| {m}x{n}x{k} | {ref:.1f} | {cur['us']:.1f} ({label(current)}, {100 * ref / cur['us']:.1f}%) | "
+                f"{timed[win]['us']:.1f} ({win}) | {100 * ref / timed[win]['us']:.1f} |")
+        summary.append(line)
+        log(line)
+        if timed[win]["config"] != current:
+            best[(m, n, k)] = (timed[win]["config"], timed[win]["us"], ref, cur["us"])
+        with open(os.path.join(opts.out, "gemm_large_rows.json"), "w") as f:  # (a cut-short run keeps them)
+            json.dump({name: large_rows(best, name)}, f, indent=1)
+    rows = large_rows(best, name)
+    with open(os.path.join(opts.out, "gemm_large_rows.json"), "w") as f:
+        json.dump({name: rows}, f, indent=1)
+    log("\n".join(summary))
+    log(f"large-product rows for {name!r} (iris_fw/tuning/gemm.json 'devices', after its few-row rows; "
+        f"none where the estimate's configuration won):\n" + json.dumps(rows, indent=1))
     return 0
 
 

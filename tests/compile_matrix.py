@@ -282,9 +282,14 @@ def _launch_everything(ctx, torch) -> None:
             except Exception:  # the scheduler declines the pattern (it says why); not a kernel
                 continue
             op(a, a)
-    # split-K first: the default run compiles each kernel's first variant (and its TMA twin)
-    matmul(a, a, config=replace(CPU_CONFIG, split_k=2))
+    # split-K first: the default run compiles each kernel's first variant (and its TMA twin) —
+    # with AMD's chiplet renumbering of the tile order (XCDS 8: MI300X / MI355X), which
+    # compiled kernels see only on those GPUs; then the plain kernel as NVIDIA GPUs run it, and
+    # with XCDS 8 (every variant: the extended run), and a pattern's kernels with XCDS 8
+    matmul(a, a, config=replace(CPU_CONFIG, split_k=2, xcds=8))
     matmul(a, a)
+    matmul(a, a, config=replace(CPU_CONFIG, xcds=8))
+    ops.plan("all_gather_gemm", a, a, scheduler="fused_sequential", config=replace(CPU_CONFIG, xcds=8))(a, a)
     # flash-decode under both schedulers, contiguous and paged KV
     q, k = torch.randn(2, 4, 16, device=dev, dtype=torch.bfloat16), torch.randn(2, 8, 2, 16, device=dev,
                                                                                   dtype=torch.bfloat16)

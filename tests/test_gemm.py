@@ -4,13 +4,16 @@ and (GPU) a CUDA-graph replay with fresh inputs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import iris_fw  # noqa: F401  (first: interpreter on CPU-only machines)
 from iris_fw import gemm
+from iris_fw import gemm_tiles as tiles
 from iris_fw.errors import ArgumentError
 from iris_fw.gemm import CPU_CONFIG, GemmConfig, matmul
 
@@ -114,7 +117,8 @@ def test_split_rows_of_the_tuning_table(monkeypatch):
     split = GemmConfig(16, 64, 128, 1, 4, 4, split_k=4)
     plain = GemmConfig(16, 64, 128, 1, 4, 4)
     wide = GemmConfig(64, 64, 128, 1, 4, 4, split_k=2)
-    rows = (((16, None, 8192), split), ((16, None, None), plain), ((256, 8192, None), wide))
+    rows = ((gemm.RowBounds(16, None, 8192), split), (gemm.RowBounds(16), plain),
+            (gemm.RowBounds(256, 8192), wide))
     monkeypatch.setattr(gemm, "_measured_rows", lambda name: rows)
     dev = torch.device("cpu")
     assert gemm.measured_config(16, dev, n=8192, k=4096, split=True) == split
@@ -133,31 +137,181 @@ def test_tuning_table_rows_are_valid():
 
     table = tuning.load("gemm")
     for device, rows in table["devices"].items():
-        for max_m, config in rows:  # [max_m, config]; the config may carry max_n / max_k and its measurement
-            extra = {k: config[k] for k in ("max_n", "max_k", "measured") if k in config}
+        for max_m, config in rows:  # [max_m, config]; the config may carry bounds and its measurement
+            extra = {k: config[k] for k in (*gemm.ROW_BOUNDS, "measured") if k in config}
             cfg = GemmConfig(**{k: v for k, v in config.items() if k not in extra})
             assert all(v is None or isinstance(v, (int, str)) for v in extra.values()), (device, config)
             if cfg.split_k > 1:
-                assert max_m <= gemm.SPLIT_K_MAX_M, (device, config)
-        assert [b for b, _ in gemm._measured_rows(device)] == [(m, c.get("max_n"), c.get("max_k")) for m, c in rows]
+                assert max_m is not None and max_m <= gemm.SPLIT_K_MAX_M, (device, config)
+        assert [b for b, _ in gemm._measured_rows(device)] == [
+            gemm.RowBounds(m, **{k: c[k] for k in gemm.ROW_BOUNDS if k in c}) for m, c in rows]
     for device, order in table.get("tile_order", {}).items():
-        assert isinstance(order["group_m"], int) and order["group_m"] >= 1 and order.get("measured"), (device, order)
+        assert set(order) <= {"group_m", "xcds", "measured"} and order.get("measured"), (device, order)
+        assert all(isinstance(order.get(k, 1), int) and order.get(k, 1) >= 1 for k in ("group_m", "xcds")), order
+        assert gemm._tile_orders()[device] == gemm.TileOrder(order.get("group_m"), order.get("xcds", 1))
+    # AMD Instinct's chiplets: rows by the names torch reports (iris_fw.devinfo), none measured
+    assert {name: gemm._tile_orders()[name].xcds for name in ("AMD Instinct MI300X", "AMD Instinct MI355X")} == {
+        "AMD Instinct MI300X": 8, "AMD Instinct MI355X": 8}
+    assert all("not measured" in table["tile_order"][name]["measured"]
+               for name in ("AMD Instinct MI300X", "AMD Instinct MI355X"))
 
 
 def test_tile_order_from_the_table(monkeypatch):
     """A device's measured GROUP_M replaces the estimated configurations' own; measured rows
-    keep theirs."""
-    from iris_fw.gemm import HOPPER_LARGE, default_config
+    keep theirs. Its chiplet count goes to every configuration (fp32 and the CPU's too)."""
+    from iris_fw.gemm import FP32_CONFIG, HOPPER_LARGE, TileOrder, default_config
 
     gpu, bf16 = torch.device("cuda"), torch.bfloat16
     monkeypatch.setattr(gemm, "measured_config", lambda *args, **kwargs: None)
-    monkeypatch.setattr(gemm, "measured_group_m", lambda device: None)
+    monkeypatch.setattr(gemm, "measured_tile_order", lambda device: gemm.NO_TILE_ORDER)
     assert default_config(8192, 7168, 8192, bf16, gpu, programs=132) == HOPPER_LARGE
-    monkeypatch.setattr(gemm, "measured_group_m", lambda device: 16)
+    monkeypatch.setattr(gemm, "measured_tile_order", lambda device: TileOrder(group_m=16))
     assert default_config(8192, 7168, 8192, bf16, gpu, programs=132) == replace(HOPPER_LARGE, group_m=16)
+    monkeypatch.setattr(gemm, "measured_tile_order", lambda device: TileOrder(xcds=8))
+    assert default_config(8192, 7168, 8192, bf16, gpu, programs=304) == replace(HOPPER_LARGE, xcds=8)
+    assert default_config(8192, 7168, 8192, torch.float32, gpu) == replace(FP32_CONFIG, xcds=8)
+    assert default_config(64, 64, 64, bf16, torch.device("cpu")) == replace(CPU_CONFIG, xcds=8)
     row = GemmConfig(16, 64, 128, 1, 4, 4, split_k=2)
     monkeypatch.setattr(gemm, "measured_config", lambda *args, **kwargs: row)
     assert default_config(16, 8192, 8192, bf16, gpu, split=True) == row
+
+
+def test_large_rows_bound_m_n_and_k(monkeypatch):
+    """A row for large products with short K ([null, {min_m, min_n, max_k, ...}]) applies only
+    at and above its M and N and up to its K; the few-row rows before it are read as before."""
+    few = GemmConfig(16, 64, 256, 1, 4, 3)
+    big = GemmConfig(256, 128, 64, 8, 8, 4)
+    table = {"devices": {"GPU X": [[16, {**asdict(few), "measured": "m"}],
+                                   [None, {**asdict(big), "min_m": 8192, "min_n": 8192, "max_k": 4096,
+                                           "measured": "m"}]]}, "tile_order": {}}
+    monkeypatch.setattr(gemm.tuning, "load", lambda name: table)
+    gemm._measured_rows.cache_clear()
+    gemm._tile_orders.cache_clear()
+    try:
+        rows = gemm._measured_rows("GPU X")
+        assert rows == ((gemm.RowBounds(16), few), (gemm.RowBounds(None, None, 4096, 8192, 8192), big))
+        holds = lambda m, n, k: [b.hold(m, n, k) for b, _ in rows]  # noqa: E731
+        assert holds(16, 8192, 4096) == [True, False]
+        assert holds(16384, 14336, 4096) == [False, True]
+        assert holds(8192, 8192, 2048) == [False, True]
+        assert holds(16384, 14336, 8192) == [False, False]  # deeper K: the estimate
+        assert holds(4096, 14336, 4096) == [False, False]  # fewer rows
+        assert holds(16384, 4096, 4096) == [False, False]  # fewer columns (a sharded N)
+        assert holds(16384, None, None) == [False, True]  # n and k not given: their bounds hold
+    finally:
+        gemm._measured_rows.cache_clear()
+        gemm._tile_orders.cache_clear()
+
+
+# ---- the chiplet (XCD) renumbering of the tile order ------------------------------------------
+
+
+@triton.jit
+def _xcd_kernel(out, programs, items, tiles_m, tiles_n, PROGRAMS: tl.constexpr, XCDS: tl.constexpr,
+                GROUP_M: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[0]``: xcd_program of 0..programs-1; ``out[1]``: xcd_item of 0..items-1 (waves of
+    PROGRAMS); ``out[2]``: the linear tile ``pm * tiles_n + pn`` grouped_tile gives 0..items-1."""
+    i = tl.arange(0, BLOCK)
+    tl.store(out + i, tiles.xcd_program(i, programs, XCDS), mask=i < programs)
+    tl.store(out + BLOCK + i, tiles.xcd_item(i, items, PROGRAMS, XCDS), mask=i < items)
+    pm, pn = tiles.grouped_tile(i, tiles_m, tiles_n, GROUP_M, XCDS, PROGRAMS)
+    tl.store(out + 2 * BLOCK + i, pm * tiles_n + pn, mask=i < tiles_m * tiles_n)
+
+
+def _xcd_program_ref(pid, programs, xcds):
+    return (pid % xcds) * (programs // xcds) + min(pid % xcds, programs % xcds) + pid // xcds
+
+
+def test_xcd_renumbering_is_a_bijection():
+    """xcd_program renumbers [0, programs) one to one, each chiplet's programs (pid % XCDS)
+    consecutive and in order — for program counts that are and are not multiples of XCDS; xcd_item
+    does so within every wave of PROGRAMS items (the last one ragged) and grouped_tile with XCDS
+    still visits every tile once."""
+    block = 128
+    out = torch.empty(3 * block, dtype=torch.int32, device=_device())
+    cases = [(p, x) for x in (1, 2, 3, 4, 6, 8) for p in (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 24, 38, 61, 64, 100)]
+    for programs, xcds in cases:
+        items, wave = min(block, 2 * programs + 3), programs  # two full waves and a ragged third
+        tiles_m, tiles_n = (items // 4, 4) if items % 4 == 0 else (items, 1)
+        out.fill_(-1)
+        _xcd_kernel[(1,)](out, programs, items, tiles_m, tiles_n, PROGRAMS=wave, XCDS=xcds, GROUP_M=2, BLOCK=block)
+        got = out[:programs].tolist()
+        assert sorted(got) == list(range(programs)), (programs, xcds, got)
+        assert got == [_xcd_program_ref(p, programs, xcds) for p in range(programs)]
+        for c in range(xcds):  # one chiplet's programs: consecutive numbers, in order
+            mine = got[c::xcds]
+            assert mine == list(range(mine[0], mine[0] + len(mine))) if mine else True, (programs, xcds, c)
+        item = out[block:block + items].tolist()
+        assert sorted(item) == list(range(items)), (programs, xcds, item)
+        for first in range(0, items, wave):  # within each wave, xcd_program over the wave's items
+            count = min(wave, items - first)
+            assert item[first:first + count] == [first + _xcd_program_ref(p, count, xcds) for p in range(count)]
+        assert sorted(out[2 * block:2 * block + items].tolist()) == list(range(items)), (programs, xcds)
+
+
+@pytest.fixture
+def xcds_table(monkeypatch):
+    """``tile_order`` of this machine's device (``"cpu"`` on the interpreter) set to 8 XCDs in
+    the GEMM table as the loader returns it (the other tables untouched); caches cleared."""
+    from iris_fw import devinfo, tuning
+
+    load = tuning.load
+    table = {**load("gemm"), "tile_order": {devinfo.info(_device()).name: {"xcds": 8, "measured": "a test"}}}
+    monkeypatch.setattr(tuning, "load", lambda name: table if name == "gemm" else load(name))
+    gemm._tile_orders.cache_clear()
+    gemm._measured_rows.cache_clear()
+    yield
+    gemm._tile_orders.cache_clear()
+    gemm._measured_rows.cache_clear()
+
+
+# programs of the persistent grid: below, at, not a multiple of and a multiple of the 8 XCDs
+@pytest.mark.parametrize("programs", [5, 8, 19, 24])
+def test_xcds_from_the_table_matches_float64(ctx, xcds_table, monkeypatch, programs):
+    """A device whose tile_order row says 8 XCDs: the default configuration carries them and
+    the GEMM (split or not) is right at a ragged shape whose tiles fill neither the chiplets nor
+    the waves evenly. The grid's program count is forced (the interpreter's would be 4)."""
+    dev = _device()
+    scale = 8 if GPU else 1
+    m, n, k = 70 * scale, 90 * scale, 40 * scale
+    monkeypatch.setattr(gemm, "persistent_programs", lambda device, work: max(1, min(work, programs)))
+    cfg = gemm.default_config(m, n, k, torch.bfloat16, dev, split=True)
+    assert cfg.xcds == 8
+    g = torch.Generator().manual_seed(programs)
+    a = torch.randn(m, k, generator=g).div_(k ** 0.5).to(torch.bfloat16).to(dev)
+    b = torch.randn(k, n, generator=g).to(torch.bfloat16).to(dev)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+    _check(matmul(a, b, out=out), a, b, torch.bfloat16, f"XCDS 8, {programs} programs")
+    split = replace(_config(2), xcds=8)
+    _check(matmul(a, b, out=torch.full_like(out, float("nan")), config=split), a, b, torch.bfloat16,
+           f"XCDS 8, split-K 2, {programs} programs")
+
+
+@pytest.mark.parametrize("pattern,scheduler", [("gemm_all_scatter", "producer_consumer"),
+                                               ("all_gather_gemm", "fused_sequential"),
+                                               ("gemm_reduce_scatter", "bulk_sync"),
+                                               ("gemm_all_reduce", "bulk_sync")])
+def test_patterns_with_xcds_match_float64(pattern, scheduler):
+    """The patterns' kernels under a tile order with 3 XCDS (waves of the device's programs, 4
+    on the interpreter: not a multiple): every tile is computed once and lands where its
+    consumer (another kernel or role, with its own program count) expects it."""
+    from iris_fw import ops
+
+    dev = _device()
+    scale = 8 if GPU else 1
+    m, n, k = 45 * scale, 70 * scale, 24 * scale
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(m, k, generator=g).div_(k ** 0.5).to(torch.bfloat16).to(dev)
+    b = torch.randn(k, n, generator=g).to(torch.bfloat16).to(dev)
+    config = replace(_config(1), xcds=3)
+    if pattern == "gemm_all_reduce":
+        from iris_fw.plugins.gemm_all_reduce import GemmAllReduceConfig
+
+        config = GemmAllReduceConfig(**asdict(config))
+    with iris_fw.init(heap_size=1 << 24, bootstrap="single"):
+        op = ops.plan(pattern, a, b, scheduler=scheduler, config=config)
+        assert op.pattern.bind(op.ctx, op.buffers, a, b).cfg.XCDS == 3
+        _check(op(a, b), a, b, torch.bfloat16, f"{pattern} under {scheduler}, XCDS 3")
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
@@ -214,3 +368,43 @@ def test_tune_script_smoke(tmp_path):
         GemmConfig(**{k: v for k, v in config.items() if k not in ("max_n", "max_k", "measured")})
     records = [json.loads(line) for line in (tmp_path / "gemm_tune.jsonl").read_text().splitlines()]
     assert records and all(not r["wrong"] for r in records), records
+
+
+def test_tune_script_large_smoke(tmp_path, monkeypatch):
+    """``scripts/tune_gemm.py --large`` runs end to end on the interpreter, and the rows it
+    proposes (large products with short K) are rows the table and its reader accept, read as
+    their bounds say."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "tune_gemm.py")
+    spec = importlib.util.spec_from_file_location("tune_gemm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--large", "--quick", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "gemm_large_rows.json").read_text()).keys() == {"cpu"}
+    records = [json.loads(line) for line in (tmp_path / "gemm_large.jsonl").read_text().splitlines()]
+    assert records and all(not r["wrong"] for r in records) and any(r["current"] for r in records), records
+    # the candidates are valid configurations, the estimate's first
+    gpu_like = GemmConfig(128, 256, 64, 16, 8, 3)
+    cands = mod.large_candidates(gpu_like, quick=False)
+    assert cands[0] == gpu_like and 12 <= len(cands) <= 20 and len(set(cands)) == len(cands)
+    # rows from a (made-up) sweep result: the short-K shape's row first; each applies as bounded
+    a, b = GemmConfig(256, 128, 64, 8, 8, 4), GemmConfig(128, 256, 64, 8, 8, 4)
+    rows = mod.large_rows({(8192, 8192, 8192): (b, 1500.0, 1540.0, 1541.0),
+                           (16384, 14336, 4096): (a, 2700.0, 2705.8, 2842.6)}, "GPU X")
+    assert [r[1]["max_k"] for r in rows] == [4096, 8192] and all(r[0] is None for r in rows)
+    table = {**gemm.tuning.load("gemm"), "devices": {"GPU X": rows}}
+    gemm.tuning.check("gemm", table)
+    monkeypatch.setattr(gemm.tuning, "load", lambda name: table)
+    gemm._measured_rows.cache_clear()
+    gemm._tile_orders.cache_clear()
+    try:
+        (b1, c1), (b2, c2) = gemm._measured_rows("GPU X")
+        assert (c1, c2) == (a, b)
+        assert b1.hold(16384, 14336, 4096) and not b1.hold(8192, 8192, 8192) and b2.hold(8192, 8192, 8192)
+        assert not any(bounds.hold(256, 8192, 4096) for bounds in (b1, b2))  # few-row products: not these rows
+    finally:
+        gemm._measured_rows.cache_clear()
+        gemm._tile_orders.cache_clear()

@@ -508,7 +508,7 @@ def test_default_config_counts_waves(monkeypatch):
     from iris_fw.gemm import CPU_CONFIG, FP32_CONFIG, HOPPER_LARGE, HOPPER_SMALL, default_config
 
     monkeypatch.setattr(iris_fw.gemm, "measured_config", lambda *args, **kwargs: None)
-    monkeypatch.setattr(iris_fw.gemm, "measured_group_m", lambda device: None)
+    monkeypatch.setattr(iris_fw.gemm, "measured_tile_order", lambda device: iris_fw.gemm.NO_TILE_ORDER)
 
     gpu, bf16 = torch.device("cuda"), torch.bfloat16
     expected = {(8192, 7168, 8192): HOPPER_LARGE, (4096, 2048, 8192): HOPPER_LARGE, (1024, 2048, 8192): HOPPER_SMALL,
@@ -520,7 +520,7 @@ def test_default_config_counts_waves(monkeypatch):
     assert default_config(4096, 2048, 8192, torch.float32, gpu, programs=116) == FP32_CONFIG
     assert default_config(4096, 2048, 8192, bf16, torch.device("cpu")) == CPU_CONFIG
     # a measured tile order (tuning/gemm.json 'tile_order') replaces the estimate's GROUP_M
-    monkeypatch.setattr(iris_fw.gemm, "measured_group_m", lambda device: 16)
+    monkeypatch.setattr(iris_fw.gemm, "measured_tile_order", lambda device: iris_fw.gemm.TileOrder(group_m=16))
     assert default_config(8192, 7168, 8192, bf16, gpu, programs=132).group_m == 16
 
 

@@ -12,7 +12,7 @@ are ``[bound, value]`` pairs read by :func:`bounded` — the first row whose bou
 any) applies — except ``auto.json``'s, which match a pattern's tuning key exactly
 (:mod:`iris_fw.engine.auto`). Tables: ``auto`` (op schedulers and configs), ``ccl``
 (algorithm order of ``algorithm="auto"``), ``flash_decode`` (launch configurations), ``gemm``
-(few-row GEMM tiles), ``moe`` (dispatch mode), ``moe_gemm`` (the fused expert GEMMs' tiles). Benchmarks produce the rows
+(measured GEMM tiles and tile orders), ``moe`` (dispatch mode), ``moe_gemm`` (the fused expert GEMMs' tiles). Benchmarks produce the rows
 (docs/performance.md).
 """
 

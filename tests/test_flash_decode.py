@@ -16,10 +16,13 @@ inputs.
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
 from iris_fw import callpath
 from iris_fw.engine.contract import CollectiveMismatch
+from iris_fw.flash_decode_kernels import _combine_slots, _combine_splits
 
 EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
 SCHEDULERS = ("fused", "bulk_sync")
@@ -625,6 +628,50 @@ def _by_units_rank(ctx):
 
 def test_tuning_by_units(iris_pool):
     iris_pool(1).run(_by_units_rank)
+
+
+@triton.jit
+def _both_combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, MAX_SPLITS: tl.constexpr,
+                          DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
+    """Both combines of ``count`` partials (``o [count, ROWS, DV]``, ``lse [count, ROWS]``) into
+    ``out [2, ROWS, BDV]``, ``out_lse [2, ROWS]``: the runtime loop's, then the splits'."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    a, la = _combine_slots(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, DV, ROWS, BDV)
+    b, lb = _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS, DV, ROWS, BDV)
+    at = rows[:, None] * BDV + cols[None, :]
+    tl.store(out + at, a)
+    tl.store(out + ROWS * BDV + at, b)
+    tl.store(out_lse + rows, la)
+    tl.store(out_lse + ROWS + rows, lb)
+
+
+def _combines_rank(ctx, count, rows_valid):
+    """Both combines of a unit's splits on the same partials: the splits' (:func:`_combine_splits`:
+    one vector load, unrolled groups) and the runtime loop (:func:`_combine_slots`)."""
+    rows, dv = 16, 24
+    g = torch.Generator().manual_seed(count * 31 + rows_valid)
+    o = torch.randn(count, rows, dv, generator=g)
+    lse = torch.randn(count, rows, generator=g) * 8
+    lse[::3, 1] = float("-inf")  # splits without tokens
+    lse[:, 2] = float("-inf")  # a head without any
+    out = torch.empty(2, rows, 32, device=ctx.device)
+    out_lse = torch.empty(2, rows, device=ctx.device)
+    _both_combines_kernel[(1,)](o.to(ctx.device), lse.to(ctx.device), out, out_lse, count, rows_valid,
+                       MAX_SPLITS=triton.next_power_of_2(count), DV=dv, ROWS=rows, BDV=32)
+    ctx.synchronize()
+    out, out_lse = out.cpu(), out_lse.cpu()
+    return (torch.equal(out[0, :rows_valid], out[1, :rows_valid]),
+            torch.equal(out_lse[0, :rows_valid], out_lse[1, :rows_valid]),
+            bool(torch.isfinite(out[1, :rows_valid]).all()))
+
+
+@pytest.mark.parametrize("count,rows_valid", [(1, 16), (3, 5), (8, 16), (11, 9)])
+def test_split_combine_is_the_loop_bitwise(iris_pool, count, rows_valid):
+    """The splits' combine gives bitwise what the runtime loop over the slots gives (the same
+    operations in split order), with a partial last group, heads past ``rows_valid``, splits and
+    heads without tokens."""
+    assert iris_pool(1).run(_combines_rank, count, rows_valid)[0] == (True, True, True)
 
 
 def test_resident_programs_arithmetic():

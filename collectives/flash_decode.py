@@ -13,8 +13,9 @@ rank's slice, and a unit's last split combines the unit's splits into this rank'
   slots, shared by calls of equal bytes), no host synchronization. No program waits for
   another program of its own launch (only for programs of other ranks), so the kernel is
   also correct under Triton's CPU interpreter, which runs a launch's programs one after
-  another. Every program is resident on a GPU at once (grid <= SMs x ``programs_per_sm``),
-  so the waits progress.
+  another. Every program is resident on a GPU at once (grid <= SMs x ``programs_per_sm``,
+  the plan capping ``programs_per_sm`` at what one SM holds of the compiled ``FUSED``
+  variant: :meth:`Fused.resident_constexprs`), so the waits progress.
 * ``bulk_sync``: the same kernel stores the rank's partial locally (the plan's ``local``
   launch, into a buffer carved from the group's workspace), then
   :func:`iris_fw.ccl.all_gather_into_tensor` gathers every rank's partials and the combine
@@ -42,6 +43,10 @@ class Fused(DecodeAlgorithm):
     combines the ranks' partials itself."""
 
     name = "fused"
+
+    def resident_constexprs(self, fd) -> dict:
+        """Its programs wait for other ranks: every one must be resident at once."""
+        return {"FUSED": True}
 
     def launches(self, fd, tracer) -> dict:
         group = fd.group

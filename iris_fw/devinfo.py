@@ -1,5 +1,6 @@
-"""The one place that knows the device: SM count, name, architecture, and the program count of
-persistent kernels. Every other module asks here (schedulers, the GEMM, benchmarks, tuning).
+"""The one place that knows the device: SM count, name, architecture, the program count of
+persistent kernels, and how many programs of a compiled kernel one SM holds at once. Every
+other module asks here (schedulers, the GEMM, benchmarks, tuning).
 
 On the CPU (Triton's interpreter) a "device" has :data:`CPU_PROGRAMS` programs: they run one
 after another, so a few keep the tests quick while still exercising multi-program paths.
@@ -60,6 +61,69 @@ def num_sms(device: torch.device) -> int:
 def persistent_programs(device: torch.device, work: int) -> int:
     """Programs of a persistent kernel over ``work`` items: at most one per SM, at least one."""
     return max(1, min(int(work), num_sms(device)))
+
+
+# ---- how many programs of a compiled kernel one SM holds at once -----------------------------
+
+#: 32-bit registers of one SM where the device properties do not say (every NVIDIA GPU from
+#: sm_50 through sm_90 and sm_100 has 64K).
+REGISTERS_PER_SM = 65536
+#: Registers are allocated per warp in units of this many (NVIDIA: 256, i.e. a thread's count
+#: rounded up to a multiple of 8).
+REGISTER_ALLOC_UNIT = 256
+#: Shared memory the CUDA driver reserves per resident program (block), in bytes (sm_80 and later).
+SHARED_RESERVED_PER_PROGRAM = 1024
+#: Resident programs (blocks) per SM at most (sm_90: 32).
+MAX_PROGRAMS_PER_SM = 32
+
+
+@dataclass(frozen=True)
+class SMLimits:
+    """What one SM holds of resident programs: ``registers`` (32-bit, the register file),
+    ``register_unit`` (per-warp allocation granularity), ``shared_bytes`` (shared memory),
+    ``shared_reserved`` (bytes the driver reserves per program), ``threads`` (resident threads),
+    ``warp_size`` and ``programs`` (resident programs at most)."""
+
+    registers: int
+    register_unit: int
+    shared_bytes: int
+    shared_reserved: int
+    threads: int
+    warp_size: int
+    programs: int
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_limits(index: int) -> SMLimits:
+    props = torch.cuda.get_device_properties(index)
+    return SMLimits(registers=getattr(props, "regs_per_multiprocessor", REGISTERS_PER_SM),
+                    register_unit=REGISTER_ALLOC_UNIT, shared_bytes=props.shared_memory_per_multiprocessor,
+                    shared_reserved=SHARED_RESERVED_PER_PROGRAM, threads=props.max_threads_per_multi_processor,
+                    warp_size=props.warp_size, programs=MAX_PROGRAMS_PER_SM)
+
+
+def sm_limits(device: torch.device) -> SMLimits | None:
+    """The :class:`SMLimits` of an NVIDIA GPU; ``None`` on the CPU (nothing is compiled: every
+    program "fits") and on AMD GPUs (registers are counted per SIMD there: not modelled)."""
+    device = torch.device(device)
+    if device.type == "cpu" or torch.version.hip:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_limits(index)
+
+
+def resident_programs(limits: SMLimits, n_regs: int, num_warps: int, shared_bytes: int) -> int:
+    """Programs of a compiled kernel — ``n_regs`` registers a thread, ``num_warps`` warps,
+    ``shared_bytes`` of shared memory a program — that one SM of ``limits`` holds at once (the
+    least of what its register file, shared memory, threads and program slots allow; 0: not
+    even one). A kernel whose programs wait for each other (across ranks) must launch no more
+    than this many per SM."""
+    unit = limits.register_unit
+    per_warp = -(-max(1, n_regs) * limits.warp_size // unit) * unit
+    by_regs = limits.registers // (per_warp * num_warps)
+    by_shared = limits.shared_bytes // (shared_bytes + limits.shared_reserved)
+    by_threads = limits.threads // (num_warps * limits.warp_size)
+    return max(0, min(by_regs, by_shared, by_threads, limits.programs))
 
 
 def trace_clock(device: torch.device) -> str:

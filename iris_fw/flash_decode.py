@@ -23,15 +23,18 @@ valid token gets zeros. Every rank's ``o`` is bitwise the same.
 **Work decomposition.** A *unit* is (sequence b, kv head, block of at most ``max_rows`` query
 heads of that kv head: all ``G = Hq / Hkv`` of them unless G is large); each unit's slice of
 this rank is cut into ``n_split`` block-aligned *splits* (per sequence, from its valid
-length, on the device). A persistent grid of at most one program per SM (tuning table) takes
-the work items (unit, split) ``pid, pid + programs, …``; ``n_split`` is chosen from the unit
-count so that the items about fill the grid (batch 1 × 8 kv heads on 132 SMs: 16 splits).
+length, on the device). A persistent grid of ``programs_per_sm`` programs per SM (tuning
+table; a ``fused`` plan caps it at what one SM holds of the compiled kernel:
+:meth:`FlashDecode._fit_residency`) takes the work items (unit, split) ``pid, pid + programs,
+…``; ``n_split`` is chosen from the unit count so that the items about fill the grid (batch 1 ×
+8 kv heads on 132 SMs, one program per SM: 16 splits).
 A split program loads the unit's query heads as one ``[ROWS, D]`` tile (padded to 16 rows so
 ``tl.dot`` applies: the K and V tiles are read once for all query heads of the kv head), runs
 the online softmax over its ``BLOCK_N``-token K/V tiles, and stores its partial (normalized
 ``o`` and log-sum-exp) in a local scratch. It then counts itself on the unit's counter (local
 atomic); the split that arrives *last* combines the unit's ``n_split`` partials (in split
-order) into this rank's partial of the unit. What follows is the *algorithm*'s
+order; their loads in unrolled groups, in flight together) into this rank's partial of the
+unit. What follows is the *algorithm*'s
 (``scheduler=``; see below): ``fused`` (``"auto"``) pushes the partial to every rank, waits
 for theirs and combines them in the same kernel (one launch per call, no host
 synchronization); ``bulk_sync`` stores it locally, all-gathers the partials and combines
@@ -92,6 +95,7 @@ from .ccl import api
 from .errors import ArgumentError, ArgumentTypeError, IrisError
 from .flash_decode_kernels import LOG2E, _flash_decode_kernel
 from .kernel_launcher import KernelLauncher
+from .trace_session import clock_mode
 
 __all__ = ["AUTO_SCHEDULER", "DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "DecodeAlgorithm", "FlashDecode",
            "combine_partials", "flash_decode", "flash_decode_reference", "plan", "schedulers", "tuning"]
@@ -113,6 +117,13 @@ COLLECTIVE = "flash_decode"
 PREPARED_LAYOUTS = 4
 #: Smallest tile side ``tl.dot`` takes.
 MIN_DOT = 16
+#: Tokens of the slice a plan's compile ahead of its first call assumes (``seq`` and the strides
+#: of contiguous operands: a multiple of 16, as a decode loop's usually are; see
+#: :meth:`FlashDecode.programs_fitting`).
+SAMPLE_SEQ = 4096
+#: A device address as a compile ahead of the first call specializes one (a trace buffer's
+#: handle: 64-bit, a multiple of 16).
+SAMPLE_ADDRESS = 1 << 40
 
 
 # ---- tuning (data) --------------------------------------------------------------------------------
@@ -378,6 +389,13 @@ class DecodeAlgorithm(al.Algorithm):
         algorithm."""
         return FlashDecode(group, call, algorithm=self)
 
+    def resident_constexprs(self, fd: "FlashDecode") -> dict | None:
+        """The constexprs (beside ``fd.constexprs``) of this algorithm's attention-kernel variant
+        whose programs must all be resident at once — they wait for programs of other ranks —
+        or ``None`` (default): then ``programs_per_sm`` stands as the row gives it; else the
+        plan caps it at what one SM holds of that variant as compiled (on a GPU)."""
+        return None
+
     def setup(self, fd: "FlashDecode") -> None:
         """Make this algorithm's state of the plan ``fd`` (default: none)."""
 
@@ -421,10 +439,8 @@ class FlashDecode:
         g = call.q_heads // call.kv_heads
         self.rows = min(max(MIN_DOT, triton.next_power_of_2(g)), max(MIN_DOT, tune.max_rows))
         self.units = call.batch * call.kv_heads * triton.cdiv(g, self.rows)
-        tune = self.tune = tune.for_units(self.units)  # the split count and tile for this many units
-        slots = devinfo.num_sms(dev) * tune.programs_per_sm
-        self.n_split = max(1, min(tune.max_splits, slots * tune.items_per_program // max(self.units, 1)))
-        self.nprog = max(1, min(self.units * self.n_split, slots))
+        self._split(tune.for_units(self.units))  # the split count and tile for this many units
+        self._fit_residency()
         self.pack = call.batch * call.q_heads * (call.v_head_dim + 1)
         self.qk_scale = call.sm_scale * LOG2E
         f32 = torch.float32
@@ -432,17 +448,93 @@ class FlashDecode:
                                     device=dev)
         self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.rows), dtype=f32, device=dev)
         self.unit_counters = torch.zeros(max(1, self.units), dtype=torch.int64, device=dev)
-        #: the attention kernel's constexprs and launch options (an algorithm's variants add theirs)
-        self.constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim,
-                               ROWS=self.rows, BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
-                               BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
-                               HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
-        self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         self.mine = None  # the local partial (packed), made on first use (or by the algorithm)
         self.algorithm.setup(self)
         self._debug = ctx.debug  # IRIS_FW_DEBUG=1: q compared across the group per call
         self._untraced = self._launches(None)
         self._traced = None  # (session, launches) of the last trace session it ran in
+
+    def _split(self, tune: Tuning) -> None:
+        """Plan the grid for ``tune`` (the row for this many units): the split count, the
+        programs, the attention kernel's constexprs (:attr:`constexprs`; ``MAX_SPLITS``, the
+        bound of its splits' combine, from the row and the grid, not the batch: one compile
+        serves every batch size) and launch options (:attr:`options`)."""
+        call = self.call
+        self.tune = tune
+        slots = devinfo.num_sms(self.group.ctx.device) * tune.programs_per_sm
+        self.n_split = max(1, min(tune.max_splits, slots * tune.items_per_program // max(self.units, 1)))
+        self.nprog = max(1, min(self.units * self.n_split, slots))
+        #: the attention kernel's constexprs and launch options (an algorithm's variants add theirs)
+        self.constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim,
+                               ROWS=self.rows, BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
+                               BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
+                               MAX_SPLITS=triton.next_power_of_2(min(tune.max_splits, slots * tune.items_per_program)),
+                               HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
+        self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
+
+    def _fit_residency(self) -> None:
+        """Where the algorithm's kernel needs every program resident at once
+        (:meth:`DecodeAlgorithm.resident_constexprs`: ``fused`` — its programs wait for other
+        ranks) and the row asks for more than one program per SM: compile that variant (and its
+        traced one) and cap
+        ``programs_per_sm`` at what one SM holds by its registers, shared memory and threads
+        (:func:`iris_fw.devinfo.resident_programs`), planning again with the cap (which
+        changes the split count, so it compiles again until the plan fits). On the CPU
+        (nothing compiled) and AMD GPUs (:func:`iris_fw.devinfo.sm_limits`) the row stands."""
+        variant = self.algorithm.resident_constexprs(self)
+        limits = devinfo.sm_limits(self.group.ctx.device)
+        if variant is None or limits is None:
+            return
+        # its traced variant too (a trace session launches it on the same grid)
+        variants = (variant, {**variant, "TRACE": clock_mode(self.group.ctx)})
+        while self.tune.programs_per_sm > 1:
+            fits = min(self.programs_fitting(v, limits) for v in variants)
+            if fits >= self.tune.programs_per_sm:
+                return
+            self._split(replace(self.tune, programs_per_sm=max(1, fits)))
+
+    def programs_fitting(self, variant: dict, limits: "devinfo.SMLimits | None" = None) -> int:
+        """How many programs of the attention kernel's ``variant`` (constexprs beside
+        :attr:`constexprs`, e.g. ``{"FUSED": True}``) one SM of this GPU (``limits``: default
+        :func:`iris_fw.devinfo.sm_limits`) holds at once, as :meth:`compile` makes it."""
+        from .kernel_launcher import compiled_resources
+
+        limits = limits or devinfo.sm_limits(self.group.ctx.device)
+        return devinfo.resident_programs(limits, *compiled_resources(self.compile(variant)))
+
+    def compile(self, variant: dict | None = None):
+        """The attention kernel's ``variant`` (constexprs beside :attr:`constexprs`; default
+        the local one, ``{"FUSED": False}``) compiled for this plan ahead of its first call
+        (:meth:`iris_fw.kernel_launcher.KernelLauncher.compile`: not launched; a future inside
+        Triton's ``AsyncCompileMode``), specialized as a call on contiguous operands of
+        :data:`SAMPLE_SEQ` tokens (a multiple of 16, as such calls' strides are) is: that call
+        then finds it compiled. GPU only."""
+        variant = {"FUSED": False} if variant is None else variant
+        launcher = KernelLauncher(_flash_decode_kernel, (self.nprog,), constexprs={**self.constexprs, **variant},
+                                  **self.options)
+        args = self._sample_args(variant.get("FUSED", False), bool(variant.get("TRACE", 0)))
+        return launcher.compile(*(args[n] for n in launcher.runtime_params))
+
+    def _sample_args(self, fused: bool, traced: bool = False) -> dict:
+        """The attention kernel's runtime arguments for a compile ahead of the first call, by
+        name: pointers as their dtypes (what specializes), ``None`` where a launch of the
+        variant passes ``None``, strides of contiguous operands of :data:`SAMPLE_SEQ` tokens,
+        ``traced``: a trace buffer's handle (:data:`SAMPLE_ADDRESS`)."""
+        c, group = self.call, self.group
+        f32, i64, i32 = torch.float32, torch.int64, torch.int32
+        hkv, d, dv, page = c.kv_heads, c.head_dim, c.v_head_dim, c.page_size
+        seq = SAMPLE_SEQ
+        # contiguous [B, S, Hkv, D] slices, or pages [pages, page, Hkv, D]: a page's stride for B's
+        kb, vb = (page * hkv * d, page * hkv * dv) if page else (seq * hkv * d, seq * hkv * dv)
+        return dict(q=c.dtype, k=c.dtype, v=c.dtype, kv_lens=i32 if c.has_lens else None,
+                    block_table=i32 if page else None, out=c.dtype if fused else None, partials=f32,
+                    partial_lse=f32, unit_counters=i64, mine=None if fused else f32,
+                    recv=f32 if fused else None, slots=i64 if fused else None, epochs=i64 if fused else None,
+                    batch=c.batch, seq=seq, n_split=self.n_split, stride_qb=c.q_heads * d, stride_qh=d,
+                    stride_qd=1, stride_kb=kb, stride_ks=hkv * d, stride_kh=d, stride_kd=1, stride_vb=vb,
+                    stride_vs=hkv * dv, stride_vh=dv, stride_vd=1, stride_tb=seq // page if page else 0,
+                    qk_scale=c.sm_scale * LOG2E, rank=group.rank, world_size=group.size,
+                    heap_bases=group.heap_bases, trace=SAMPLE_ADDRESS if traced else None)
 
     # ---- launches -------------------------------------------------------------------------------
     def kernel_args(self) -> dict:

@@ -19,11 +19,15 @@ from . import gemm_tiles as tiles
 from . import tilecomm as tc
 from . import trace as tr
 
-__all__ = ["LOG2E"]
+__all__ = ["COMBINE_UNROLL", "LOG2E"]
 
 #: log2(e): scores are kept in base 2 (``qk_scale`` includes it).
 LOG2E = 1.4426950408889634
 _LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must be a constexpr)
+#: Splits whose partials the splits' combine loads at once (:func:`_combine_splits`: an unrolled
+#: group, the groups one after another).
+COMBINE_UNROLL = 8
+_COMBINE_UNROLL = tl.constexpr(COMBINE_UNROLL)
 
 
 # ---- device functions -------------------------------------------------------------------------------
@@ -118,10 +122,65 @@ def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_
     return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
 
 
-# ---- kernels ----------------------------------------------------------------------------------------
+@triton.jit
+def _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, DV: tl.constexpr, ROWS: tl.constexpr,
+                BDV: tl.constexpr):
+    """:func:`_combine_splits`'s step: splits ``first … first + COMBINE_UNROLL - 1`` (those
+    below ``count``) added, in order, to ``total`` (``[ROWS]``: their weights ``2^(lse -
+    base)``) and ``acc`` (``[ROWS, BDV]``: their weighted outputs). Unrolled: the group's
+    loads do not depend on each other, so they are all in flight at once. A split past
+    ``count`` adds exact zeros (weight 0, output 0)."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    for j in tl.static_range(_COMBINE_UNROLL):
+        i = first + j
+        live = (rows * 0 + i) < count  # [ROWS]: split i exists (a tensor also where i and count are ints)
+        x = tl.load(lse_ptr + i * ROWS + rows, mask=rmask & live, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(o_ptr + i * ROWS * DV + rows[:, None] * DV + cols[None, :], mask=omask & live[:, None],
+                    other=0.0, cache_modifier=".cg")
+        w = tl.exp2(x - base)
+        total += w
+        acc += w[:, None] * o
+    return total, acc
 
 
 @triton.jit
+def _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS: tl.constexpr, DV: tl.constexpr,
+                    ROWS: tl.constexpr, BDV: tl.constexpr):
+    """Combine the ``count`` (<= ``MAX_SPLITS``, a power of two) partials of one unit — its
+    splits, written by programs of this launch: split ``i``'s normalized outputs at ``o_ptr + i
+    * ROWS * DV`` (``[ROWS, DV]``, rows ``DV`` apart) and base-2 log-sum-exps at ``lse_ptr + i *
+    ROWS`` (``[ROWS]``; ``-inf``: no tokens). Returns what :func:`_combine_slots` returns for
+    them (``(o [ROWS, BDV], lse [ROWS] in base 2)`` in fp32), bitwise: the same operations in
+    split order. Without its serial loads: the maximum comes from one ``[MAX_SPLITS, ROWS]``
+    load of every log-sum-exp, and the weighted sum runs in unrolled groups of
+    :data:`COMBINE_UNROLL` splits whose loads are in flight at once — not two loops of one
+    split's dependent loads after another from L2 (run 28: 33 splits took 2.2x the time of
+    16). (The count stays a runtime value: a constexpr split count compiles the kernel anew
+    per batch size, and unrolled fully took 29 s for 64 splits to compile for sm_90 here.)"""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    rmask = rows < rows_valid
+    omask = rmask[:, None] & (cols[None, :] < DV)
+    splits = tl.arange(0, MAX_SPLITS)
+    every = tl.load(lse_ptr + splits[:, None] * ROWS + rows[None, :], mask=(splits[:, None] < count) & rmask[None, :],
+                    other=float("-inf"), cache_modifier=".cg")  # [MAX_SPLITS, ROWS]
+    top = tl.max(every, axis=0)
+    base = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
+    for first in range(0, count, _COMBINE_UNROLL):
+        total, acc = _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, DV, ROWS, BDV)
+    safe = tl.where(total > 0, total, 1.0)
+    return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
+
+
+# ---- kernels ----------------------------------------------------------------------------------------
+
+
+# (batch and split count unspecialized: one compile serves every batch size, Triton's ``== 1`` and
+# divisibility-by-16 variants of them would each compile anew for ~nothing saved per work item)
+@triton.jit(do_not_specialize=["batch", "n_split"])
 def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_lse, unit_counters, mine, recv, slots,
                          epochs, batch, seq, n_split,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -129,8 +188,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                          qk_scale, rank, world_size, heap_bases,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
-                         trace, TRACE: tl.constexpr = 0):
+                         MAX_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr,
+                         EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
@@ -140,7 +199,10 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     pages in order; ``kv_lens`` int32 ``[B]`` (read if ``HAS_LENS``); ``out``: contiguous ``[B, HQ, DV]``
     (``FUSED``). Arguments a variant does not read are passed as None (``kv_lens`` without
     ``HAS_LENS``, ``block_table`` unpaged, ``out``/``recv``/``slots``/``epochs`` not ``FUSED``,
-    ``mine`` ``FUSED``); the launches name every argument (:meth:`FlashDecode._launches`). Local scratch: ``partials`` fp32 ``[units, n_split, ROWS, DV]``,
+    ``mine`` ``FUSED``); the launches name every argument (:meth:`FlashDecode._launches`).
+    ``n_split``: splits per unit, at most ``MAX_SPLITS`` (a power of two: the bound of the
+    splits' combine, :func:`_combine_splits`). Local scratch: ``partials`` fp32 ``[units,
+    n_split, ROWS, DV]``,
     ``partial_lse`` fp32 ``[units, n_split, ROWS]``, ``unit_counters`` int64 ``[units]`` (zero
     between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
     then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
@@ -210,8 +272,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         tl.debug_barrier()
         if done == n_split - 1:
             tl.store(unit_counters + u, 0)
-            o, lse2 = _combine_slots(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS,
-                                     ROWS * DV, ROWS, n_split, rows_valid, 1.0, DV, ROWS, BDV)
+            o, lse2 = _combine_splits(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS, n_split,
+                                      rows_valid, MAX_SPLITS, DV, ROWS, BDV)
             o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
             lse_off = lse_at + b * HQ + h0 + rows
             lse = lse2 / _LOG2E

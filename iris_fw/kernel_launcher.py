@@ -43,9 +43,10 @@ is the one Triton would launch.
 **The seam.** What this module takes from Triton beyond its public ``kernel[grid](...)`` is
 confined to :func:`fast_path_supported` (the releases read: :data:`KNOWN_TRITON_RELEASES`),
 :func:`launch_entry` (the compiled kernel's launch entry), ``KernelLauncher._init_fast`` (the
-knobs and driver calls the key reads) and :func:`_expanded_tensordesc_launch` (3.6's descriptor
-wrapper). Any Triton release not listed there — and the CPU interpreter, always — launches
-through ``kernel[grid](...)``, the fallback the tests force (tests/test_launcher.py).
+knobs and driver calls the key reads), :func:`_expanded_tensordesc_launch` (3.6's descriptor
+wrapper) and :func:`compiled_resources` (``CompiledKernel._init_handles`` and ``n_regs``). Any
+Triton release not listed there — and the CPU interpreter, always — launches through
+``kernel[grid](...)``, the fallback the tests force (tests/test_launcher.py).
 
 The slow path is taken whenever equivalence is not proven: the interpreter, launch hooks set
 (``knobs.runtime.launch_enter_hook``/``launch_exit_hook`` with any hook), a stages-inspection
@@ -72,8 +73,8 @@ from .device import DeviceHeaps as _DH
 from .errors import ArgumentTypeError
 from .interpreter import interpreting
 
-__all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "fast_path_supported", "launch_entry",
-           "make_key_fn", "spec_key"]
+__all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "compiled_resources",
+           "fast_path_supported", "launch_entry", "make_key_fn", "spec_key"]
 
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -534,6 +535,18 @@ class KernelLauncher:
             raise self._arity_error(len(args))
         return PreparedLaunch(self, args)
 
+    def compile(self, *args):
+        """The compiled kernel these runtime ``args`` would launch (compiled now if need be; not
+        launched): Triton's ``warmup`` of the kernel with the launcher's grid, constexprs and
+        options. A pointer argument may be given as its torch dtype (Triton's ``MockTensor``:
+        16-byte aligned). Inside Triton's ``AsyncCompileMode`` the compile is submitted to its
+        executor and a future comes back (``.result()``: the kernel); a later launch of the
+        same specialization finds the kernel compiled. Compiled kernels only (raises under the
+        interpreter). Its resources: :func:`compiled_resources`."""
+        if self.interpreted:
+            raise ArgumentTypeError(f"{self.name}: nothing to compile under Triton's interpreter")
+        return self.kernel.warmup(*self.bound_args(args), grid=self.grid, **self.options)
+
     def bind(self, **fixed) -> "BoundLaunch":
         """Named arguments: this launcher with the runtime arguments ``fixed`` given once, by name
         (a plan's buffers, sizes, rank); the :class:`BoundLaunch` takes the others by name at
@@ -608,6 +621,16 @@ class KernelLauncher:
 
 
 _NOT_PRESENT = object()
+
+
+def compiled_resources(kernel) -> tuple[int, int, int]:
+    """``(registers a thread, warps, shared memory bytes)`` of a compiled kernel
+    (:meth:`KernelLauncher.compile`); loads its binary on the current device to learn the
+    register count (what ``ptxas`` allotted). A future of one (async compile) is waited for."""
+    if hasattr(kernel, "result"):
+        kernel = kernel.result()
+    kernel._init_handles()
+    return int(kernel.n_regs), int(kernel.metadata.num_warps), int(kernel.metadata.shared)
 
 
 class BoundLaunch:

@@ -7,15 +7,17 @@
 # packed to at most 8 files (summary.md, the tuning snippets, logs.tgz):
 #   info    machine, versions, `ncu` present or not.
 #   tests   tests/test_gemm.py (split-K against float64 at ragged shapes, graph replay with fresh
-#           inputs), the flash-decode by_units test, and the trace tests whose events come from
+#           inputs), the flash-decode by_units and residency-guard tests, and the trace tests whose events come from
 #           the compiled recording path (op events at W = 2, traced graph replay: two ranks on
 #           the GPU under CUDA MPS, scripts/mps.sh) — last: the sweeps check their candidates
 #           against torch themselves; before groups, the least urgent.
 #   gemm    scripts/tune_gemm.py: split-K / block / warps / stages candidates vs cuBLAS at
 #           M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672 (CUDA graphs, interleaved);
 #           gemm_tuning_rows.json = the best per shape as rows of iris_fw/tuning/gemm.json.
-#   fd      scripts/tune_flash_decode.py: split count (items per program) x block_n x warps vs
-#           torch SDPA at B 1, 2, 4, 8, 16 x S 4K, 16K, 64K; flash_decode_tuning_row.json.
+#   fd      scripts/tune_flash_decode.py: split count (items per program, split cap) x block_n x
+#           warps x stages (x 2 programs per SM at B <= 4) vs torch SDPA at B 1, 2, 4, 8, 16 x S 4K,
+#           16K, 64K; flash_decode_tuning_row.json (rewritten after each batch). FD_TIMEOUT
+#           (default 360 s): the step's limit; the sweep starts no point in its last 60 s.
 #   trace   scripts/trace_overhead.py at W = 1 (8192^3 bf16, gemm_all_scatter and all_gather_gemm,
 #           every schedule, untraced vs traced interleaved; cases print as they finish).
 #           TRACE_EXTRA="--comm-sms 16" also times the two-role schedules with 16 communication
@@ -68,7 +70,8 @@ for step in $STEPS; do
         } 2>&1 | tee -a "$SUMMARY" ;;
     tests)
         timeout $(limit ${TESTS_TIMEOUT:-60}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 tests/test_gemm.py \
-            tests/test_flash_decode.py::test_tuning_by_units > "$OUT/tests.log" 2>&1
+            tests/test_flash_decode.py::test_tuning_by_units tests/test_flash_decode.py::test_residency_guard_on_gpu \
+            > "$OUT/tests.log" 2>&1
         r=$?; rc=$(( rc | r )); { echo "rc $r: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
         # two ranks sharing the GPU run at the same time only under MPS
         [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export IRIS_FW_SHARE_GPUS=1
@@ -84,9 +87,12 @@ for step in $STEPS; do
         r=$?; rc=$(( rc | r )); echo "rc $r"
         { grep -E "^\|" "$OUT/gemm.log"; grep -E "WRONG|Error" "$OUT/gemm.log" | head -10; } | tee -a "$SUMMARY" ;;
     fd)
-        timeout -k 10 $(limit ${FD_TIMEOUT:-130}) python3 scripts/tune_flash_decode.py --out "$OUT" > "$OUT/fd.log" 2>&1
+        fd_limit=$(limit ${FD_TIMEOUT:-360})
+        timeout -k 10 $fd_limit python3 scripts/tune_flash_decode.py --budget $(( fd_limit - 60 )) --out "$OUT" \
+            > "$OUT/fd.log" 2>&1
         r=$?; rc=$(( rc | r )); echo "rc $r"
-        { grep -E "^\||tuning row|^\[128" "$OUT/fd.log"; grep -E "WRONG|Error" "$OUT/fd.log" | head -10; } | tee -a "$SUMMARY" ;;
+        { grep -E "^\||tuning row|^\[128|compiled in|not chosen" "$OUT/fd.log"; grep -E "WRONG|Error" "$OUT/fd.log" | head -10; } \
+            | tee -a "$SUMMARY" ;;
     trace)
         timeout -k 10 $(limit ${TRACE_TIMEOUT:-140}) python3 scripts/trace_overhead.py --patterns gemm_all_scatter all_gather_gemm \
             --iters 10 --rounds 3 --no-collectives ${TRACE_EXTRA:-} --out "$OUT/trace" > "$OUT/trace.log" 2>&1

@@ -1,16 +1,26 @@
 """The flash-decode local kernel's split-count / tile sweep behind ``iris_fw/tuning/flash_decode.json``
 (issue 32): at every batch x KV tokens of ``iris-fw bench flash_decode``'s table (32 q / 8 kv
 heads, D 128, bf16; one GPU), the local split-KV kernel (``FlashDecode.partial``) under candidate
-launch rows — work items per program (the split count), ``block_n``, warps — beside torch SDPA
-(``enable_gqa``, K/V in its ``[B, Hkv, S, D]`` layout) and the table's current row.
+launch rows beside torch SDPA (``enable_gqa``, K/V in its ``[B, Hkv, S, D]`` layout) and the
+table's current row. Candidates (:data:`GRID`, :data:`SMALL_GRID`): work items per program and
+split cap (together the split count), ``block_n``, warps, stages and — at small batch — 2
+programs per SM (more, lighter programs: at batch 1 one program per SM leaves too few loads in
+flight, docs/performance.md).
 
 Every method runs as a CUDA graph of ``--calls`` back-to-back calls over K/V copies totalling at
 least 256 MiB (no call finds its K/V in L2); replays interleaved in rotating order; the median per
 call and the KV read bandwidth (bytes of K and V / time) are reported. Each candidate's partial is
-checked against the current row's first. Writes ``flash_decode_tune.jsonl`` (every measurement)
-and ``flash_decode_tuning_row.json`` — the device's row for head dim <= 128: the largest batch's
-best as the base, and a ``by_units`` entry for each smaller batch whose best differs (chosen by
-the smallest geometric mean of time over that batch's best across the token counts).
+checked against the current row's first; candidates giving a plan already measured at a point
+(the same tile, split count and programs) are measured once. A point's candidates are compiled
+together first (Triton's ``AsyncCompileMode`` on a thread pool, where it exists). Writes
+``flash_decode_tune.jsonl`` (every measurement) and ``flash_decode_tuning_row.json`` — the
+device's row for head dim <= 128: the largest batch's best as the base, and a ``by_units`` entry
+for each smaller batch whose best differs (chosen by the smallest geometric mean of time over that
+batch's best across the token counts), rewritten after each batch. A chosen row with more than one
+program per SM is kept only if the ``fused`` algorithm's plan keeps it (its kernel, compiled, fits
+that many times per SM: :meth:`iris_fw.flash_decode.FlashDecode._fit_residency`); else that
+batch's next best. ``--budget`` seconds: points not started by then are skipped (the row is
+written from those measured).
 
     python3 scripts/tune_flash_decode.py --out $OUT
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
@@ -24,6 +34,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
 import iris_fw
 import torch
@@ -33,14 +44,24 @@ from iris_fw.bench.flash_decode import BATCHES, HEAD_DIM, KV_HEADS, Q_HEADS, TOK
 from tune_gemm import graph_of, interleaved  # (this folder: the script's own directory leads sys.path)
 
 ROTATE_BYTES = 256 << 20
-#: Candidate (items_per_program, block_n, num_warps) rows (num_stages 3, one program per SM:
-#: every program of the fused kernel must be resident).
+#: The split cap of the rows that leave the split count to the grid (items per program).
 MAX_SPLITS = 128
-#: ... and, with one item per program, fewer splits than the grid would allow (max_splits 4 and
-#: 8): at batch 1 and 2 more splits mean a longer combine of the unit's partials (run 28: 33
-#: splits took twice the time of 16).
-GRID = ([(items, bn, w, MAX_SPLITS) for items in (1, 2, 4, 8) for bn in (32, 64, 128) for w in (4, 8)]
-        + [(1, bn, w, cap) for cap in (4, 8) for bn in (32, 64, 128) for w in (4, 8)])
+#: Candidates ``(items_per_program, block_n, num_warps, num_stages, programs_per_sm, max_splits)``
+#: at every batch (run 31's 36): the split count from items per program, or, with one item per
+#: program, capped at 4 and 8 (at batch 1 and 2 more splits meant a longer combine of the unit's
+#: partials before the combine was unrolled: run 28, 33 splits took twice the time of 16).
+GRID = ([(items, bn, w, 3, 1, MAX_SPLITS) for items in (1, 2, 4, 8) for bn in (32, 64, 128) for w in (4, 8)]
+        + [(1, bn, w, 3, 1, cap) for cap in (4, 8) for bn in (32, 64, 128) for w in (4, 8)])
+#: Batches at most this large take :data:`SMALL_GRID` instead.
+SMALL_BATCH = 4
+#: Candidates at small batch (40): the split count set by the cap (4 items per program leave it
+#: free up to 66 splits per unit at batch 1), 2 programs per SM of 4 warps (255 registers a thread
+#: fit twice; 8 warps would not) with small tiles, 1 program per SM with the larger ones; 2 and 3
+#: stages.
+SMALL_GRID = ([(4, bn, 4, st, 2, cap) for bn in (32, 64) for st in (2, 3) for cap in (8, 16, 32, 64)]
+              + [(4, bn, w, st, 1, cap) for bn in (64, 128) for w in (4, 8) for st in (2, 3) for cap in (8, 16, 32)])
+#: Threads compiling a point's candidates at once.
+COMPILE_THREADS = 8
 
 
 def parse(argv):
@@ -49,6 +70,8 @@ def parse(argv):
     p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--budget", type=float, default=float("inf"),
+                   help="seconds: points not started by then are skipped (the row comes from those measured)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
@@ -56,7 +79,30 @@ def parse(argv):
 
 def label(t: fd.Tuning) -> str:
     cap = "" if t.max_splits == MAX_SPLITS else f"_cap{t.max_splits}"
-    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{cap}"
+    pps = "" if t.programs_per_sm == 1 else f"_p{t.programs_per_sm}"
+    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}"
+
+
+def compile_all(plans, log) -> None:
+    """Compile the plans' local kernels at once where Triton has ``AsyncCompileMode`` (threads:
+    ``ptxas`` runs as a process, and much of the rest outside the GIL), else one after another
+    at their first call. A plan whose kernel fails to compile is left to fail at its call."""
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    if not plans or plans[0].group.ctx.device.type != "cuda":
+        return
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(COMPILE_THREADS) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for p in plans:
+            try:
+                p.compile()
+            except Exception as exc:  # reported at the plan's call
+                log(f"  compile ahead: {type(exc).__name__}: {str(exc)[:120]}")
+    log(f"  ({len(plans)} candidates compiled in {time.perf_counter() - t0:.1f} s)")
 
 
 def point(ctx, batch, tokens, opts, log) -> list[dict]:
@@ -72,12 +118,24 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     want = current.partial(q, ks[0], vs[0]).clone()
     base = current.tune
     plans = {"current " + label(base): current}
-    grid = [(3, 16, 4, MAX_SPLITS), (1, 16, 4, 2)] if opts.quick else GRID
-    for items, bn, w, cap in grid:
-        tune = fd.Tuning(block_n=bn, num_warps=w, num_stages=base.num_stages if opts.quick else 3, programs_per_sm=1,
-                         items_per_program=items, max_splits=cap, max_rows=base.max_rows)
+    if opts.quick:
+        grid = [(3, 16, 4, base.num_stages, 1, MAX_SPLITS), (1, 16, 4, base.num_stages, 1, 2),
+                (4, 16, 4, base.num_stages, 2, 8)]
+    else:
+        grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
+    candidates, seen = [], {(base.block_n, base.num_warps, base.num_stages, current.n_split, current.nprog)}
+    for items, bn, w, st, pps, cap in grid:
+        tune = fd.Tuning(block_n=bn, num_warps=w, num_stages=st, programs_per_sm=pps, items_per_program=items,
+                         max_splits=cap, max_rows=base.max_rows)
+        p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
+        same = (bn, w, st, p.n_split, p.nprog)
+        if same not in seen:  # (another candidate makes this very plan)
+            seen.add(same)
+            candidates.append(p)
+    compile_all(candidates, log)
+    for p in candidates:
+        tune = p.tune
         try:
-            p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
             got = p.partial(q, ks[0], vs[0]).clone()
             err = float((got - want).abs().max())
             if not err <= 1e-3 * max(1.0, float(want.abs().max())):
@@ -107,7 +165,8 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
         rows.append({"batch": batch, "tokens": tokens, "method": name, "us": us, "kv_TBps": one / us / 1e6,
                      "splits": p.n_split, "programs": p.nprog, "units": p.units,
                      "sdpa_us": sdpa, "sdpa_TBps": one / sdpa / 1e6, "vs_sdpa": sdpa / us,
-                     "tune": {k: v for k, v in p.tune.__dict__.items() if k != "by_units"}})
+                     "tune": {k: v for k, v in p.tune.__dict__.items() if k != "by_units"},
+                     "plan": (p.group, p.call)})  # (not written: for the fused check of the row)
     rows.sort(key=lambda r: r["us"])
     cur = next(r for r in rows if r["method"].startswith("current"))
     log(f"| {batch} | {tokens} | {one / sdpa / 1e6:.2f} ({sdpa:.1f} us) | {cur['kv_TBps']:.2f} ({cur['us']:.1f} us, "
@@ -120,10 +179,11 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     return rows
 
 
-def table_row(rows: list[dict]) -> list:
+def table_row(rows: list[dict], fits=None) -> list:
     """The device's row ``[128, config]``: per batch the candidate with the least geometric
     mean of time / that point's best over the token counts; the largest batch's as the base,
-    the others as ``by_units`` entries (bound: the batch's units)."""
+    the others as ``by_units`` entries (bound: the batch's units). ``fits(batch, tune)``: false
+    for a candidate the ``fused`` plan would not run as measured (then the batch's next best)."""
     chosen = {}
     for batch in sorted({r["batch"] for r in rows}):
         mine = [r for r in rows if r["batch"] == batch]
@@ -132,8 +192,10 @@ def table_row(rows: list[dict]) -> list:
         for r in mine:
             score.setdefault(r["method"], []).append((r, math.log(r["us"] / best[r["tokens"]])))
         complete = {m: v for m, v in score.items() if len(v) == len(best)} or score
-        method = min(complete, key=lambda m: sum(x for _, x in complete[m]) / len(complete[m]))
-        r = complete[method][0][0]
+        for method in sorted(complete, key=lambda m: sum(x for _, x in complete[m]) / len(complete[m])):
+            r = complete[method][0][0]
+            if fits is None or fits(batch, r["tune"]):
+                break
         chosen[batch] = (r["units"], r["tune"])
     batches = sorted(chosen)
     base = dict(chosen[batches[-1]][1])
@@ -160,17 +222,44 @@ def main(argv=None) -> int:
         log(f"device {name}; local kernel vs torch SDPA, KV read TB/s; {opts.calls} calls per graph, "
             f"{opts.rounds} rounds", flush=True) if ctx.rank == 0 else None
         log("| B | S | SDPA TB/s | current TB/s | best TB/s (row) | best % of SDPA |\n|---:|---:|---:|---:|---|---:|")
-        rows = []
+        rows, calls, checked = [], {}, {}
+
+        def fits(batch, tune) -> bool:
+            """The fused plan of this batch keeps the candidate's programs per SM (compiled, its
+            kernel fits that many times per SM; the CPU keeps any)."""
+            if tune["programs_per_sm"] == 1:
+                return True
+            key = (batch, json.dumps(tune, sort_keys=True))
+            if key not in checked:
+                plan = fd.FlashDecode(calls[batch][0], replace(calls[batch][1], scheduler="fused"), fd.Tuning(**tune))
+                checked[key] = plan.tune.programs_per_sm == tune["programs_per_sm"]
+                if not checked[key]:
+                    log(f"  B {batch} {tune}: the fused kernel fits {plan.tune.programs_per_sm} per SM, not "
+                        f"{tune['programs_per_sm']}: not chosen")
+            return checked[key]
+
+        def write_row():
+            row = table_row(rows, fits)
+            stamp = time.strftime("%Y-%m-%d", time.gmtime())
+            with open(os.path.join(opts.out, "flash_decode_tuning_row.json"), "w") as f:
+                json.dump({"device": name, "row": row, "measured": f"{name} {stamp}, scripts/tune_flash_decode.py"},
+                          f, indent=1)
+            return row
+
+        start = time.perf_counter()
         for batch in opts.batches:
             for tokens in opts.tokens:
-                rows += point(ctx, batch, tokens, opts, log)
+                if time.perf_counter() - start > opts.budget:
+                    log(f"| {batch} | {tokens} | skipped: the {opts.budget:g} s budget is spent |")
+                    continue
+                got = point(ctx, batch, tokens, opts, log)
+                rows += got
+                calls[batch] = got[0]["plan"]
                 with open(os.path.join(opts.out, "flash_decode_tune.jsonl"), "w") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in rows)
-        row = table_row(rows)
-        stamp = time.strftime("%Y-%m-%d", time.gmtime())
-        with open(os.path.join(opts.out, "flash_decode_tuning_row.json"), "w") as f:
-            json.dump({"device": name, "row": row, "measured": f"{name} {stamp}, scripts/tune_flash_decode.py"}, f,
-                      indent=1)
+                    f.writelines(json.dumps({k: v for k, v in r.items() if k != "plan"}) + "\n" for r in rows)
+            if rows:
+                write_row()  # after each batch: a run cut short still leaves a row
+        row = write_row() if rows else None
         log(f"tuning row for {name!r} (iris_fw/tuning/flash_decode.json 'devices'):\n{json.dumps(row)}")
     return 0
 

@@ -16,10 +16,13 @@ inputs.
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
 from iris_fw import callpath
 from iris_fw.engine.contract import CollectiveMismatch
+from iris_fw.flash_decode_kernels import _combine_slots, _combine_splits
 
 EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
 SCHEDULERS = ("fused", "bulk_sync")
@@ -561,9 +564,11 @@ def test_graph_replay(iris_pool, on_gpu, scheduler, is_paged):
 
 _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
     ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
-                                      "BLOCK_N": 64, "HAS_LENS": True, "PAGE": 16, "FUSED": True, "EXACT": False}),
+                                      "BLOCK_N": 64, "MAX_SPLITS": 64, "HAS_LENS": True, "PAGE": 16,
+                                      "FUSED": True, "EXACT": False}),
     ("_flash_decode_kernel", "fp32", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
-                                      "BLOCK_N": 32, "HAS_LENS": False, "PAGE": 0, "FUSED": False, "EXACT": True}),
+                                      "BLOCK_N": 32, "MAX_SPLITS": 4, "HAS_LENS": False, "PAGE": 0,
+                                      "FUSED": False, "EXACT": True}),
     ("_combine_kernel", "bf16", {"HQ": 32, "HKV": 8, "DV": 128, "ROWS": 16, "BDV": 128}),
 ]
 
@@ -623,6 +628,169 @@ def _by_units_rank(ctx):
 
 def test_tuning_by_units(iris_pool):
     iris_pool(1).run(_by_units_rank)
+
+
+@triton.jit
+def _both_combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, MAX_SPLITS: tl.constexpr,
+                          DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
+    """Both combines of ``count`` partials (``o [count, ROWS, DV]``, ``lse [count, ROWS]``) into
+    ``out [2, ROWS, BDV]``, ``out_lse [2, ROWS]``: the runtime loop's, then the splits'."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    a, la = _combine_slots(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, DV, ROWS, BDV)
+    b, lb = _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS, DV, ROWS, BDV)
+    at = rows[:, None] * BDV + cols[None, :]
+    tl.store(out + at, a)
+    tl.store(out + ROWS * BDV + at, b)
+    tl.store(out_lse + rows, la)
+    tl.store(out_lse + ROWS + rows, lb)
+
+
+def _combines_rank(ctx, count, rows_valid):
+    """Both combines of a unit's splits on the same partials: the splits' (:func:`_combine_splits`:
+    one vector load, unrolled groups) and the runtime loop (:func:`_combine_slots`)."""
+    rows, dv = 16, 24
+    g = torch.Generator().manual_seed(count * 31 + rows_valid)
+    o = torch.randn(count, rows, dv, generator=g)
+    lse = torch.randn(count, rows, generator=g) * 8
+    lse[::3, 1] = float("-inf")  # splits without tokens
+    lse[:, 2] = float("-inf")  # a head without any
+    out = torch.empty(2, rows, 32, device=ctx.device)
+    out_lse = torch.empty(2, rows, device=ctx.device)
+    _both_combines_kernel[(1,)](o.to(ctx.device), lse.to(ctx.device), out, out_lse, count, rows_valid,
+                       MAX_SPLITS=triton.next_power_of_2(count), DV=dv, ROWS=rows, BDV=32)
+    ctx.synchronize()
+    out, out_lse = out.cpu(), out_lse.cpu()
+    return (torch.equal(out[0, :rows_valid], out[1, :rows_valid]),
+            torch.equal(out_lse[0, :rows_valid], out_lse[1, :rows_valid]),
+            bool(torch.isfinite(out[1, :rows_valid]).all()))
+
+
+@pytest.mark.parametrize("count,rows_valid", [(1, 16), (3, 5), (8, 16), (11, 9)])
+def test_split_combine_is_the_loop_bitwise(iris_pool, count, rows_valid):
+    """The splits' combine gives bitwise what the runtime loop over the slots gives (the same
+    operations in split order), with a partial last group, heads past ``rows_valid``, splits and
+    heads without tokens."""
+    assert iris_pool(1).run(_combines_rank, count, rows_valid)[0] == (True, True, True)
+
+
+def test_resident_programs_arithmetic():
+    """The residency guard's arithmetic (:func:`iris_fw.devinfo.resident_programs`) on an H100's
+    SM (64K registers, 228 KiB shared memory, 2048 threads): registers are allotted per warp in
+    units of 256, shared memory per program plus the driver's reserved KiB."""
+    from iris_fw import devinfo
+
+    h100 = devinfo.SMLimits(registers=65536, register_unit=256, shared_bytes=233472, shared_reserved=1024,
+                            threads=2048, warp_size=32, programs=32)
+    fit = devinfo.resident_programs
+    assert fit(h100, 255, 4, 0) == 2  # 255 registers -> 256 a thread: 32K a program of 4 warps
+    assert fit(h100, 255, 8, 0) == 1
+    assert fit(h100, 128, 8, 0) == 2 and fit(h100, 129, 8, 0) == 1  # 129 -> 136 a thread
+    assert fit(h100, 32, 4, 96 * 1024) == 2  # 2 x (96 + 1) KiB of 228
+    assert fit(h100, 32, 4, 113 * 1024) == 2 and fit(h100, 32, 4, 114 * 1024) == 1
+    assert fit(h100, 32, 4, 192 * 1024) == 1
+    assert fit(h100, 32, 4, 240 * 1024) == 0  # not even one
+    assert fit(h100, 16, 1, 0) == 32  # the program slots
+    assert fit(h100, 16, 16, 0) == 4  # the threads (2048 / 512)
+
+
+class _FakeCompiled:
+    """A compiled kernel's description as :func:`iris_fw.kernel_launcher.compiled_resources` reads it."""
+
+    def __init__(self, n_regs, num_warps, shared):
+        from types import SimpleNamespace
+
+        self.n_regs, self.metadata = n_regs, SimpleNamespace(num_warps=num_warps, shared=shared)
+
+    def _init_handles(self):
+        pass
+
+
+def _residency_rank(ctx, resources):
+    """A fused plan whose row asks for 2 programs per SM keeps them where the compiled kernel
+    fits twice and plans again with 1 (fewer splits, fewer programs) where it does not; the
+    local-only algorithm keeps the row. The compiled kernel is faked (CPU: nothing compiles)."""
+    from iris_fw import devinfo
+    from iris_fw import flash_decode as fd
+    from iris_fw import kernel_launcher as kl
+
+    h100 = devinfo.SMLimits(registers=65536, register_unit=256, shared_bytes=233472, shared_reserved=1024,
+                            threads=2048, warp_size=32, programs=32)
+    seen = []
+
+    def compile_(self, *args):
+        seen.append(dict(zip(self.runtime_params, args)) | self.constexprs)
+        return _FakeCompiled(*resources)
+
+    q = torch.zeros(1, 4, 16, device=ctx.device)
+    k = torch.zeros(1, 64, 2, 16, device=ctx.device)
+    base = fd.plan(q, k, k, scheduler="fused", ctx=ctx)
+    tune = fd.Tuning(**{**base.tune.__dict__, "programs_per_sm": 2, "items_per_program": 1, "max_splits": 64,
+                        "by_units": ()})
+    orig = (devinfo.sm_limits, kl.KernelLauncher.compile)
+    devinfo.sm_limits, kl.KernelLauncher.compile = (lambda device: h100), compile_
+    try:
+        call = fd.DecodeCall(**base.call.__dict__)
+        fused = fd.FlashDecode(base.group, call, tune)
+        local = fd.FlashDecode(base.group, fd.DecodeCall(**{**call.__dict__, "scheduler": "bulk_sync"}), tune)
+    finally:
+        devinfo.sm_limits, kl.KernelLauncher.compile = orig
+    sms = devinfo.num_sms(ctx.device)
+    assert local.tune.programs_per_sm == 2 and local.nprog == 2 * sms
+    compiled = [c for c in seen if c["FUSED"]]
+    assert compiled and all(c["mine"] is None and c["out"] == q.dtype
+                            and c["n_split"] in (fused.n_split, 2 * fused.n_split) for c in compiled), seen
+    assert sorted(bool(c.get("TRACE")) for c in compiled) == [False, True]  # the traced variant checked too
+    assert [c["trace"] is None for c in compiled] == [not c.get("TRACE") for c in compiled]
+    return fused.tune.programs_per_sm, fused.n_split, fused.nprog, sms, len(compiled)
+
+
+@pytest.mark.parametrize("regs,fits", [(255, True), (200, False)])
+def test_residency_guard_caps_programs_per_sm(iris_pool, regs, fits):
+    """(:meth:`FlashDecode._fit_residency`) 4 warps at 255 registers (32K a program) fit twice
+    per SM: the row's 2 stand; 8 warps at 200 (51.2K) once: capped at 1, planned again (fewer
+    splits and programs; one program per SM needs no check: the fused kernel and its traced
+    variant compiled once each)."""
+    warps = 4 if fits else 8
+    pps, splits, nprog, sms, compiles = iris_pool(1).run(_residency_rank, (regs, warps, 1024))[0]
+    if fits:
+        assert (pps, nprog, compiles) == (2, 2 * sms, 2), (pps, splits, nprog)
+    else:  # capped at 1: planned again
+        assert (pps, nprog, compiles) == (1, sms, 2), (pps, splits, nprog)
+
+
+def _gpu_residency_rank(ctx):
+    """On the GPU: fused plans asking for 2 programs per SM of 4 warps and 4 of 8 warps keep
+    what the compiled kernel fits (8 warps x 4 do not: <= 64 registers a thread), and run right."""
+    from iris_fw import devinfo
+    from iris_fw import flash_decode as fd
+
+    g = torch.Generator().manual_seed(fresh_seed(ctx))
+    q = torch.randn(1, 32, 128, generator=g).to(ctx.device, torch.bfloat16)
+    k, v = (torch.randn(1, 4096, 8, 128, generator=g).to(ctx.device, torch.bfloat16) for _ in range(2))
+    want = fd.flash_decode_reference(q.cpu(), [k.cpu()], [v.cpu()])
+    base = fd.plan(q, k, v, scheduler="fused", ctx=ctx)
+    sms, kept = devinfo.num_sms(ctx.device), []
+    for warps, pps in ((4, 2), (8, 4)):
+        tune = fd.Tuning(**{**base.tune.__dict__, "block_n": 64, "num_warps": warps, "num_stages": 2,
+                            "programs_per_sm": pps, "items_per_program": 4, "max_splits": 32, "by_units": ()})
+        p = fd.FlashDecode(base.group, fd.DecodeCall(**base.call.__dict__), tune)
+        got = p.tune.programs_per_sm
+        assert got == 1 or p.programs_fitting({"FUSED": True}) >= got, (warps, pps, got)
+        assert p.nprog <= sms * got
+        out = p(q, k, v)
+        ctx.synchronize()
+        assert torch.allclose(out.cpu().double(), want, atol=2e-2, rtol=2e-2), (warps, pps, got)
+        kept.append(got)
+    assert kept[1] < 4, kept
+    return kept
+
+
+def test_residency_guard_on_gpu(iris_pool, on_gpu):
+    """The residency guard against a compiled kernel (GPU only; the arithmetic: above)."""
+    if not on_gpu:
+        pytest.skip("compiled kernels need a GPU")
+    iris_pool(1).run(_gpu_residency_rank)
 
 
 @pytest.mark.extended

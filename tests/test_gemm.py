@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 import iris_fw  # noqa: F401  (first: interpreter on CPU-only machines)
-from iris_fw import gemm
+from iris_fw import devinfo, gemm
 from iris_fw import gemm_tiles as tiles
 from iris_fw.errors import ArgumentError
 from iris_fw.gemm import CPU_CONFIG, GemmConfig, matmul
@@ -383,7 +383,8 @@ def test_tune_script_large_smoke(tmp_path, monkeypatch):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main(["--large", "--quick", "--out", str(tmp_path)]) == 0
-    assert json.loads((tmp_path / "gemm_large_rows.json").read_text()).keys() == {"cpu"}
+    expected = devinfo.info(torch.device("cuda" if torch.cuda.is_available() else "cpu")).name
+    assert json.loads((tmp_path / "gemm_large_rows.json").read_text()).keys() == {expected}
     records = [json.loads(line) for line in (tmp_path / "gemm_large.jsonl").read_text().splitlines()]
     assert records and all(not r["wrong"] for r in records) and any(r["current"] for r in records), records
     # the candidates are valid configurations, the estimate's first

@@ -45,6 +45,14 @@ def world_params(*default: int) -> list:
             for w in (1, 2, 3, 4)]
 
 
+def cpu_extended(*values, id: str | None = None):
+    """One parameter (``values``: one value, or the values of several argument names) that runs
+    under ``-m extended`` on CPU ranks and by default on GPUs: for the cases of a sweep whose code
+    paths the default CPU run already covers (the default run's time budget on CI's two cores)."""
+    marks = pytest.mark.extended if iris_fw.interpreting() else ()
+    return pytest.param(*values, marks=marks, id=id)
+
+
 def on_worlds(*default: int):
     """Parametrizes the ``world`` fixture (tests/conftest.py) over :func:`world_params`."""
     return pytest.mark.parametrize("world", world_params(*default), indirect=True, ids=lambda w: f"w{w}")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import iris_fw
-from helpers import fresh_seed, on_worlds
+from helpers import cpu_extended, fresh_seed, on_worlds
 from iris_fw import callpath, ops
 from iris_fw.engine.contract import CollectiveMismatch
 from test_taxonomy import PATTERNS, SCHEDULERS, _check, _inputs, _poison
@@ -20,12 +20,20 @@ ALL_SCHEDULERS = SCHEDULERS + ["copy_engine"]
 REPLAYS = {"cuda": 4, "cpu": 2}
 
 
+#: The replay sweep's cases the default CPU run keeps: every pattern and every scheduler at least
+#: once, and fused_sequential (the one-rank path) with every pattern; the rest run under
+#: ``-m extended`` on CPU ranks (every case on GPUs; tests/test_taxonomy.py runs every pair once).
+_CPU_REPLAYS = {("gemm_all_scatter", "producer_consumer"), ("all_gather_gemm", "wg_specialized"),
+                ("all_gather_gemm", "copy_engine"), ("gemm_reduce_scatter", "bulk_sync")}
+
+
 def _pairs():
     for pattern in PATTERNS:
         for scheduler in ALL_SCHEDULERS:
             if scheduler == "copy_engine" and pattern != "all_gather_gemm":
                 continue
-            yield pattern, scheduler
+            keep = scheduler == "fused_sequential" or (pattern, scheduler) in _CPU_REPLAYS
+            yield (pattern, scheduler) if keep else cpu_extended(pattern, scheduler, id=f"{pattern}-{scheduler}")
 
 
 def _host_args(plan):
@@ -150,7 +158,8 @@ def test_mismatch_raises_on_every_rank(iris_pool, world_size, case):
 
 #: calls of each op in the default run: the loop asserts that no call allocates heap memory (the old
 #: per-call planning did, and ran out at call 123 on a 1 MiB heap); the 1000-call loop is extended
-LOOP_CALLS = 25
+#: Calls of each op in the small-heap loop (CPU ranks: fewer; the 1000-call test is extended).
+LOOP_CALLS = 8 if iris_fw.interpreting() else 25
 
 
 def _loop(ctx, calls):

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from helpers import fresh_seed
+from helpers import cpu_extended, fresh_seed
 from iris_fw import device as dv
 from iris_fw import tilecomm as tc
 from iris_fw.engine.contract import Pattern, Pieces, Plan, check_tensor
@@ -144,7 +144,7 @@ def test_two_step_pattern(world):
     world.run(_steps_rank, 3)
 
 
-@pytest.mark.parametrize("scheduler", ["bulk_sync", "wg_specialized", "producer_consumer"])
+@pytest.mark.parametrize("scheduler", ["bulk_sync", "wg_specialized", cpu_extended("producer_consumer")])
 def test_steps_after_one_step_schedules(iris_pool, scheduler):
     """Schedules without in-kernel step barriers run the later steps in a kernel of their own."""
     for w in (2, 3):

@@ -19,8 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
+import iris_fw
 from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
-from iris_fw import callpath
+from iris_fw import callpath, ccl
+from iris_fw.errors import ArgumentError
+from iris_fw.flash_decode import (DecodeAlgorithm, FlashDecode, combine_partials, flash_decode, flash_decode_reference,
+                                  plan, schedulers)
+from iris_fw.hookspecs import hookimpl
+from iris_fw.registry import load_registries, plugin_manager
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.flash_decode_kernels import _combine_slots, _combine_splits
 
@@ -346,18 +352,10 @@ def test_bad_input_raises_everywhere(iris_pool, what):
 
 # ---- a third party's algorithm ----------------------------------------------------------------------
 
-_PLUGIN_SCRIPT = """
-import iris_fw, torch
-from iris_fw import ccl
-from iris_fw.errors import ArgumentError
-from iris_fw.flash_decode import (DecodeAlgorithm, FlashDecode, combine_partials, flash_decode, flash_decode_reference,
-                                  plan, schedulers)
-from iris_fw.hookspecs import hookimpl
-from iris_fw.registry import load_registries, plugin_manager
+class _TorchCombine(DecodeAlgorithm):
+    """A third party's flash-decode algorithm: the plan's local kernel, ccl's all-gather of the
+    packed partials, the combine in torch."""
 
-
-class TorchCombine(DecodeAlgorithm):
-    # the plan's local kernel, ccl's all-gather of the packed partials, the combine in torch
     name = "torch_combine"
 
     def setup(self, fd):
@@ -371,58 +369,50 @@ class TorchCombine(DecodeAlgorithm):
         out.copy_(combine_partials(o, lse))
 
 
-class Plugin:
+class _DecodePlugin:
+    """Registers :class:`_TorchCombine` through the hook a third party's entry point implements."""
+
     @hookimpl
     def iris_fw_register_algorithms(self, registry):
-        registry.register(TorchCombine(), "flash_decode.torch_combine")
+        registry.register(_TorchCombine(), "flash_decode.torch_combine")
 
 
-pm = plugin_manager()  # the installed plugins (the built-ins' entry points) and this one
-pm.register(Plugin(), name="my-decode-plugin")
-regs = load_registries(pm)
-assert regs.algorithm.entry("flash_decode.torch_combine").provider == "plugin 'my-decode-plugin'"
-with iris_fw.init(heap_size=16 << 20, registries=regs) as ctx:
-    w, r, dev = ctx.world_size, ctx.rank, ctx.device
-    assert {"fused", "bulk_sync", "torch_combine"} <= set(schedulers()), schedulers()
-    g = torch.Generator().manual_seed(11)
-    q = torch.randn(2, 4, 16, generator=g)
-    ks = [torch.randn(2, 5 + p, 2, 16, generator=g) for p in range(w)]
-    vs = [torch.randn(2, 5 + p, 2, 8, generator=g) for p in range(w)]
-    want = flash_decode_reference(q, ks, vs)
-    for call in range(2):  # planned, then the cached plan
-        got = flash_decode(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combine")
-        ctx.synchronize()
-        assert torch.allclose(got.double().cpu(), want, atol=1e-5), (got, want)
-    fd = plan(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combine")
-    assert isinstance(fd, FlashDecode) and isinstance(fd.algorithm, TorchCombine), fd
-    try:
-        flash_decode(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combin")
-    except ArgumentError as exc:
-        assert "bulk_sync, fused, torch_combine" in str(exc), exc
-    else:
-        raise AssertionError("an unknown scheduler was accepted")
-    ctx.barrier()
-    print(f"plugin algorithm ok on rank {r}")
-"""
+def _plugin_rank(ctx):
+    pm = plugin_manager()  # the installed plugins (the built-ins' entry points) and this one
+    pm.register(_DecodePlugin(), name="my-decode-plugin")
+    regs = load_registries(pm)
+    assert regs.algorithm.entry("flash_decode.torch_combine").provider == "plugin 'my-decode-plugin'"
+    with iris_fw.init(heap_size=16 << 20, registries=regs, transport="host_shm") as mine:
+        w, r, dev = mine.world_size, mine.rank, mine.device
+        assert {"fused", "bulk_sync", "torch_combine"} <= set(schedulers(mine)), schedulers(mine)
+        g = torch.Generator().manual_seed(fresh_seed(mine))
+        q = torch.randn(2, 4, 16, generator=g)
+        ks = [torch.randn(2, 5 + p, 2, 16, generator=g) for p in range(w)]
+        vs = [torch.randn(2, 5 + p, 2, 8, generator=g) for p in range(w)]
+        want = flash_decode_reference(q, ks, vs)
+        for call in range(2):  # planned, then the cached plan
+            out = torch.full((2, 4, 8), float("nan"), device=dev)
+            got = flash_decode(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combine", out=out, ctx=mine)
+            mine.synchronize()
+            assert got is out and torch.allclose(got.double().cpu(), want, atol=1e-5), (call, got, want)
+        fd = plan(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combine", ctx=mine)
+        assert isinstance(fd, FlashDecode) and isinstance(fd.algorithm, _TorchCombine), fd
+        with pytest.raises(ArgumentError, match="bulk_sync, fused, torch_combine"):
+            flash_decode(q.to(dev), ks[r].to(dev), vs[r].to(dev), scheduler="torch_combin", ctx=mine)
+        mine.barrier()
+    return True
 
 
-@pytest.mark.slow
-def test_a_plugins_algorithm_runs_as_a_scheduler(tmp_path, on_gpu):
+def test_a_plugins_algorithm_runs_as_a_scheduler(iris_pool, on_gpu):
     """A flash-decode algorithm registered by a plugin (a :class:`DecodeAlgorithm` through the
     ``iris_fw_register_algorithms`` hook, as a third party's entry point would) is listed by
-    ``schedulers()``, runs as ``scheduler=its name`` on 2 CPU ranks (right against float64, its
-    plan cached), and is named among the choices when a call names an unregistered one."""
-    import subprocess
-    import sys
-
+    ``schedulers()``, runs as ``scheduler=its name`` on 2 CPU ranks (right against float64, into
+    a poisoned ``out``, its plan cached), and is named among the choices when a call names an
+    unregistered one. (In the test pool's ranks: a context of its own made with the plugin's
+    registries.)"""
     if on_gpu:
         pytest.skip("CPU ranks (the GPU runs cover the built-in algorithms)")
-    script = tmp_path / "decode_plugin.py"
-    script.write_text(_PLUGIN_SCRIPT)
-    res = subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", "2", str(script)], capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0 and all(f"plugin algorithm ok on rank {r}" in res.stdout for r in (0, 1)), \
-        res.stdout[-4000:] + res.stderr[-4000:]
+    assert iris_pool(2).run(_plugin_rank) == [True, True]
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ across ranks; CUDA-graph replays (GPU)."""
 import pytest
 import torch
 
-from helpers import fresh_seed
+from helpers import cpu_extended, fresh_seed
 from iris_fw import ops
 from test_taxonomy import _check
 
@@ -73,8 +73,9 @@ def test_fused(world, algorithm):
     world.run(_run, "fused_sequential", algorithm)
 
 
-@pytest.mark.parametrize("scheduler,algorithm", [("bulk_sync", "two_shot"), ("producer_consumer", "one_shot"),
-                                                 ("wg_specialized", "two_shot")])
+@pytest.mark.parametrize("scheduler,algorithm", [cpu_extended("bulk_sync", "two_shot", id="bulk_sync-two_shot"),
+                                                 ("producer_consumer", "one_shot"),
+                                                 cpu_extended("wg_specialized", "two_shot", id="wg_specialized-two_shot")])
 def test_unfused_schedules(iris_pool, scheduler, algorithm):
     """Step 1 in a kernel of its own after the schedule's kernels."""
     for w in (2, 3):

@@ -76,7 +76,7 @@ def test_killed_rank_leaves_no_segments(how):
     assert _shm() <= before, f"left behind: {_shm() - before}"
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # (iris-fw launch's killed ranks above: the same clean-up, in the default run)
 def test_killed_rank_under_torchrun_leaves_no_segments():
     n = _two_ranks()
     before = _shm()

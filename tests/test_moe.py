@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import assert_peers_fail_at_once, boom, capture_graph, fresh_seed, on_worlds, peer_fails
+from helpers import assert_peers_fail_at_once, boom, capture_graph, cpu_extended, fresh_seed, on_worlds, peer_fails
 from iris_fw import callpath
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.errors import ArgumentError, PeerFailure
@@ -410,7 +410,7 @@ def _varying_rank(ctx, mode):
     return True
 
 
-@pytest.mark.parametrize("mode", ["low_latency", "throughput"])
+@pytest.mark.parametrize("mode", ["low_latency", cpu_extended("throughput")])
 def test_token_count_differs_per_rank_and_call(iris_pool, mode):
     """Decode-style calls: T differs per rank and changes from call to call (0 included)."""
     assert iris_pool(3).run(_varying_rank, mode) == [True] * 3
@@ -523,7 +523,7 @@ def _launch_fails(ctx, op):
 
 
 @pytest.mark.parametrize("op", ["dispatch", "combine"])
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, cpu_extended(3)])
 def test_a_host_failure_in_a_launch_fails_every_peer_at_once(iris_pool, world_size, op):
     results = iris_pool(world_size).run(_launch_fails, op)
     assert_peers_fail_at_once(results, "injected host failure")
@@ -554,7 +554,7 @@ def _plan_fails(ctx):
     return fails_then_works(ctx, call, inject, "plan", x, wt)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, cpu_extended(3)])
 def test_a_host_failure_while_planning_fails_every_peer_at_once(iris_pool, world_size):
     results = iris_pool(world_size).run(_plan_fails)
     assert_peers_fail_at_once(results, "injected host failure")

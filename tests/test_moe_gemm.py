@@ -18,7 +18,8 @@ import time
 import pytest
 import torch
 
-from helpers import assert_peers_fail_at_once, boom, capture_graph, fresh_seed, on_worlds, peer_fails, world_params
+from helpers import (assert_peers_fail_at_once, boom, capture_graph, cpu_extended, fresh_seed, on_worlds, peer_fails,
+                     world_params)
 from iris_fw.engine.contract import CollectiveMismatch
 from iris_fw.errors import ArgumentError
 from test_moe import FP8, _case, check_dispatch, draw, fails_then_works, small_routing
@@ -184,7 +185,7 @@ def _cases_rank(ctx, names, calls=1):
     return done
 
 
-@on_worlds(1, 2, 3)
+@on_worlds(1, 3)
 def test_moe_gemm(world, on_gpu):
     """The fused GEMMs, every value checked; the first case twice (the plan reused, fresh routing)."""
     names = list(CASES) if on_gpu else _CPU_RUNS[world.world_size]
@@ -485,7 +486,7 @@ def _alternating_rank(ctx, mode):
     return True
 
 
-@pytest.mark.parametrize("mode", ["low_latency", "throughput"])
+@pytest.mark.parametrize("mode", ["low_latency", cpu_extended("throughput")])
 def test_two_sizes_alternating(iris_pool, mode):
     assert iris_pool(2).run(_alternating_rank, mode) == [True, True]
 

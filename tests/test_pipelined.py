@@ -14,7 +14,7 @@ import pytest
 
 import iris_fw
 import iris_fw.testing
-from helpers import world_params
+from helpers import cpu_extended, world_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "diag_pipelined.py")
@@ -59,11 +59,12 @@ def test_back_to_back_ops(n):
                                         "all_gather_gemm")} <= cases, cases
 
 
-def test_all_gather_gemm_hung_shape():
+@pytest.mark.parametrize("calls", [cpu_extended("3" if iris_fw.interpreting() else "300", id="calls")])
+def test_all_gather_gemm_hung_shape(calls):
     """``scripts/diag_agg_hang.py`` at W = 2, every scheduler: ``all_gather_gemm`` back to back at
-    the shape that hung on one H100 under MPS (16x4096 per rank @ 4096x8192, 300 calls; a small
-    shape and 3 calls on CPU ranks), every call checked."""
-    calls = "3" if iris_fw.interpreting() else "300"
+    the shape that hung on one H100 under MPS (16x4096 per rank @ 4096x8192, 300 calls; on CPU
+    ranks a small shape and 3 calls, under ``-m extended``: the back-to-back tests above cover
+    the CPU path), every call checked."""
     script = os.path.join(ROOT, "scripts", "diag_agg_hang.py")
     res = subprocess.run([sys.executable, "-m", "iris_fw", "launch", "-n", str(_ranks(2)), script, calls, "all"],
                          capture_output=True, text=True, timeout=900)

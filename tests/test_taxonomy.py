@@ -8,7 +8,7 @@ import torch
 
 import iris_fw
 
-from helpers import fresh_seed, on_worlds, world_params
+from helpers import cpu_extended, fresh_seed, on_worlds, world_params
 from iris_fw import ops
 from iris_fw.gemm import GemmConfig, matmul
 from iris_fw.devinfo import num_sms
@@ -90,21 +90,16 @@ def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=N
         ctx.barrier()
 
 
-def _cpu_extended(value):
-    """``value`` as a parameter that runs under ``-m extended`` on CPU ranks (everywhere on GPUs)."""
-    return pytest.param(value, marks=pytest.mark.extended if iris_fw.interpreting() else ())
-
-
 def _world_kinds():
     """``(world, kind)`` parameters: world sizes 1-4 x ragged and aligned shapes. On CPU ranks W = 4
-    (as everywhere, :func:`helpers.world_params`) and W = 3's aligned shapes run under
-    ``-m extended``: W = 3 catches splits that are not powers of two, which the ragged shapes
-    carry; the aligned shapes run at W = 1 and 2 (the default run's time on CI's two cores)."""
+    (as everywhere, :func:`helpers.world_params`) and the aligned shapes of W = 2 and 3 run under
+    ``-m extended``: the ragged shapes carry the splits that are not powers of two (W = 3) and the
+    edge tiles; the aligned shapes run at W = 1 (the default run's time on CI's two cores)."""
     out = []
     for w in world_params(1, 2, 3):
         size, marks = (w, ()) if isinstance(w, int) else (w.values[0], w.marks)
         for kind in ("ragged", "aligned"):
-            extra = (pytest.mark.extended,) if kind == "aligned" and size == 3 and iris_fw.interpreting() else ()
+            extra = (pytest.mark.extended,) if kind == "aligned" and size >= 2 and iris_fw.interpreting() else ()
             out.append(pytest.param(size, kind, marks=(*marks, *extra), id=f"w{size}-{kind}"))
     return out
 
@@ -328,7 +323,7 @@ def _consumer_first(ctx, pattern, kind):
         pc.launch_producer, pc.launch_consumer = real_producer, real_consumer
 
 
-@pytest.mark.parametrize("kind", ["ragged", _cpu_extended("aligned")])
+@pytest.mark.parametrize("kind", ["ragged", cpu_extended("aligned")])
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_consumer_before_producer_makes_progress(iris_pool, pattern, kind):
     """The GPU hang of ``all_gather_gemm`` under MPS (docs/gpu-tests.md, 2026-11-25 third

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 import iris_fw  # noqa: F401  (first: interpreter on CPU-only machines)
+from helpers import cpu_extended
 from iris_fw import devinfo, gemm
 from iris_fw import gemm_tiles as tiles
 from iris_fw.errors import ArgumentError
@@ -266,7 +267,7 @@ def xcds_table(monkeypatch):
 
 
 # programs of the persistent grid: below, at, not a multiple of and a multiple of the 8 XCDs
-@pytest.mark.parametrize("programs", [5, 8, 19, 24])
+@pytest.mark.parametrize("programs", [5, cpu_extended(8), 19, cpu_extended(24)])
 def test_xcds_from_the_table_matches_float64(ctx, xcds_table, monkeypatch, programs):
     """A device whose tile_order row says 8 XCDs: the default configuration carries them and
     the GEMM (split or not) is right at a ragged shape whose tiles fill neither the chiplets nor

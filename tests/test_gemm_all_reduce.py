@@ -6,7 +6,7 @@ across ranks; CUDA-graph replays (GPU)."""
 import pytest
 import torch
 
-from helpers import cpu_extended, fresh_seed
+from helpers import cpu_extended, fresh_seed, on_worlds
 from iris_fw import ops
 from test_taxonomy import _check
 
@@ -66,6 +66,7 @@ def _run(ctx, scheduler, algorithm, dtype=torch.bfloat16, kinds=("ragged", "alig
         ctx.barrier()
 
 
+@on_worlds(1, 2)  # (W = 3: test_unfused_schedules by default, this under -m extended on CPU ranks)
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
 def test_fused(world, algorithm):
     """Steps inside the persistent kernel: each program reduces its tiles once its peers' same

@@ -90,23 +90,41 @@ def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=N
         ctx.barrier()
 
 
-def _world_kinds():
-    """``(world, kind)`` parameters: world sizes 1-4 x ragged and aligned shapes. On CPU ranks W = 4
-    (as everywhere, :func:`helpers.world_params`) and the aligned shapes of W = 2 and 3 run under
-    ``-m extended``: the ragged shapes carry the splits that are not powers of two (W = 3) and the
-    edge tiles; the aligned shapes run at W = 1 (the default run's time on CI's two cores)."""
+#: The (pattern, scheduler) pairs the default CPU run keeps at W = 3 (each pattern and each
+#: scheduler at least once: the splits that are not powers of two are the pattern's, whatever the
+#: schedule); W = 1 and 2 run every pair.
+_CPU_W3 = {("gemm_all_scatter", "bulk_sync"), ("all_gather_gemm", "producer_consumer"),
+           ("gemm_reduce_scatter", "wg_specialized"), ("all_gather_gemm", "fused_sequential")}
+
+
+def _cpu_cut(size: int, kind: str, pair: tuple | None = None) -> bool:
+    """Whether a case runs under ``-m extended`` on CPU ranks: the aligned shapes of W = 2 and 3,
+    and at W = 3 the (pattern, scheduler) pairs outside ``_CPU_W3``. The ragged shapes carry the
+    splits that are not powers of two (W = 3) and the edge tiles; the aligned shapes run at W = 1
+    (the default run's time on CI's two cores). W = 4 is extended as everywhere
+    (:func:`helpers.world_params`)."""
+    if not iris_fw.interpreting() or size < 2:
+        return False
+    return kind == "aligned" or (size == 3 and pair is not None and pair not in _CPU_W3)
+
+
+def _world_kinds(pairs=((None, None),)):
+    """``(world, kind[, pattern, scheduler])`` parameters over world sizes 1-4, ragged and aligned
+    shapes (and ``pairs`` of pattern and scheduler), marked by :func:`_cpu_cut`."""
     out = []
     for w in world_params(1, 2, 3):
         size, marks = (w, ()) if isinstance(w, int) else (w.values[0], w.marks)
         for kind in ("ragged", "aligned"):
-            extra = (pytest.mark.extended,) if kind == "aligned" and size >= 2 and iris_fw.interpreting() else ()
-            out.append(pytest.param(size, kind, marks=(*marks, *extra), id=f"w{size}-{kind}"))
+            for pair in pairs:
+                extra = (pytest.mark.extended,) if _cpu_cut(size, kind, None if pair[0] is None else pair) else ()
+                values = (size, kind) if pair[0] is None else (size, kind, *pair)
+                name = "-".join([f"w{size}", kind, *([] if pair[0] is None else pair)])
+                out.append(pytest.param(*values, marks=(*marks, *extra), id=name))
     return out
 
 
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("world,kind", _world_kinds(), indirect=["world"])
+@pytest.mark.parametrize("world,kind,pattern,scheduler",
+                         _world_kinds([(p, s) for p in PATTERNS for s in SCHEDULERS]), indirect=["world"])
 def test_scheduler_x_pattern(world, kind, pattern, scheduler):
     world.run(_run, pattern, scheduler, torch.bfloat16, kinds=(kind,))
 
@@ -171,6 +189,7 @@ def test_copy_engine_all_gather_gemm(world, kind):
     world.run(_run, "all_gather_gemm", "copy_engine", torch.bfloat16, kinds=(kind,))
 
 
+@on_worlds(1, 2)  # (the dtypes do not depend on the world size; W = 3 under -m extended on CPU ranks)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_dtypes_auto_scheduler(world, pattern, dtype):

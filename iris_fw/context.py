@@ -186,7 +186,6 @@ def open_contexts() -> "list[Context]":
     return [ref() for ref in state.contexts]
 
 
-
 class Context(ContextCore, HeapFactories, TraceSessions):
     """One rank's handle on the job. Use :func:`init` to create it; it is also a context
     manager, and :meth:`close` is idempotent.

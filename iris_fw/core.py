@@ -107,15 +107,10 @@ _ERROR_CLASSES = {cls.__name__: cls for cls in (WaitTimeout, NotOnHeapError, Pee
 
 
 class ContextCore:
-    """One rank's handle on the job. Use :func:`init` to create it; it is also a context
-    manager, and :meth:`close` is idempotent.
-
-    Attributes: ``rank``, ``world_size``, ``local_rank``, ``device``, ``heap_bases`` (the
-    argument every device primitive takes, a :class:`iris_fw.device.DeviceHeaps`: ``.bases``,
-    int64 ``[world_size]`` on ``device``, every rank's heap base as mapped in this process,
-    with this context's compile-time switches: pointer checks (``debug`` or the interpreter)
-    and the transport's NVSHMEM call mode), ``heap_size``, ``transport``, ``bootstrap``,
-    ``registries`` (the plugins this context was created with).
+    """What one rank's context keeps of its own: the heap and the peers' heaps, the call identity,
+    the watchdog, ``barrier``, ``agree``, the host collectives and the bounded waits. Users hold
+    an :class:`iris_fw.Context` (this core with the tensor factories and the trace sessions; its
+    attributes are listed there), made by :func:`iris_fw.init`.
     """
 
     def __init__(self, transport: Transport, bootstrap: _bootstrap.Bootstrap, heap_size: int, *, wait_timeout: float,

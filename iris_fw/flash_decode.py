@@ -440,9 +440,9 @@ class FlashDecode:
         self.rows = min(max(MIN_DOT, triton.next_power_of_2(g)), max(MIN_DOT, tune.max_rows))
         self.units = call.batch * call.kv_heads * triton.cdiv(g, self.rows)
         self._split(tune.for_units(self.units))  # the split count and tile for this many units
+        self.qk_scale = call.sm_scale * LOG2E
         self._fit_residency()
         self.pack = call.batch * call.q_heads * (call.v_head_dim + 1)
-        self.qk_scale = call.sm_scale * LOG2E
         f32 = torch.float32
         self.partials = torch.empty(max(1, self.units * self.n_split * self.rows * call.v_head_dim), dtype=f32,
                                     device=dev)
@@ -533,7 +533,7 @@ class FlashDecode:
                     batch=c.batch, seq=seq, n_split=self.n_split, stride_qb=c.q_heads * d, stride_qh=d,
                     stride_qd=1, stride_kb=kb, stride_ks=hkv * d, stride_kh=d, stride_kd=1, stride_vb=vb,
                     stride_vs=hkv * dv, stride_vh=dv, stride_vd=1, stride_tb=seq // page if page else 0,
-                    qk_scale=c.sm_scale * LOG2E, rank=group.rank, world_size=group.size,
+                    qk_scale=self.qk_scale, rank=group.rank, world_size=group.size,
                     heap_bases=group.heap_bases, trace=SAMPLE_ADDRESS if traced else None)
 
     # ---- launches -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 import triton
+import triton.language as tl
 
 from .. import devinfo
 from .. import tuning
@@ -226,6 +227,34 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
         src, dst = src.view(-1), dst.view(-1)
         for start, length in pieces:
             launch(src[start:], dst[start:], *args, length, *tail)
+
+    return run
+
+
+@triton.jit
+def _local_copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    """``dst[i]`` = ``src[i]``, ``i < n``: a one-rank group's collective, whose result is its input."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for t in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+def local_copy(group, call: Call) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``run(src, dst)`` of a one-rank group's collective whose result is its input (a reduction
+    of one value with any op, a gather or scatter of one part): nothing when ``dst`` is ``src``
+    (in place), else one prepared copy launch (:func:`chunked_run`: a loop on the same input
+    and output costs a prepared launch — on a GPU host cheaper than ``Tensor.copy_``)."""
+    block = block_elems(call.dtype)
+    numel = max(call.numel, 1)
+    copy = chunked_run(launcher(_local_copy_kernel, programs(group, numel, block), BLOCK=block), (), call.numel,
+                       numel, ())
+
+    def run(src, dst):
+        if dst is not src:
+            copy(src, dst)
 
     return run
 

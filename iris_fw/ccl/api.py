@@ -238,7 +238,7 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
             call = finish(call, extras)
         algo = al.choose(g, call, algorithm)
         if g.size == 1 and call.collective in _INPUT_IS_RESULT_AT_ONE_RANK:
-            return _identity
+            return al.local_copy(g, call)
         g.planning = describe_call(label, fields)
         try:
             return algo.plan(g, call)
@@ -250,17 +250,10 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
 
 
 #: Collectives whose result on a one-rank group is their input (a reduction of one value with
-#: any op, a gather or scatter of one part): the call path's ``dst`` = ``src``.
+#: any op, a gather or scatter of one part): the call path's ``dst`` = ``src`` (:func:`~iris_fw.ccl.algorithm.local_copy`).
 _INPUT_IS_RESULT_AT_ONE_RANK = frozenset(
     {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter"})
 
-
-def _identity(src, dst) -> None:
-    """A one-rank group's collective: ``dst`` = ``src`` (nothing to do when they are one tensor)."""
-    if dst.data_ptr() != src.data_ptr():
-        # one copy; a view only where the shapes differ (a view costs as much host time as the copy)
-        shape = src.shape
-        (dst if dst.shape == shape else dst.view(shape)).copy_(src)
 
 
 def _check_tensor(ctx, t, name: str) -> torch.Tensor:

@@ -432,6 +432,8 @@ class FlashDecode:
     def __init__(self, group, call: DecodeCall, tune: Tuning | None = None, algorithm: DecodeAlgorithm | None = None):
         ctx = group.ctx
         self.group, self.call = group, call
+        #: ``[B, Hq, Dv]``: the result's shape
+        self.out_shape = (call.batch, call.q_heads, call.v_head_dim)
         self.algorithm = algorithm or algorithm_of(ctx, call.scheduler)
         dev = ctx.device
         tune = tune or tuning(dev, max(call.head_dim, call.v_head_dim))
@@ -603,7 +605,11 @@ class FlashDecode:
         found = prepared.get(layout)
         if found is not None:
             launch, seq_at, buffer_at = found
-            launch.launch_with(((seq_at, seq), (buffer_at, buffer)))
+            args = launch.args
+            if args[buffer_at] is buffer and args[seq_at] == seq:  # (a loop on one output: nothing replaced)
+                launch()
+            else:
+                launch.launch_with(((seq_at, seq), (buffer_at, buffer)))
             return
         bound = launches[role]
         (sqb, sqh, sqd), (skb, sks, skh, skd), (svb, svs, svh, svd) = q.stride(), k.stride(), v.stride()
@@ -642,9 +648,9 @@ class FlashDecode:
         if self._debug:
             check_same_query(self.group, q)
         if out is None:
-            out = torch.empty(c.batch, c.q_heads, c.v_head_dim, dtype=c.dtype, device=q.device)
-        else:
-            check_out(out, c, q.device)
+            out = torch.empty(self.out_shape, dtype=c.dtype, device=q.device)
+        elif not isinstance(out, torch.Tensor) or out.shape != self.out_shape or out.dtype != c.dtype or out.device != q.device or not out.is_contiguous():
+            check_out(out, c, q.device)  # raises, naming what is wrong
         if not c.batch:
             return out
         self.algorithm.run(self, self._current(), q, k, v, kv_lens, block_table, out)
@@ -674,9 +680,15 @@ def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, pl
     """A call through the library's call path on the group's call cache: the prepared
     :class:`FlashDecode` for these arguments (validated across the group on a miss), called
     (``plan_only``: returned)."""
-    if ctx._closed:
-        ctx._check_open()
-    g = api.group_of(ctx, group)
+    g = None
+    if group is None:  # the common case: the world group (api.group_of, inlined on the hit path)
+        paths = ctx.extensions.get(cp.EXTENSION)
+        if paths is not None:
+            g = paths.groups.get(None)
+    if g is None:
+        if ctx._closed:
+            ctx._check_open()
+        g = api.group_of(ctx, group)
     key = _key(q, k, v, kv_lens, sm_scale, scheduler, block_table)
     if plan_only:
         found = g.calls.get(key)

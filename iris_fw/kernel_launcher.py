@@ -685,7 +685,8 @@ def _expanded_tensordesc_launch(launch, version):
     """Triton 3.6's ``CudaLauncher.launch`` is ``wrap_handle_tensordesc``'s ``inner``, which
     encodes every TMA descriptor argument (``make_tensordesc_arg``) on each call before calling
     the generated C launcher. Returns ``(c_launch, expand)`` — ``expand(kernel_args)`` gives
-    the arguments ``inner`` would pass on — or None where the launch is not that wrapper."""
+    the arguments ``inner`` would pass on and where each argument went in them (None: a
+    descriptor) — or None where the launch is not that wrapper."""
     if version[:2] != (3, 6) or getattr(launch, "__name__", "") != "inner" or launch.__closure__ is None:
         return None
     cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__)))
@@ -698,14 +699,16 @@ def _expanded_tensordesc_launch(launch, version):
     indices, meta = cells["tensordesc_indices"], cells["tensordesc_meta"]
 
     def expand(kernel_args):
-        out, k = [], 0
+        out, positions, k = [], [], 0
         for i, arg in enumerate(kernel_args):
             if i in indices:
+                positions.append(None)
                 out.extend(make_tensordesc_arg(arg, meta[k]))
                 k += 1
             else:
+                positions.append(len(out))
                 out.append(arg)
-        return tuple(out)
+        return tuple(out), tuple(positions)
 
     return cells["launcher"], expand
 
@@ -731,7 +734,8 @@ class PreparedLaunch:
     mutated (a plan's memoized arguments are not); a descriptor's memory must stay where it was
     (a plan is keyed by its operands' ``data_ptr``).
 
-    :meth:`launch_with` launches with a few runtime arguments replaced for one call (a fresh
+    :meth:`with_args` makes a prepared launch of a few arguments replaced (sharing the resolved
+    entry); :meth:`launch_with` launches with a few runtime arguments replaced for one call (a fresh
     output tensor, a length that grows): the resolved entry serves while each new value
     specializes as the prepared one did."""
 
@@ -764,11 +768,34 @@ class PreparedLaunch:
             self.launcher._launch(_replaced(args, changes), stream)
             self._resolve()
             return
+        final = self._rebuilt(ready, changes)
+        if final is None:
+            return self.launcher._launch(_replaced(args, changes), stream)
+        self._fire(ready, final, _replaced(args, changes) if final is not ready[2] else args, stream)
+
+    def with_args(self, changes) -> "PreparedLaunch":
+        """A prepared launch of these arguments with ``changes`` — ``((runtime argument index,
+        value), ...)`` — in place, kept (where :meth:`launch_with` replaces them for one call):
+        it shares this launch's resolved entry when every new value specializes as the one it
+        replaces (as in :meth:`launch_with`), else it resolves on its first call through the
+        launcher. Nothing is launched."""
+        other = PreparedLaunch(self.launcher, _replaced(self.args, changes))
+        ready = self._ready
+        if ready is not None:
+            final = self._rebuilt(ready, changes)
+            if final is not None:
+                other._ready = ready[:2] + (final,) + ready[3:]
+        return other
+
+    def _rebuilt(self, ready, changes):
+        """The resolved kernel arguments with ``changes`` in place, or None where a new value
+        does not specialize as the one it replaces (or replaces a re-encoded descriptor)."""
         final = ready[2]
         items = self._items
         if items is None:
             items = self._items = {}
         flags, desc = self.launcher._flags, self.launcher._desc_cls
+        args = self.args
         rebuilt = None
         for i, value in changes:
             seen = items.get(i)
@@ -782,21 +809,24 @@ class PreparedLaunch:
             except _Unsupported:
                 same = False
             if not same:
-                return self.launcher._launch(_replaced(args, changes), stream)
+                return None
             if rebuilt is None:
                 rebuilt = list(final)
             rebuilt[pos] = value
-        if rebuilt is None:
-            return self._fire(ready, final, args, stream)
-        self._fire(ready, tuple(rebuilt), _replaced(args, changes), stream)
+        return final if rebuilt is None else tuple(rebuilt)
 
     def _final_index(self, i: int):
-        """Where runtime argument ``i`` sits in the resolved kernel arguments (None where they
-        were re-encoded: TMA descriptors expanded on Triton 3.6)."""
+        """Where runtime argument ``i`` sits in the resolved kernel arguments: where the launch
+        re-encodes TMA descriptors (Triton 3.6) the arguments after one have moved (``moved``:
+        each kernel argument's position among the encoded ones; None for a descriptor, which
+        a replacement cannot take without encoding it again)."""
         lau = self.launcher
-        if self._ready is None or self._ready[6]:
+        ready = self._ready
+        if ready is None:
             return None
-        return i if lau._prefix else lau._runtime_pos[i]
+        pos = i if lau._prefix else lau._runtime_pos[i]
+        moved = ready[6]
+        return pos if moved is None else moved[pos]
 
     def _fire(self, ready, final, args, stream) -> None:
         """The resolved launch of ``final`` (kernel arguments), unless something that could
@@ -839,12 +869,15 @@ class PreparedLaunch:
             return
         launch, head, as_tuple = entry[0], entry[1], entry[2]
         kernel_args = lau.bound_args(self.args)
-        expanded = False
+        moved = None
         if not as_tuple:
             unwrapped = _expanded_tensordesc_launch(launch, lau._version)
             if unwrapped is not None:
                 launch, expand = unwrapped
-                plain, kernel_args = kernel_args, expand(kernel_args)
-                # (descriptors re-encoded: positions moved, launch_with takes the launcher's path)
-                expanded = len(plain) != len(kernel_args) or any(a is not b for a, b in zip(plain, kernel_args))
-        self._ready = (launch, head, kernel_args, as_tuple, device, opts, expanded)
+                plain = kernel_args
+                kernel_args, positions = expand(kernel_args)
+                # (descriptors re-encoded: the arguments after one moved; launch_with replaces
+                # the others at their new positions, a descriptor through the launcher's path)
+                if len(plain) != len(kernel_args) or any(a is not b for a, b in zip(plain, kernel_args)):
+                    moved = positions
+        self._ready = (launch, head, kernel_args, as_tuple, device, opts, moved)

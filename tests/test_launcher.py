@@ -626,6 +626,35 @@ def test_prepared_launch_with_replaced_arguments(monkeypatch):
         _check_last(jit, lau, (a, out, n), "fast")
 
 
+def test_with_args_keeps_the_replacement(monkeypatch):
+    """``with_args`` gives a prepared launch of the replaced arguments that shares the resolved
+    entry (no key computed, the original unchanged) when the new values specialize alike, and
+    one that resolves through the launcher otherwise."""
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    a, b, c, u = _t(), _t(), _t(), _t(offset=1)
+    args = (a, a, 16, 5, 7)
+    prepared = lau.prepare(*args)
+    early = prepared.with_args(((1, c),))  # before the first resolved launch: resolves on its own
+    early()
+    _check_last(jit, lau, (a, c, 16, 5, 7), "slow")
+    prepared()
+    calls = []
+    real_key = lau._state[7]
+    lau._state = lau._state[:7] + ((lambda *k: calls.append(k) or real_key(*k)),) + lau._state[8:]
+    kept = prepared.with_args(((1, b), (3, 6)))
+    for _ in range(2):
+        kept()
+        _check_last(jit, lau, (a, b, 16, 6, 7), "fast")
+    prepared()
+    _check_last(jit, lau, args, "fast")
+    assert not calls and prepared.args == args and kept.args == (a, b, 16, 6, 7)
+    lau._state = lau._state[:7] + (real_key,) + lau._state[8:]
+    other = prepared.with_args(((1, u),))  # another alignment: its own variant, through the launcher
+    other()
+    _check_last(jit, lau, (a, u, 16, 5, 7), jit.calls[-1][0])
+    assert other.args == (a, u, 16, 5, 7)
+
+
 def test_non_cuda_and_kill_switch_stay_slow(monkeypatch):
     jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
     jit.backend = "hip"

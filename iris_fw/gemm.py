@@ -47,6 +47,7 @@ from . import tuning
 from .devinfo import info, num_sms, persistent_programs
 from .engine.contract import PatternError, check_tensor
 from .errors import ArgumentError
+from .kernel_launcher import KernelLauncher
 
 #: TMA needs 16-byte aligned base addresses and row strides.
 TMA_ALIGN_BYTES = 16
@@ -172,6 +173,10 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
 #: fields): ``max_n`` / ``max_k`` (at most; absent: any) and ``min_m`` / ``min_n`` (at least;
 #: absent: 0) — beside the row's ``max_m``.
 ROW_BOUNDS = ("max_n", "max_k", "min_m", "min_n")
+#: A measured row's flag (not a configuration field): ``local`` true where the row's kernel at
+#: least matched cuBLAS at every shape its sweep measured — one-rank ops run it
+#: (:func:`local_kernel`).
+ROW_FLAGS = ("local",)
 
 
 class RowBounds(NamedTuple):
@@ -182,6 +187,8 @@ class RowBounds(NamedTuple):
     max_k: int | None = None
     min_m: int = 0
     min_n: int = 0
+    #: whether one-rank ops' products take the row (:data:`ROW_FLAGS`)
+    local: bool = False
 
     def hold(self, m: int, n: int | None, k: int | None) -> bool:
         """Whether ``[m, k] @ [k, n]`` is within the bounds (a bound on ``n`` / ``k`` holds when
@@ -201,7 +208,7 @@ def _measured_rows(device_name: str) -> tuple:
     out = []
     for max_m, config in rows:
         config = tuning.fields(config)  # without the note of what chose the row
-        bounds = RowBounds(max_m, **{key: config.pop(key) for key in ROW_BOUNDS if key in config})
+        bounds = RowBounds(max_m, **{key: config.pop(key) for key in ROW_BOUNDS + ROW_FLAGS if key in config})
         out.append((bounds, GemmConfig(**{"xcds": xcds, **config})))
     return tuple(out)
 
@@ -244,11 +251,17 @@ def measured_config(m: int, device: torch.device, n: int | None = None, k: int |
     None: the first row whose bounds hold (:class:`RowBounds`: ``max_m``; ``max_n`` /
     ``max_k`` / ``min_m`` / ``min_n`` where the row has them and ``n`` / ``k`` are given). Rows
     with ``split_k`` > 1 count only with ``split``."""
+    row = _measured_row(m, device, n, k, split)
+    return None if row is None else row[1]
+
+
+def _measured_row(m: int, device: torch.device, n: int | None, k: int | None, split: bool):
+    """``(RowBounds, GemmConfig)`` of :func:`measured_config`'s row, or None."""
     for bounds, cfg in _measured_rows(info(device).name):
         if cfg.split_k > 1 and not split:
             continue
         if bounds.hold(m, n, k):
-            return cfg
+            return bounds, cfg
     return None
 
 
@@ -455,22 +468,100 @@ def _split_counters(ctx, device: torch.device, tiles: int) -> torch.Tensor:
 
 
 def storage_of(*tensors) -> frozenset:
-    """The storage pointers of ``tensors`` (None skipped): what :func:`product_into` must not
+    """The storage pointers of ``tensors`` (None skipped): what a :class:`LocalProduct` must not
     multiply into. A plan computes its fixed operands' once."""
     return frozenset(t.untyped_storage().data_ptr() for t in tensors if t is not None)
 
 
-def product_into(a: torch.Tensor, b: torch.Tensor, dst: torch.Tensor, buffer: torch.Tensor,
-                 operands: frozenset, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``dst`` = ``a @ b`` (``+ bias``) with ``torch.matmul`` — the library form of a one-rank
-    op writing where the caller wants it. Straight into ``dst``, unless ``dst`` shares memory
-    with an operand (``operands``: :func:`storage_of`, e.g. ``out=a``), which the product still
-    reads: then into ``buffer`` (the op's own result tensor) and copied. Returns ``dst``."""
-    target = buffer if dst.untyped_storage().data_ptr() in operands else dst
-    torch.matmul(a, b, out=target)
-    if bias is not None:
-        target.add_(bias)
-    return dst if target is dst else dst.copy_(target)
+def _product_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg: GemmConfig, counters) -> tuple:
+    """``(grid, runtime arguments, constexprs, options)`` of :func:`_matmul_kernel` for ``c =
+    a @ b`` in ``cfg`` (split-K capped at the ``BK`` steps of K; ``counters(tiles)``: the split
+    tiles' zeroed counters, asked only for a split)."""
+    M, K = a.shape
+    N = b.shape[1]
+    n_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
+    partials = split_counts = c  # unused without a split
+    if split > 1:
+        split_counts = counters(n_tiles)
+        partials = torch.empty(n_tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
+    a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
+    b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+    nprog = persistent_programs(a.device, n_tiles * split)
+    args = (a_src, b_src, c, partials, split_counts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1))
+    constexprs = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, A_DESC=a_desc,
+                      B_DESC=b_desc, EXACT=exact(a.dtype), NPROG=nprog, SPLIT_K=split, XCDS=cfg.xcds)
+    return (nprog,), args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def local_kernel(m: int, n: int, k: int, device: torch.device) -> GemmConfig | None:
+    """The configuration in which a one-rank op's product ``[m, k] @ [k, n]`` runs the Triton GEMM
+    instead of ``torch.matmul`` (:class:`LocalProduct`), or None: on a GPU whose tuning table's
+    row for the shape (:func:`measured_config`, split-K rows included) is flagged ``local`` — its
+    sweep found the kernel at least as fast as cuBLAS in the same run — where a prepared launch
+    costs the host a fraction of ``torch.matmul``'s dispatch; elsewhere (CPU ranks, shapes no
+    sweep measured, rows slower than cuBLAS) cuBLAS / torch."""
+    if device.type != "cuda" or not m or not n:
+        return None
+    row = _measured_row(m, device, n, k, True)
+    return row[1] if row is not None and row[0].local else None
+
+
+class LocalProduct:
+    """``dst = a @ b`` (``+ bias``) for one plan's fixed operands ``a [M, K]``, ``b [K, N]``:
+    the library form of a one-rank op, writing where the caller wants it. Called with ``dst``
+    (a contiguous ``[M, N]`` tensor of ``a``'s dtype), returns it.
+
+    Where :func:`local_kernel` gives a configuration (``kernel``; or ``config`` is given) the product is
+    one :class:`~iris_fw.kernel_launcher.PreparedLaunch` of the Triton GEMM, prepared on the
+    first call into ``buffer`` (the op's own result tensor) with the split tiles' counters of
+    its own; another ``dst`` takes that launch with the output replaced
+    (:meth:`~iris_fw.kernel_launcher.PreparedLaunch.with_args`), kept while calls write the
+    same ``dst`` (a loop on one ``out``: the prepared launch alone); else ``torch.matmul``. Straight
+    into ``dst``, unless ``dst`` shares memory with an operand (``operands``:
+    :func:`storage_of`, e.g. ``out=a``), which the product still reads: then into ``buffer``
+    and copied. A bias is added by torch after the product. ``kernel=False``: always
+    ``torch.matmul`` (the library form's product on more ranks: the cuBLAS reference)."""
+
+    __slots__ = ("a", "b", "buffer", "operands", "bias", "config", "_launch", "_out_at", "_last")
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, buffer: torch.Tensor, operands: frozenset,
+                 bias: torch.Tensor | None = None, config: GemmConfig | None = None, kernel: bool = True):
+        self.a, self.b, self.buffer, self.operands, self.bias = a, b, buffer, operands, bias
+        if config is None and kernel:
+            config = local_kernel(a.shape[0], b.shape[1], a.shape[1], a.device)
+        self.config = config
+        self._launch = None
+        self._last = (None, None)  # (the last output other than buffer, its prepared launch)
+
+    def _prepare(self):
+        buffer = self.buffer
+        grid, args, constexprs, options = _product_launch(
+            self.a, self.b, buffer, self.config,
+            lambda n: torch.zeros(n, dtype=torch.int32, device=buffer.device))  # reset by each call's last split
+        launcher = KernelLauncher(_matmul_kernel, grid, constexprs=constexprs, **options)
+        self._out_at = launcher.runtime_params.index("c")
+        self._launch = launcher.prepare(*args)
+        return self._launch
+
+    def __call__(self, dst: torch.Tensor) -> torch.Tensor:
+        target = self.buffer if dst.untyped_storage().data_ptr() in self.operands else dst
+        if self.config is None:
+            torch.matmul(self.a, self.b, out=target)
+        else:
+            launch = self._launch or self._prepare()
+            if target is self.buffer:
+                launch()
+            else:
+                last, into = self._last
+                if last is not target:  # a new output: the launch with it in place, kept for a loop on it
+                    into = launch.with_args(((self._out_at, target),))
+                    self._last = (target, into)
+                into()
+        if self.bias is not None:
+            target.add_(self.bias)
+        return dst if target is dst else dst.copy_(target)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -498,18 +589,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     if M == 0 or N == 0:
         return out
     cfg = config or default_config(M, N, K, a.dtype, a.device, split=True)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
-    partials = counters = out  # unused without a split
-    if split > 1:
-        counters = _split_counters(ctx, a.device, tiles)
-        partials = torch.empty(tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
-    a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
-    b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
-    nprog = persistent_programs(a.device, tiles * split)
-    _matmul_kernel[(nprog,)](
-        a_src, b_src, out, partials, counters, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        out.stride(0), out.stride(1), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
-        A_DESC=a_desc, B_DESC=b_desc, EXACT=exact(a.dtype), NPROG=nprog, SPLIT_K=split, XCDS=cfg.xcds,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    grid, args, constexprs, options = _product_launch(a, b, out, cfg,
+                                                      lambda n: _split_counters(ctx, a.device, n))
+    _matmul_kernel[grid](*args, **constexprs, **options)
     return out

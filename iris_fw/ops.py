@@ -41,8 +41,11 @@ is launched) it fills ``out`` and returns it; no call hands back memory the next
 Whether that costs a copy depends on where the op's last step writes (per op):
 
 On one rank ``auto`` runs the three taxonomy ops below in their ``library`` form (each is a plain
-GEMM there; ``iris_fw/tuning/auto.json``, ``one_rank``): ``torch.matmul`` straight into ``out``
-(when contiguous) or the new tensor — one launch, no copy of the input or the result.
+GEMM there; ``iris_fw/tuning/auto.json``, ``one_rank``): the local product straight into ``out``
+(when contiguous) or the new tensor — one launch, no copy of the input or the result. That
+product (:class:`~iris_fw.gemm.LocalProduct`) is a prepared launch of the Triton GEMM where the
+device's tuning table measured it against cuBLAS for the shape (a fraction of ``torch.matmul``'s
+host time per call), else ``torch.matmul``.
 
 * ``gemm_reduce_scatter``: under a kernel schedule the last step is this rank's reduction of the
   partials, which writes straight into ``out`` (when contiguous) or the new tensor — no copy; two
@@ -160,7 +163,7 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None
     **No copy** (a non-contiguous ``out`` gets one) under a kernel schedule: the last writer is
     this rank's own reduction kernel, launched on the new tensor or ``out`` (two launches: the
     GEMM kernel, then the reduction) — and on one rank under ``library`` (``auto``'s pick there):
-    one ``torch.matmul`` into that tensor. **Copies** under ``library`` on more ranks: the
+    one product (:class:`~iris_fw.gemm.LocalProduct`) into that tensor. **Copies** under ``library`` on more ranks: the
     reduce-scatter writes the op's buffer, for which its launch is prepared."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 

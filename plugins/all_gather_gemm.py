@@ -11,8 +11,8 @@ Under the kernel schedules peers read ``a_shard`` from the op's own heap buffer
 (``op.buffers["a_heap"]``): a call copies its input there (the plan's ``stage_in``) unless the
 input *is* that buffer (write your shard into it to skip the copy). A tensor the caller placed on
 the heap is not read in place, because nothing checks per call that every rank placed its shard
-at the same offset. The ``library`` form (``auto``'s pick on one rank) is ``torch.matmul`` of the
-shard where it is on one rank, and of :func:`iris_fw.ccl.all_gather_into_tensor`'s gathered ``A``
+at the same offset. The ``library`` form (``auto``'s pick on one rank) is the local product
+(:class:`~iris_fw.gemm.LocalProduct`) of the shard where it is on one rank, and ``torch.matmul`` of :func:`iris_fw.ccl.all_gather_into_tensor`'s gathered ``A``
 on more; it multiplies straight into ``out=`` or a functional call's new tensor (``library_into``).
 """
 
@@ -30,7 +30,7 @@ from iris_fw import gluon_tiles as gtiles
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Copy, GluonPieces, Pattern, Pieces, Plan
 from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, exact, plan_operands,
-                          product_into, storage_of)
+                          LocalProduct, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 #: Columns of ``A`` one fetch step copies (GPU); the CPU uses the GEMM's ``block_k``.
@@ -235,8 +235,11 @@ class AllGatherGemm(Pattern):
         # or its library form (read where it is); they let it go once read
         buffers["shard"][0] = a_shard
         # the plan reads the shard from a_heap (or, the library form, from buffers["shard"]):
-        # it depends on b alone
+        # it depends on b alone — on one rank on the shard too (its library form's prepared
+        # product reads it where it is)
         key = (b.data_ptr(), b.stride(), exact(b.dtype))
+        if ctx.world_size == 1:
+            key += (a_shard.data_ptr(), a_shard.stride())
         plan = buffers["plans"].get(key)
         if plan is not None:
             return plan
@@ -274,8 +277,8 @@ class AllGatherGemm(Pattern):
 
     @staticmethod
     def _library(ctx, buffers, shard, a_heap, b, c):
-        """``(library, library_into)``: the library form — one rank: ``torch.matmul`` of the
-        shard where it is (no copy of the input); more ranks: the shard into ``a_heap``
+        """``(library, library_into)``: the library form — one rank: the local product of the
+        shard where it is (:class:`~iris_fw.gemm.LocalProduct`; no copy of the input); more ranks: the shard into ``a_heap``
         (unless it is that buffer), :func:`iris_fw.ccl.all_gather_into_tensor` of it into a
         local ``[M, K]`` buffer (made on the first such call), ``torch.matmul``. Either
         multiplies straight into the tensor it is given (``c`` or the caller's), unless that
@@ -286,11 +289,15 @@ class AllGatherGemm(Pattern):
         world = ctx.world_size
         b_storage = storage_of(b)
 
-        if world == 1:
+        if world == 1:  # (the plan is bound to the shard's layout too: see bind)
+            product = LocalProduct(shard[0], b, c, b_storage | storage_of(shard[0]))
+
             def library_into(dst):
-                a, shard[0] = shard[0], None
-                return product_into(a, b, dst, c, b_storage | storage_of(a))
+                shard[0] = None
+                return product(dst)
         else:
+            product = [None]
+
             def library_into(dst):
                 src, shard[0] = shard[0], None
                 if src.data_ptr() != a_heap.data_ptr() or src.stride() != a_heap.stride():
@@ -300,7 +307,9 @@ class AllGatherGemm(Pattern):
                     full = buffers["gathered"] = torch.empty(world * a_heap.shape[0], a_heap.shape[1],
                                                              dtype=a_heap.dtype, device=a_heap.device)
                 ccl.all_gather_into_tensor(full, a_heap, ctx=ctx)
-                return product_into(full, b, dst, c, b_storage)
+                if product[0] is None or product[0].a is not full:
+                    product[0] = LocalProduct(full, b, c, b_storage, kernel=False)
+                return product[0](dst)
 
         return (lambda: library_into(c)), library_into
 

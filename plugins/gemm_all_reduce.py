@@ -17,7 +17,7 @@ fewer (:meth:`GemmAllReduce.default_config`). Under ``fused_sequential`` a progr
 tiles as soon as the same program of every rank has pushed them (the step barrier), while other
 programs still compute; the other schedules reduce in a kernel after theirs. The ``library``
 form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias (on one rank no
-all-reduce: the product is the sum). On one rank it multiplies straight into a given tensor
+all-reduce: the product is the sum, :class:`~iris_fw.gemm.LocalProduct`). On one rank it multiplies straight into a given tensor
 (``Plan.library_into``): a functional call delivers into ``out`` or a new tensor without a copy;
 on more ranks it sums in the op's buffer (whose all-reduce launch is prepared once) and copies.
 
@@ -40,7 +40,7 @@ from iris_fw import tilecomm as tc
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, PatternError, Pieces, Plan, check_tensor
 from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands,
-                          product_into, storage_of)
+                          LocalProduct, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 #: The all-reduce algorithms of the pattern (see the module docstring).
@@ -259,20 +259,16 @@ class GemmAllReduce(Pattern):
             if bias is not None:
                 out.add_(bias)
 
-        # the operands' memory: a call into a tensor that shares it (out=a) goes through the op's
-        # buffer, not multiplied into while read
-        operands = storage_of(a, b, bias)
-
-        def library_into(dst):
-            # one rank: the product is the result, written where the caller wants it. (More ranks
-            # sum in the op's buffer and copy: the all-reduce's prepared launch is kept per tensor,
-            # and a new tensor per call would replace its arguments every call.)
-            return product_into(a, b, dst, out, operands, bias)
+        # one rank: the product is the result, written where the caller wants it (a call into a
+        # tensor that shares the operands' memory, out=a, goes through the op's buffer). More
+        # ranks sum in the op's buffer and copy: the all-reduce's prepared launch is kept per
+        # tensor, and a new tensor per call would replace its arguments every call.
+        library_into = LocalProduct(a, b, out, storage_of(a, b, bias), bias) if world == 1 else None
 
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, comm_bytes=moved, flops=2 * M * N * K,
-            result=out, steps=2, library=library, library_into=library_into if world == 1 else None))
+            result=out, steps=2, library=library, library_into=library_into))
 
     @staticmethod
     def reference(rank, world_size, inputs):

@@ -2,7 +2,8 @@
 tiles so every rank ends with ``C[M, N]`` (rank ``r``'s product in columns
 ``r*N/W … (r+1)*N/W``). Compute-first: ``produce`` is a GEMM tile, ``consume`` stores it into
 every rank's ``C``. The ``library`` form (``auto``'s pick on one rank, where the op is a plain
-GEMM) is ``torch.matmul`` straight into the tensor a functional call delivers into; on more
+GEMM) is the local product (:class:`~iris_fw.gemm.LocalProduct`) straight into the tensor a
+functional call delivers into; on more
 ranks + :func:`iris_fw.ccl.all_gather_into_tensor` and the column blocks copied into place.
 """
 
@@ -19,7 +20,7 @@ from iris_fw import gemm_tiles as tiles
 from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, Pattern, Pieces, Plan
 from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands,
-                          product_into, storage_of)
+                          LocalProduct, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 
@@ -156,7 +157,7 @@ class GemmAllScatter(Pattern):
     @staticmethod
     def _library_into(ctx, buffers, a, b, c):
         """The library form writing ``C`` into a given contiguous ``[M, N]`` tensor. One rank:
-        ``torch.matmul`` straight into it (``C`` is the product) — unless it shares an operand's
+        the local product straight into it (``C`` is the product; :class:`~iris_fw.gemm.LocalProduct`) — unless it shares an operand's
         memory, which the product still reads: then into ``c`` and copied. More ranks: the
         product into a local ``[M, N/W]`` buffer, :func:`iris_fw.ccl.all_gather_into_tensor` into a
         ``[W, M, N/W]`` one (both made on the first such call, the collective's launch prepared
@@ -166,8 +167,7 @@ class GemmAllScatter(Pattern):
 
         world = ctx.world_size
         if world == 1:
-            operands = storage_of(a, b)
-            return lambda dst: product_into(a, b, dst, c, operands)
+            return LocalProduct(a, b, c, storage_of(a, b))
         M, NL = a.shape[0], b.shape[1]
 
         def library_into(dst):

@@ -12,7 +12,8 @@ and writes the caller's tensor. Folding the reduction into the kernel as a secon
 ``gemm_all_reduce``'s fused form does) would make it write the op's buffer — the tensor the
 kernel's prepared arguments hold — and a functional call would copy it out again (a launch on a
 GPU); the unfused schedules run later steps in a kernel of their own anyway. The ``library``
-form (``auto``'s pick on one rank, where the op is a plain GEMM) is one ``torch.matmul``,
+form (``auto``'s pick on one rank, where the op is a plain GEMM) is one local product
+(:class:`~iris_fw.gemm.LocalProduct`),
 straight into the tensor a functional call delivers into; on more ranks it is followed by
 :func:`iris_fw.ccl.reduce_scatter_tensor` into the op's buffer.
 """
@@ -32,7 +33,7 @@ from iris_fw import trace as tr
 from iris_fw.engine.contract import BindCache, GluonPieces, Pattern, PatternError, Pieces, Plan
 from iris_fw.kernel_launcher import KernelLauncher
 from iris_fw.gemm import (GemmConfig, OperandCache, check_operands, default_config, operands_key, plan_operands,
-                          product_into, storage_of)
+                          LocalProduct, storage_of)
 from iris_fw.hookspecs import hookimpl
 
 #: Elements per program of the final reduction (GPU; the CPU uses a small block).
@@ -239,7 +240,7 @@ class GemmReduceScatter(Pattern):
 
     @staticmethod
     def _library(ctx, buffers, a, b, out):
-        """``(library, library_into)``: the library form. One rank: ``torch.matmul`` (the sum of
+        """``(library, library_into)``: the library form. One rank: the local product (:class:`~iris_fw.gemm.LocalProduct`; the sum of
         one partial is the product) straight into the tensor given (``out`` or the caller's) —
         one launch — unless that tensor shares an operand's memory, which the product still
         reads: then into ``out`` and copied. More ranks: the product into a local ``[M, N]``
@@ -251,11 +252,7 @@ class GemmReduceScatter(Pattern):
 
         world = ctx.world_size
         if world == 1:
-            operands = storage_of(a, b)
-
-            def library_into(dst):
-                return product_into(a, b, dst, out, operands)
-
+            library_into = LocalProduct(a, b, out, storage_of(a, b))
             return (lambda: library_into(out)), library_into
 
         def library():

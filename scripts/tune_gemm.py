@@ -192,7 +192,8 @@ def sweep(shape: Shape, configs: list, opts, log) -> dict:
 def table_rows(best: dict, device_name: str) -> list[list]:
     """The tuning table's rows (``iris_fw/tuning/gemm.json``) from the best configuration per
     ``(m, n, k)``: per ``m`` (ascending; ``max_m`` = m) one row per ``k`` (``max_k`` = k, the
-    largest ``k`` without a bound), split rows bounded by the measured ``n``."""
+    largest ``k`` without a bound), split rows bounded by the measured ``n``; ``local`` where the
+    best was at least as fast as cuBLAS."""
     rows = []
     for m in sorted({m for m, _, _ in best}):
         ks = sorted(k for mm, _, k in best if mm == m)
@@ -206,6 +207,8 @@ def table_rows(best: dict, device_name: str) -> list[list]:
                 config["max_n"] = n
             if k != ks[-1]:
                 config["max_k"] = k
+            if us <= ref:  # at least cuBLAS's speed: one-rank ops run it (iris_fw.gemm.local_kernel)
+                config["local"] = True
             config["measured"] = (f"{device_name} {time.strftime('%Y-%m-%d', time.gmtime())}: {m}x{n}x{k} "
                                   f"{us:.1f} us, cuBLAS {ref:.1f} us ({100 * ref / us:.1f}%)")
             rows.append([m, config])

@@ -5,6 +5,7 @@ and (GPU) a CUDA-graph replay with fresh inputs."""
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -139,13 +140,14 @@ def test_tuning_table_rows_are_valid():
     table = tuning.load("gemm")
     for device, rows in table["devices"].items():
         for max_m, config in rows:  # [max_m, config]; the config may carry bounds and its measurement
-            extra = {k: config[k] for k in (*gemm.ROW_BOUNDS, "measured") if k in config}
+            extra = {k: config[k] for k in (*gemm.ROW_BOUNDS, *gemm.ROW_FLAGS, "measured") if k in config}
             cfg = GemmConfig(**{k: v for k, v in config.items() if k not in extra})
             assert all(v is None or isinstance(v, (int, str)) for v in extra.values()), (device, config)
+            assert "local" not in config or (config["local"] is True and "measured" in config), (device, config)
             if cfg.split_k > 1:
                 assert max_m is not None and max_m <= gemm.SPLIT_K_MAX_M, (device, config)
         assert [b for b, _ in gemm._measured_rows(device)] == [
-            gemm.RowBounds(m, **{k: c[k] for k in gemm.ROW_BOUNDS if k in c}) for m, c in rows]
+            gemm.RowBounds(m, **{k: c[k] for k in gemm.ROW_BOUNDS + gemm.ROW_FLAGS if k in c}) for m, c in rows]
     for device, order in table.get("tile_order", {}).items():
         assert set(order) <= {"group_m", "xcds", "measured"} and order.get("measured"), (device, order)
         assert all(isinstance(order.get(k, 1), int) and order.get(k, 1) >= 1 for k in ("group_m", "xcds")), order
@@ -313,6 +315,69 @@ def test_patterns_with_xcds_match_float64(pattern, scheduler):
         op = ops.plan(pattern, a, b, scheduler=scheduler, config=config)
         assert op.pattern.bind(op.ctx, op.buffers, a, b).cfg.XCDS == 3
         _check(op(a, b), a, b, torch.bfloat16, f"{pattern} under {scheduler}, XCDS 3")
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_local_product_prepared_launch(split):
+    """:class:`~iris_fw.gemm.LocalProduct` on the Triton GEMM (a configuration forced; split-K
+    with counters of its own): the prepared launch into its buffer, then into fresh outputs
+    (``launch_with``, each poisoned), fresh values in the fixed operands, an output sharing an
+    operand's memory (through the buffer, copied), a bias — each against float64. On a GPU the
+    calls after the first take the prepared path: the launcher's slow path ran once (Triton
+    3.6 re-encodes the TMA descriptors of ``a`` and ``b``: the output is replaced at its moved
+    position)."""
+    dev, dtype = _device(), torch.bfloat16
+    m, n, k = (40, 200, 1000) if GPU else (19, 24, 40)
+    gen = torch.Generator().manual_seed(11 + split)
+
+    def fresh(*shape):
+        return (torch.randn(*shape, generator=gen) / max(shape[-1], 1) ** 0.5).to(dev, dtype)
+
+    a, b, bias = fresh(m, k), fresh(k, n), fresh(n)
+    buffer = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+    product = gemm.LocalProduct(a, b, buffer, gemm.storage_of(a, b), config=_config(split))
+    assert product(buffer) is buffer
+    _check(buffer, a, b, dtype, "into its buffer")
+    slow = product._launch.launcher.slow_calls
+    for r in range(3):
+        a.copy_(fresh(m, k))
+        b.copy_(fresh(k, n))
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+        assert product(out) is out
+        _check(out, a, b, dtype, f"fresh output {r}")
+    if GPU:
+        assert product._launch.launcher.slow_calls == slow, "launch_with took the launcher's slow path"
+    square = fresh(k, k)
+    into_a = gemm.LocalProduct(square, square, torch.empty(k, k, dtype=dtype, device=dev),
+                               gemm.storage_of(square), config=_config(split))
+    want = square.double().cpu() @ square.double().cpu()
+    into_a(square)  # out=a: the product reads square while its result lands there
+    _check(square, want.to(dtype), torch.eye(k, dtype=dtype), dtype, "into an operand")
+    with_bias = gemm.LocalProduct(a, b, torch.empty(m, n, dtype=dtype, device=dev), gemm.storage_of(a, b, bias),
+                                  bias, config=_config(split))
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+    with_bias(out)
+    _check(out - bias, a, b, dtype, "with a bias")
+
+
+def test_local_product_picks_the_kernel_from_the_table(monkeypatch):
+    """The Triton GEMM only on a GPU with a measured row for the shape (``kernel=False``: never);
+    ``torch.matmul`` on CPU ranks."""
+    cpu = torch.device("cpu")
+    a, b = torch.randn(4, 8), torch.randn(8, 16)
+    assert gemm.LocalProduct(a, b, torch.empty(4, 16), frozenset()).config is None
+    assert gemm.local_kernel(4, 16, 8, cpu) is None
+    row = GemmConfig(16, 64, 64, 1, 4, 3)
+    rows = {"matched": (gemm.RowBounds(16, local=True), row), "slower": (gemm.RowBounds(256), row)}
+    monkeypatch.setattr(gemm, "_measured_rows", lambda name: tuple(rows.values()))
+    monkeypatch.setattr(gemm, "info", lambda device: SimpleNamespace(name="a GPU"))
+    cuda = torch.device("cuda", 0)
+    assert gemm.local_kernel(16, 8192, 4096, cuda) is row  # the first row holding the shape: local
+    assert gemm.local_kernel(64, 8192, 4096, cuda) is None  # a row not flagged local: cuBLAS
+    assert gemm.measured_config(64, cuda, 8192, 4096) is row  # (the patterns' kernels still take it)
+    assert gemm.local_kernel(0, 8192, 4096, cuda) is None
+    del rows["matched"]
+    assert gemm.local_kernel(16, 8192, 4096, cuda) is None
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")

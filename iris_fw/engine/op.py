@@ -198,15 +198,19 @@ class Op:
         tensor; a result outside any workspace is returned as it is.
 
         (The hit path of every functional call: :meth:`launch` inlined, one frame fewer.)"""
-        if out is not None:
-            check_out(out, self, self.pattern.name)
-            if self.delivers_into and out.is_contiguous():
-                return self.launch(*inputs, into=out)
-            return out.copy_(self.launch(*inputs))
         ctx = self.ctx
+        if out is not None:
+            meta = self.result_meta
+            if meta is None or not isinstance(out, torch.Tensor) or out.shape != meta[0] or out.dtype != meta[1] \
+                    or out.device != meta[2]:
+                check_out(out, self, self.pattern.name)  # raises, naming what is wrong
+            if not (self.delivers_into and out.is_contiguous()):
+                return out.copy_(self.launch(*inputs))
         if self._abort_epoch != ctx.abort_epoch:
             self._stale()
         plan = self.pattern.bind(ctx, self.buffers, *inputs)
+        if out is not None:
+            return self.scheduler.run(ctx, plan, self.workspace, out)
         if self.delivers_into:
             shape, dtype, device = self.result_meta
             return self.scheduler.run(ctx, plan, self.workspace, torch.empty(shape, dtype=dtype, device=device))

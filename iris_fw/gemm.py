@@ -495,14 +495,15 @@ def _product_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg: Gemm
     return (nprog,), args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def local_kernel(m: int, n: int, k: int, device: torch.device) -> GemmConfig | None:
+def local_kernel(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype) -> GemmConfig | None:
     """The configuration in which a one-rank op's product ``[m, k] @ [k, n]`` runs the Triton GEMM
     instead of ``torch.matmul`` (:class:`LocalProduct`), or None: on a GPU whose tuning table's
     row for the shape (:func:`measured_config`, split-K rows included) is flagged ``local`` — its
     sweep found the kernel at least as fast as cuBLAS in the same run — where a prepared launch
-    costs the host a fraction of ``torch.matmul``'s dispatch; elsewhere (CPU ranks, shapes no
-    sweep measured, rows slower than cuBLAS) cuBLAS / torch."""
-    if device.type != "cuda" or not m or not n:
+    costs the host a fraction of ``torch.matmul``'s dispatch; elsewhere (CPU ranks, fp32 — the
+    rows are measured for 16-bit inputs —, shapes no sweep measured, rows slower than cuBLAS)
+    cuBLAS / torch."""
+    if device.type != "cuda" or not m or not n or dtype not in (torch.float16, torch.bfloat16):
         return None
     row = _measured_row(m, device, n, k, True)
     return row[1] if row is not None and row[0].local else None
@@ -530,7 +531,7 @@ class LocalProduct:
                  bias: torch.Tensor | None = None, config: GemmConfig | None = None, kernel: bool = True):
         self.a, self.b, self.buffer, self.operands, self.bias = a, b, buffer, operands, bias
         if config is None and kernel:
-            config = local_kernel(a.shape[0], b.shape[1], a.shape[1], a.device)
+            config = local_kernel(a.shape[0], b.shape[1], a.shape[1], a.device, a.dtype)
         self.config = config
         self._launch = None
         self._last = (None, None)  # (the last output other than buffer, its prepared launch)
@@ -555,8 +556,8 @@ class LocalProduct:
                 launch()
             else:
                 last, into = self._last
-                if last is not target:  # a new output: the launch with it in place, kept for a loop on it
-                    into = launch.with_args(((self._out_at, target),))
+                if last is not target:  # a new output: the last launch (resolved) with it in place, kept
+                    into = (into or launch).with_args(((self._out_at, target),))
                     self._last = (target, into)
                 into()
         if self.bias is not None:

@@ -785,6 +785,7 @@ class PreparedLaunch:
             final = self._rebuilt(ready, changes)
             if final is not None:
                 other._ready = ready[:2] + (final,) + ready[3:]
+                other._items = self._items  # (the new values specialize as the ones they replace)
         return other
 
     def _rebuilt(self, ready, changes):

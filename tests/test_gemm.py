@@ -346,7 +346,15 @@ def test_local_product_prepared_launch(split):
         assert product(out) is out
         _check(out, a, b, dtype, f"fresh output {r}")
     if GPU:
-        assert product._launch.launcher.slow_calls == slow, "launch_with took the launcher's slow path"
+        assert product._launch.launcher.slow_calls == slow, "a new output took the launcher's slow path"
+    fresh_only = gemm.LocalProduct(a, b, torch.empty(m, n, dtype=dtype, device=dev), gemm.storage_of(a, b),
+                                   config=_config(split))
+    for r in range(3):  # never into its buffer: every call a new output (a functional call without out=)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+        fresh_only(out)
+        _check(out, a, b, dtype, f"new output {r}, never into the buffer")
+    if GPU:
+        assert fresh_only._last[1].launcher.slow_calls == 1, "new outputs took the launcher's slow path"
     square = fresh(k, k)
     into_a = gemm.LocalProduct(square, square, torch.empty(k, k, dtype=dtype, device=dev),
                                gemm.storage_of(square), config=_config(split))
@@ -366,18 +374,20 @@ def test_local_product_picks_the_kernel_from_the_table(monkeypatch):
     cpu = torch.device("cpu")
     a, b = torch.randn(4, 8), torch.randn(8, 16)
     assert gemm.LocalProduct(a, b, torch.empty(4, 16), frozenset()).config is None
-    assert gemm.local_kernel(4, 16, 8, cpu) is None
+    assert gemm.local_kernel(4, 16, 8, cpu, torch.bfloat16) is None
     row = GemmConfig(16, 64, 64, 1, 4, 3)
     rows = {"matched": (gemm.RowBounds(16, local=True), row), "slower": (gemm.RowBounds(256), row)}
     monkeypatch.setattr(gemm, "_measured_rows", lambda name: tuple(rows.values()))
     monkeypatch.setattr(gemm, "info", lambda device: SimpleNamespace(name="a GPU"))
     cuda = torch.device("cuda", 0)
-    assert gemm.local_kernel(16, 8192, 4096, cuda) is row  # the first row holding the shape: local
-    assert gemm.local_kernel(64, 8192, 4096, cuda) is None  # a row not flagged local: cuBLAS
+    assert gemm.local_kernel(16, 8192, 4096, cuda, torch.bfloat16) is row  # the first row holding the shape: local
+    assert gemm.local_kernel(64, 8192, 4096, cuda, torch.bfloat16) is None  # a row not flagged local: cuBLAS
     assert gemm.measured_config(64, cuda, 8192, 4096) is row  # (the patterns' kernels still take it)
-    assert gemm.local_kernel(0, 8192, 4096, cuda) is None
+    assert gemm.local_kernel(0, 8192, 4096, cuda, torch.bfloat16) is None
+    assert gemm.local_kernel(16, 8192, 4096, cuda, torch.float16) is row
+    assert gemm.local_kernel(16, 8192, 4096, cuda, torch.float32) is None  # rows: 16-bit inputs
     del rows["matched"]
-    assert gemm.local_kernel(16, 8192, 4096, cuda) is None
+    assert gemm.local_kernel(16, 8192, 4096, cuda, torch.bfloat16) is None
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")

@@ -9,7 +9,10 @@ op's local shape (for the ops) and a bare prepared launch (:class:`~iris_fw.kern
 of a one-argument kernel: the floor of any launch). Every case runs :data:`ROUNDS` rounds of
 :data:`CALLS` calls, the cases interleaved round by round (their order rotating) so that all of
 them share the same stretch of time; a row gives the median round's µs per call (the maximum
-over ranks) and its ratio to its reference (``x_ref``).
+over ranks) and its ratio to its reference (``x_ref``), and the median round's µs per call until
+its work finished on the device (``done_us``): where enqueueing took about as long
+(``queue_bound``), the launch queue was full and the host time is the device's, not the call
+path's.
 
 On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
 interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_ROUNDS` × :data:`CPU_CALLS` calls) and
@@ -31,6 +34,9 @@ from ..kernel_launcher import KernelLauncher
 #: Rounds and calls per round (GPU); CPU ranks make :data:`CPU_ROUNDS` of :data:`CPU_CALLS` (a smoke run).
 ROUNDS, CALLS = 5, 200
 CPU_ROUNDS, CPU_CALLS = 1, 1
+#: A case whose enqueue time reaches this share of the time until its round's work finished
+#: (``done_us``) is marked ``queue_bound``: the host waited for the device (a full launch queue).
+QUEUE_BOUND = 0.9
 #: Bytes of the collectives' tensors and of the ``add_`` reference.
 MESSAGE_BYTES = 8 << 10
 #: Local shapes on GPU: the GEMM ops' ``M, N, K per rank`` (a decode step's row-parallel
@@ -130,6 +136,7 @@ class HostBench:
                 ctx.barrier()  # re-arms the job if the failure aborted it
         names = list(cases)
         per = {name: [] for name in names}
+        device = {name: [] for name in names}  # until the round's work finished: µs per call
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
@@ -141,16 +148,22 @@ class HostBench:
                     fn()
                 per[name].append((time.perf_counter() - t0) / calls * 1e6)
                 ctx.synchronize()
-        medians = [statistics.median(per[name]) for name in names]
+                device[name].append((time.perf_counter() - t0) / calls * 1e6)
+        medians = [statistics.median(per[name]) for name in names] + [statistics.median(device[name]) for name in names]
         worst = [max(v) for v in zip(*ctx.bootstrap.all_gather(medians))]
-        us = dict(zip(names, worst))
+        us = dict(zip(names, worst[:len(names)]))
+        done = dict(zip(names, worst[len(names):]))
         rows = []
         for name in names:
             ref = refs.get(name)
             ratio = us[name] / us[ref] if ref in us and us[ref] > 0 else None
+            # the host waited for the device when enqueueing took about as long as the work
+            # (a full launch queue): then host_us measures the device, not the call path
+            bound = us[name] >= QUEUE_BOUND * done[name]
             rows.append({"call": name, "host_us": us[name], "reference": ref or "", "x_ref": ratio,
-                         "calls_per_round": calls, "rounds": rounds})
-            opts.log(f"  {name}: {us[name]:.1f} us per call" + (f" ({ratio:.2f}x {ref})" if ratio else ""))
+                         "done_us": done[name], "queue_bound": bound, "calls_per_round": calls, "rounds": rounds})
+            opts.log(f"  {name}: {us[name]:.1f} us per call" + (f" ({ratio:.2f}x {ref})" if ratio else "")
+                     + f"; done after {done[name]:.1f} us per call" + (" (queue-bound)" if bound else ""))
         for name, why in skipped.items():
             rows.append({"call": name, "host_us": None, "reference": refs.get(name, ""), "x_ref": None,
                          "calls_per_round": 0, "rounds": 0, "skipped": why})

@@ -317,21 +317,29 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         # this split's partial, normalized, and its base-2 log-sum-exp
         safe = tl.where(l > 0, l, 1.0)
         omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
-        slot = u * n_split + s
-        tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], acc / safe[:, None], mask=omask)
-        tl.store(partial_lse + slot * ROWS + rows, tl.where(l > 0, m + tl.log2(safe), float("-inf")),
-                 mask=rows < rows_valid)
+        o = acc / safe[:, None]
+        lse2 = tl.where(l > 0, m + tl.log2(safe), float("-inf"))
+        if n_split > 1:
+            slot = u * n_split + s
+            tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], o, mask=omask)
+            tl.store(partial_lse + slot * ROWS + rows, lse2, mask=rows < rows_valid)
         if TRACE:
             tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
             t0 = tr.record_start(trace, TRACE)
-        # the unit's last split to get here combines them (every thread's stores before the release)
-        tl.debug_barrier()
-        done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()
-        if done == n_split - 1:
-            tl.store(unit_counters + u, 0)
-            o, lse2 = _combine_splits(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS, n_split,
-                                      rows_valid, MAX_SPLITS, DV, ROWS, BDV)
+        # one split: its partial is the unit's (the values the combine of one split gives) — no
+        # scratch, no counter, no combine; else the unit's last split to get here combines them
+        # (every thread's stores before the release)
+        last = n_split == 1
+        if n_split > 1:
+            tl.debug_barrier()
+            done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
+            tl.debug_barrier()
+            last = done == n_split - 1
+        if last:
+            if n_split > 1:
+                tl.store(unit_counters + u, 0)
+                o, lse2 = _combine_splits(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS,
+                                          n_split, rows_valid, MAX_SPLITS, DV, ROWS, BDV)
             o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
             lse_off = lse_at + b * HQ + h0 + rows
             lse = lse2 / _LOG2E

@@ -183,24 +183,24 @@ def test_flash_decode(world, on_gpu):
     assert world.run(_decode_rank, runs)[0] == runs
 
 
-def _swapped_rank(ctx, runs):
-    """:func:`_decode_rank` with every plan's row taking ``swap_ab`` (the split's products
-    transposed: :func:`iris_fw.flash_decode_kernels._split_attention_swapped`), on scales no
-    other test's call has (so its plans are made here, from the patched row)."""
+def _row_rank(ctx, runs, fields, scales):
+    """:func:`_decode_rank` with every plan's row taking ``fields`` (the tuning table's row for
+    the device, replaced), on ``scales`` no other test's call has (so its plans are made here,
+    from the patched row)."""
     from dataclasses import replace
 
     from iris_fw import flash_decode as fd
 
     orig = fd.tuning
-    fd.tuning = lambda device, head_dim: replace(orig(device, head_dim), swap_ab=True)
+    fd.tuning = lambda device, head_dim: replace(orig(device, head_dim), **fields)
     try:
-        done = _decode_rank(ctx, runs, scales=(0.21, 0.37))
+        done = _decode_rank(ctx, runs, scales=scales)
         plans = [p for p in callpath.state(ctx).groups[None].calls.values() if isinstance(p, FlashDecode)]
     finally:
         fd.tuning = orig
-    swapped = [p for p in plans if p.call.sm_scale in (0.21, 0.37)]
-    assert swapped and all(p.tune.swap_ab and p.constexprs["SWAP_AB"] for p in swapped), plans
-    return done
+    mine = [p for p in plans if p.call.sm_scale in scales]
+    assert mine and all(getattr(p.tune, k) == v for p in mine for k, v in fields.items()), plans
+    return done, sorted({p.n_split for p in mine})
 
 
 #: (scheduler, case, paged) of the swapped products per world size: every case, both
@@ -216,7 +216,23 @@ def test_flash_decode_swapped_products(world, on_gpu):
     gives: ragged slices (one empty), ``kv_lens`` with zeros, GQA 1/4/8, odd head dims with
     ``Dv != D``, fp16/bf16/fp32, paged and contiguous KV, both schedulers."""
     runs = [r for rs in _SWAPPED_RUNS.values() for r in rs] if on_gpu else _SWAPPED_RUNS[world.world_size]
-    assert world.run(_swapped_rank, runs)[0] == runs
+    assert world.run(_row_rank, runs, {"swap_ab": True}, (0.21, 0.37))[0][0] == runs
+
+
+#: One split per unit, per world size (both kernels' products, both schedulers, paged too).
+_ONE_SPLIT_RUNS = {1: [("fused", 2, False), ("bulk_sync", 1, True)], 2: [("fused", 0, True), ("bulk_sync", 3, False)],
+                   3: [("fused", 1, False)], 4: [("fused", 3, False)]}
+
+
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_flash_decode_one_split(world, on_gpu, swap_ab):
+    """A row whose split cap is 1 (as large batches plan: one split per unit): the split's
+    partial is the unit's, without the scratch, the counter and the splits' combine — right
+    against float64 and bitwise the same on every rank."""
+    runs = [r for rs in _ONE_SPLIT_RUNS.values() for r in rs] if on_gpu else _ONE_SPLIT_RUNS[world.world_size]
+    scales = (0.23, 0.31) if swap_ab else (0.27, 0.33)  # (a plan of its own per row)
+    done, splits = world.run(_row_rank, runs, {"max_splits": 1, "swap_ab": swap_ab}, scales)[0]
+    assert done == runs and splits == [1]
 
 
 def _layout_rank(ctx, scheduler):

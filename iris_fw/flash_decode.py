@@ -30,7 +30,9 @@ table; a ``fused`` plan caps it at what one SM holds of the compiled kernel:
 8 kv heads on 132 SMs, one program per SM: 16 splits).
 A split program loads the unit's query heads as one ``[ROWS, D]`` tile (padded to 16 rows so
 ``tl.dot`` applies: the K and V tiles are read once for all query heads of the kv head), runs
-the online softmax over its ``BLOCK_N``-token K/V tiles, and stores its partial (normalized
+the online softmax over its ``BLOCK_N``-token K/V tiles (the row's ``swap_ab``: the products
+transposed, tokens on the MMA's M side and the query heads on N — on Hopper ``wgmma`` from
+shared memory, fewer registers a thread), and stores its partial (normalized
 ``o`` and log-sum-exp) in a local scratch. It then counts itself on the unit's counter (local
 atomic); the split that arrives *last* combines the unit's ``n_split`` partials (in split
 order; their loads in unrolled groups, in flight together) into this rank's partial of the
@@ -117,6 +119,9 @@ COLLECTIVE = "flash_decode"
 PREPARED_LAYOUTS = 4
 #: Smallest tile side ``tl.dot`` takes.
 MIN_DOT = 16
+#: A tuning row's ``max_registers`` (NVIDIA's register cap a thread), when not 0: between
+#: ``ptxas``'s least cap (``--maxrregcount``) and the most a thread may hold.
+MIN_REGISTERS, MAX_REGISTERS = 16, 255
 #: Tokens of the slice a plan's compile ahead of its first call assumes (``seq`` and the strides
 #: of contiguous operands: a multiple of 16, as a decode loop's usually are; see
 #: :meth:`FlashDecode.programs_fitting`).
@@ -131,7 +136,8 @@ SAMPLE_ADDRESS = 1 << 40
 
 #: Fields a row's ``by_units`` entries may override (the split count and the tile, not the
 #: query-head tiling that decides the unit count).
-UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits")
+UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits",
+                  "swap_ab", "max_registers")
 
 
 @dataclass(frozen=True)
@@ -150,8 +156,22 @@ class Tuning:
     max_splits: int
     max_rows: int
     by_units: tuple = ()
+    #: the split's products with their operands swapped (tokens on the MMA's M side:
+    #: :func:`~iris_fw.flash_decode_kernels._split_attention_swapped`; Hopper's ``wgmma``, K and V
+    #: read from shared memory, fewer registers a thread); False: query heads on M (padded to 16)
+    swap_ab: bool = False
+    #: NVIDIA: registers a thread at most (Triton's ``maxnreg``; ``ptxas`` spills beyond it),
+    #: so that ``programs_per_sm`` programs fit an SM's register file; 0: the compiler's choice
+    #: (AMD: always)
+    max_registers: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.swap_ab, bool):
+            raise ValueError(f"flash_decode tuning: swap_ab is true or false, got {self.swap_ab!r}")
+        if isinstance(self.max_registers, bool) or not isinstance(self.max_registers, int) or not (
+                self.max_registers == 0 or MIN_REGISTERS <= self.max_registers <= MAX_REGISTERS):
+            raise ValueError(f"flash_decode tuning: max_registers is 0 (the compiler's choice) or "
+                             f"{MIN_REGISTERS}-{MAX_REGISTERS}, got {self.max_registers!r}")
         entries = []
         for bound, fields in self.by_units:
             fields = dict(fields)
@@ -471,8 +491,11 @@ class FlashDecode:
                                ROWS=self.rows, BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
                                BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
                                MAX_SPLITS=triton.next_power_of_2(min(tune.max_splits, slots * tune.items_per_program)),
-                               HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32)
+                               HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32,
+                               SWAP_AB=bool(tune.swap_ab))
         self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
+        if tune.max_registers and not torch.version.hip:  # (Triton's AMD backend has no maxnreg)
+            self.options["maxnreg"] = tune.max_registers
 
     def _fit_residency(self) -> None:
         """Where the algorithm's kernel needs every program resident at once

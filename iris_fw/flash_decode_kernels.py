@@ -92,6 +92,55 @@ def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride
 
 
 @triton.jit
+def _split_attention_swapped(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride_qh, stride_qd, stride_kp,
+                             stride_ks, stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr,
+                             DV: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                             BLOCK_N: tl.constexpr, PAGE: tl.constexpr, EXACT: tl.constexpr):
+    """:func:`_split_attention` with the products' operands swapped ("swap AB"): the tokens
+    (``BLOCK_N``) and the value dims (``BDV``) on the MMA's M side, the ``ROWS`` query heads
+    on its N side — ``Sᵀ [BLOCK_N, ROWS] = K · Qᵀ``, ``Oᵀ [BDV, ROWS] += Vᵀ · Pᵀ``. On Hopper
+    (M >= 64 a warpgroup) that is ``wgmma`` reading K and V from shared memory, not ``mma.sync``
+    with each warp holding its K/V fragments in registers; the K/V tile's addresses come from the
+    tile's first token each step (a scalar carried, not two tiles of pointers). Same inputs,
+    same returns (``acc [ROWS, BDV]``, ``m [ROWS]``, ``l [ROWS]``)."""
+    rows = tl.arange(0, ROWS)
+    dq = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    qt = tl.load(q_ptr + rows[None, :] * stride_qh + dq[:, None] * stride_qd,
+                 mask=(rows[None, :] < rows_valid) & (dq[:, None] < D), other=0.0)  # [BD, ROWS]: Qᵀ
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([BDV, ROWS], dtype=tl.float32)  # Oᵀ
+    tok = tl.arange(0, BLOCK_N)
+    if PAGE == 0:  # contiguous: a tile's offsets from its first token
+        k_first = k_ptr + first.to(tl.int64) * stride_ks
+        v_first = v_ptr + first.to(tl.int64) * stride_vs
+        k_off = tok[:, None] * stride_ks + dq[None, :] * stride_kd
+        v_off = tok[None, :] * stride_vs + dv[:, None] * stride_vd
+    for n0 in range(first, last, BLOCK_N):
+        valid = (n0 + tok) < last
+        if PAGE == 0:  # (n0 - first: within the split, 32 bits)
+            k_tile = k_first + (n0 - first) * stride_ks + k_off
+            v_tile = v_first + (n0 - first) * stride_vs + v_off
+        else:  # paged: each token's row from the block table
+            t = n0 + tok
+            page = tl.load(table + t // PAGE, mask=valid, other=0).to(tl.int64)
+            k_tile = k_ptr + (page * stride_kp + (t % PAGE) * stride_ks)[:, None] + dq[None, :] * stride_kd
+            v_tile = v_ptr + (page * stride_vp + (t % PAGE) * stride_vs)[None, :] + dv[:, None] * stride_vd
+        kk = tl.load(k_tile, mask=valid[:, None] & (dq[None, :] < D), other=0.0)  # [BLOCK_N, BD]
+        s = tiles.dot(kk, qt, None, EXACT) * qk_scale  # [BLOCK_N, ROWS]: Sᵀ
+        s = tl.where(valid[:, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[None, :])
+        l = l * alpha + tl.sum(p, axis=0)
+        vt = tl.load(v_tile, mask=valid[None, :] & (dv[:, None] < DV), other=0.0)  # [BDV, BLOCK_N]: Vᵀ
+        acc = tiles.dot(vt, p.to(vt.dtype), acc * alpha[None, :], EXACT)
+        m = m_new
+    return tl.trans(acc), m, l
+
+
+@triton.jit
 def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_TO_LOG2: tl.constexpr, DV: tl.constexpr,
                    ROWS: tl.constexpr, BDV: tl.constexpr):
     """Combine ``count`` partials of ``rows_valid`` heads, in slot order (so every rank computes
@@ -189,7 +238,7 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
                          MAX_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr,
-                         EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0):
+                         EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0, SWAP_AB: tl.constexpr = False):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
@@ -200,6 +249,9 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     (``FUSED``). Arguments a variant does not read are passed as None (``kv_lens`` without
     ``HAS_LENS``, ``block_table`` unpaged, ``out``/``recv``/``slots``/``epochs`` not ``FUSED``,
     ``mine`` ``FUSED``); the launches name every argument (:meth:`FlashDecode._launches`).
+    ``SWAP_AB``: the split's attention as :func:`_split_attention_swapped` (tokens on the MMA's
+    M side: Hopper's ``wgmma``, fewer registers), else :func:`_split_attention` (the tuning row's
+    ``swap_ab``).
     ``n_split``: splits per unit, at most ``MAX_SPLITS`` (a power of two: the bound of the
     splits' combine, :func:`_combine_splits`). Local scratch: ``partials`` fp32 ``[units,
     n_split, ROWS, DV]``,
@@ -252,28 +304,42 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             v_ptr += b64 * stride_vb
         else:
             table = block_table + b64 * stride_tb
-        acc, m, l = _split_attention(
-            q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
-            tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
-            stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
+        if SWAP_AB:
+            acc, m, l = _split_attention_swapped(
+                q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
+                tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+                stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
+        else:
+            acc, m, l = _split_attention(
+                q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
+                tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+                stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         # this split's partial, normalized, and its base-2 log-sum-exp
         safe = tl.where(l > 0, l, 1.0)
         omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
-        slot = u * n_split + s
-        tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], acc / safe[:, None], mask=omask)
-        tl.store(partial_lse + slot * ROWS + rows, tl.where(l > 0, m + tl.log2(safe), float("-inf")),
-                 mask=rows < rows_valid)
+        o = acc / safe[:, None]
+        lse2 = tl.where(l > 0, m + tl.log2(safe), float("-inf"))
+        if n_split > 1:
+            slot = u * n_split + s
+            tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], o, mask=omask)
+            tl.store(partial_lse + slot * ROWS + rows, lse2, mask=rows < rows_valid)
         if TRACE:
             tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
             t0 = tr.record_start(trace, TRACE)
-        # the unit's last split to get here combines them (every thread's stores before the release)
-        tl.debug_barrier()
-        done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()
-        if done == n_split - 1:
-            tl.store(unit_counters + u, 0)
-            o, lse2 = _combine_splits(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS, n_split,
-                                      rows_valid, MAX_SPLITS, DV, ROWS, BDV)
+        # one split: its partial is the unit's (the values the combine of one split gives) — no
+        # scratch, no counter, no combine; else the unit's last split to get here combines them
+        # (every thread's stores before the release)
+        last = n_split == 1
+        if n_split > 1:
+            tl.debug_barrier()
+            done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
+            tl.debug_barrier()
+            last = done == n_split - 1
+        if last:
+            if n_split > 1:
+                tl.store(unit_counters + u, 0)
+                o, lse2 = _combine_splits(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS,
+                                          n_split, rows_valid, MAX_SPLITS, DV, ROWS, BDV)
             o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
             lse_off = lse_at + b * HQ + h0 + rows
             lse = lse2 / _LOG2E

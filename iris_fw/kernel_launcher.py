@@ -404,7 +404,7 @@ class KernelLauncher:
     through ``kernel[grid](...)``), :meth:`variants` (the cached compiled kernels)."""
 
     def __init__(self, kernel, grid: tuple[int, ...], *, constexprs: dict, num_warps: int | None = None,
-                 num_stages: int | None = None):
+                 num_stages: int | None = None, maxnreg: int | None = None):
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
@@ -426,6 +426,8 @@ class KernelLauncher:
             self.options["num_warps"] = num_warps
         if num_stages is not None:
             self.options["num_stages"] = num_stages
+        if maxnreg is not None:  # NVIDIA's register cap a thread (ptxas spills beyond it)
+            self.options["maxnreg"] = maxnreg
 
         params = _kernel_params(kernel)
         bound = self.constexprs

@@ -18,6 +18,8 @@
 #           warps x stages (x 2 programs per SM at B <= 4) vs torch SDPA at B 1, 2, 4, 8, 16 x S 4K,
 #           16K, 64K; flash_decode_tuning_row.json (rewritten after each batch). FD_TIMEOUT
 #           (default 360 s): the step's limit; the sweep starts no point in its last 60 s.
+#           FD_ARGS: more arguments of the sweep, e.g. FD_ARGS="--points 1x4096 1x16384 1x65536
+#           16x4096" (only those batch x tokens points).
 #   trace   scripts/trace_overhead.py at W = 1 (8192^3 bf16, gemm_all_scatter and all_gather_gemm,
 #           every schedule, untraced vs traced interleaved; cases print as they finish).
 #           TRACE_EXTRA="--comm-sms 16" also times the two-role schedules with 16 communication
@@ -34,7 +36,9 @@
 #           Not in the default STEPS: STEPS=bigtile BUDGET=300 bash scripts/gpu_kernels.sh
 #   fdncu   ncu on scripts/probe_fd_small_batch.py at B 1 x 4K and 16K tokens: flash-decode's
 #           split-KV kernel beside torch SDPA's kernels (time, DRAM bytes and throughput, grid,
-#           registers, warps active) — why batch 1 trails SDPA.
+#           registers, warps active) — why batch 1 trails SDPA. FDNCU_ROW: JSON fields replacing
+#           the table's row, e.g. FDNCU_ROW='{"swap_ab": true, "programs_per_sm": 3,
+#           "max_registers": 168, "items_per_program": 1, "max_splits": 64}'.
 #   STEPS="gemm fd" OUT=/tmp/out bash scripts/gpu_kernels.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -89,7 +93,7 @@ for step in $STEPS; do
     fd)
         fd_limit=$(limit ${FD_TIMEOUT:-360})
         timeout -k 10 $fd_limit python3 scripts/tune_flash_decode.py --budget $(( fd_limit - 60 )) --out "$OUT" \
-            > "$OUT/fd.log" 2>&1
+            ${FD_ARGS:-} > "$OUT/fd.log" 2>&1
         r=$?; rc=$(( rc | r )); echo "rc $r"
         { grep -E "^\||tuning row|^\[128|compiled in|not chosen" "$OUT/fd.log"; grep -E "WRONG|Error" "$OUT/fd.log" | head -10; } \
             | tee -a "$SUMMARY" ;;
@@ -138,7 +142,7 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
             for s in ${FDNCU_TOKENS:-4096 16384}; do
                 timeout $(limit 60) ncu --csv --launch-skip ${FDNCU_SKIP:-0} --metrics \
                     gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_shared_mem \
-                    python3 scripts/probe_fd_small_batch.py $s > "$OUT/fdncu_$s.csv" 2>&1
+                    python3 scripts/probe_fd_small_batch.py $s "${FDNCU_ROW:-}" > "$OUT/fdncu_$s.csv" 2>&1
                 echo "ncu B 1 x $s: rc $?" | tee -a "$SUMMARY"
                 grep -E "max \|fd|FlashDecode" "$OUT/fdncu_$s.csv" | tee -a "$SUMMARY"
                 python3 - "$OUT/fdncu_$s.csv" <<'PY' | tee -a "$SUMMARY"

@@ -2,7 +2,11 @@
 B 1 x S tokens (default 4096), 32 q / 8 kv heads, D 128, bf16, for Nsight Compute to profile
 side by side. Run under ncu (scripts/gpu_kernels.sh step ``fdncu``)::
 
-    ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,... python3 scripts/probe_fd_small_batch.py [S]
+    ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,... python3 scripts/probe_fd_small_batch.py [S] [ROW]
+
+``ROW``: JSON fields replacing the tuning row's for this call (``iris_fw.flash_decode.Tuning``'s,
+e.g. ``'{"swap_ab": true, "programs_per_sm": 3, "max_registers": 168, "items_per_program": 1,
+"max_splits": 64}'``; ``FDNCU_ROW`` of scripts/gpu_kernels.sh), else the table's row.
 
 Every kernel of the last round is one call: the split-KV kernel (``_flash_decode_kernel``)
 and SDPA's kernels (names vary with torch's backend choice).
@@ -10,7 +14,9 @@ and SDPA's kernels (names vary with torch's backend choice).
 
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import replace
 
 import iris_fw
 import torch
@@ -29,6 +35,9 @@ def main() -> int:
     kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
     with iris_fw.init(heap_size=1 << 26, bootstrap="single") as ctx:
         plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
+        if len(sys.argv) > 2 and sys.argv[2]:  # the row's fields replaced (for this many units)
+            tune = replace(plan.tune, by_units=(), **json.loads(sys.argv[2]))
+            plan = fd.FlashDecode(plan.group, plan.call, tune)
         print(plan, flush=True)
         for _ in range(3):
             mine = plan.partial(q, k, v)

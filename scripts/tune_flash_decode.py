@@ -5,7 +5,8 @@ launch rows beside torch SDPA (``enable_gqa``, K/V in its ``[B, Hkv, S, D]`` lay
 table's current row. Candidates (:data:`GRID`, :data:`SMALL_GRID`): work items per program and
 split cap (together the split count), ``block_n``, warps, stages and — at small batch — 2
 programs per SM (more, lighter programs: at batch 1 one program per SM leaves too few loads in
-flight, docs/performance.md).
+flight, docs/performance.md); at every batch the lighter kernels of :func:`light` (the products
+swapped, ``swap_ab``; register caps, ``max_registers``, for 3-4 programs per SM).
 
 Every method runs as a CUDA graph of ``--calls`` back-to-back calls over K/V copies totalling at
 least 256 MiB (no call finds its K/V in L2); replays interleaved in rotating order; the median per
@@ -23,6 +24,7 @@ batch's next best. ``--budget`` seconds: points not started by then are skipped 
 written from those measured).
 
     python3 scripts/tune_flash_decode.py --out $OUT
+    python3 scripts/tune_flash_decode.py --points 1x4096 1x16384 1x65536 16x4096 --out $OUT
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
 """
 
@@ -35,6 +37,7 @@ import os
 import sys
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import iris_fw
 import torch
@@ -46,20 +49,54 @@ from tune_gemm import graph_of, interleaved  # (this folder: the script's own di
 ROTATE_BYTES = 256 << 20
 #: The split cap of the rows that leave the split count to the grid (items per program).
 MAX_SPLITS = 128
-#: Candidates ``(items_per_program, block_n, num_warps, num_stages, programs_per_sm, max_splits)``
-#: at every batch (run 31's 36): the split count from items per program, or, with one item per
-#: program, capped at 4 and 8 (at batch 1 and 2 more splits meant a longer combine of the unit's
-#: partials before the combine was unrolled: run 28, 33 splits took twice the time of 16).
-GRID = ([(items, bn, w, 3, 1, MAX_SPLITS) for items in (1, 2, 4, 8) for bn in (32, 64, 128) for w in (4, 8)]
-        + [(1, bn, w, 3, 1, cap) for cap in (4, 8) for bn in (32, 64, 128) for w in (4, 8)])
+
+
+class Candidate(NamedTuple):
+    """A launch row to measure (:class:`iris_fw.flash_decode.Tuning`'s fields but ``max_rows``)."""
+
+    items_per_program: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int
+    max_splits: int
+    swap_ab: bool = False
+    max_registers: int = 0
+
+
+def light(cap: int) -> list[Candidate]:
+    """The lighter kernels (issue 32, item 2), splits capped at ``cap``: the products swapped
+    (``swap_ab``: tokens on the MMA's M side, Hopper's wgmma reading K/V from shared memory:
+    140-194 registers a thread where the unswapped tile takes 181-255, scripts/fd_registers.py)
+    and register caps (``max_registers``) that let 3 or 4 programs of 4 warps share an SM. One
+    item per program: the split count fills the grid up to the cap — at batch 1 (8 units) 3
+    programs per SM give 49 splits, 4 give 64 (cap 64); at batch 16 (128 units) 3 and 4. (The
+    cap also bounds the splits' combine, ``MAX_SPLITS``: 128 costs 14 registers more than 16.)"""
+    return ([Candidate(1, 64, 4, 2, pps, cap, True, regs) for pps, regs in ((1, 0), (2, 0), (3, 168))]
+            + [Candidate(1, 64, 4, 3, 2, cap, True), Candidate(1, 64, 8, 3, 1, cap, True),
+               Candidate(1, 64, 8, 3, 2, cap, True, 128), Candidate(1, 128, 8, 2, 1, cap, True),
+               Candidate(1, 32, 4, 3, 3, cap, True), Candidate(1, 32, 4, 3, 4, cap, True, 128),
+               Candidate(1, 64, 4, 2, 3, cap, False, 168), Candidate(1, 32, 4, 2, 4, cap, False, 128)])
+
+
+#: Candidates at every batch (run 31's 36, then :func:`light` at 8 splits): the split count from items per
+#: program, or, with one item per program, capped at 4 and 8 (at batch 1 and 2 more splits meant
+#: a longer combine of the unit's partials before the combine was unrolled: run 28, 33 splits
+#: took twice the time of 16).
+GRID = ([Candidate(items, bn, w, 3, 1, MAX_SPLITS) for items in (1, 2, 4, 8) for bn in (32, 64, 128) for w in (4, 8)]
+        + [Candidate(1, bn, w, 3, 1, cap) for cap in (4, 8) for bn in (32, 64, 128) for w in (4, 8)] + light(8))
 #: Batches at most this large take :data:`SMALL_GRID` instead.
 SMALL_BATCH = 4
-#: Candidates at small batch (40): the split count set by the cap (4 items per program leave it
-#: free up to 66 splits per unit at batch 1), 2 programs per SM of 4 warps (255 registers a thread
-#: fit twice; 8 warps would not) with small tiles, 1 program per SM with the larger ones; 2 and 3
-#: stages.
-SMALL_GRID = ([(4, bn, 4, st, 2, cap) for bn in (32, 64) for st in (2, 3) for cap in (8, 16, 32, 64)]
-              + [(4, bn, w, st, 1, cap) for bn in (64, 128) for w in (4, 8) for st in (2, 3) for cap in (8, 16, 32)])
+#: Candidates at small batch (run 35's 40, then :func:`light` at 64 splits and the swapped kernel
+#: at run 35's best split caps): the split count set by the cap (4 items per program leave it free up to 66
+#: splits per unit at batch 1), 2 programs per SM of 4 warps (255 registers a thread fit twice;
+#: 8 warps would not) with small tiles, 1 program per SM with the larger ones; 2 and 3 stages.
+SMALL_GRID = ([Candidate(4, bn, 4, st, 2, cap) for bn in (32, 64) for st in (2, 3) for cap in (8, 16, 32, 64)]
+              + [Candidate(4, bn, w, st, 1, cap) for bn in (64, 128) for w in (4, 8) for st in (2, 3)
+                 for cap in (8, 16, 32)]
+              + light(64)
+              + [Candidate(4, 64, 4, 2, pps, cap, True) for pps in (1, 2) for cap in (16, 32)]
+              + [Candidate(4, 64, 8, 3, 1, 16, True), Candidate(4, 128, 8, 2, 1, 16, True)])
 #: Threads compiling a point's candidates at once.
 COMPILE_THREADS = 8
 
@@ -68,6 +105,8 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    p.add_argument("--points", nargs="+", metavar="BxS", default=None,
+                   help="only these batch x tokens points (e.g. 1x4096 16x4096), instead of --batches x --tokens")
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--budget", type=float, default=float("inf"),
@@ -80,7 +119,9 @@ def parse(argv):
 def label(t: fd.Tuning) -> str:
     cap = "" if t.max_splits == MAX_SPLITS else f"_cap{t.max_splits}"
     pps = "" if t.programs_per_sm == 1 else f"_p{t.programs_per_sm}"
-    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}"
+    swap = "_swap" if t.swap_ab else ""
+    regs = f"_r{t.max_registers}" if t.max_registers else ""
+    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}"
 
 
 def compile_all(plans, log) -> None:
@@ -119,16 +160,17 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     base = current.tune
     plans = {"current " + label(base): current}
     if opts.quick:
-        grid = [(3, 16, 4, base.num_stages, 1, MAX_SPLITS), (1, 16, 4, base.num_stages, 1, 2),
-                (4, 16, 4, base.num_stages, 2, 8)]
+        grid = [Candidate(3, 16, 4, base.num_stages, 1, MAX_SPLITS), Candidate(1, 16, 4, base.num_stages, 1, 2),
+                Candidate(4, 16, 4, base.num_stages, 2, 8), Candidate(1, 16, 4, base.num_stages, 3, 4, True, 168)]
     else:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
-    candidates, seen = [], {(base.block_n, base.num_warps, base.num_stages, current.n_split, current.nprog)}
-    for items, bn, w, st, pps, cap in grid:
-        tune = fd.Tuning(block_n=bn, num_warps=w, num_stages=st, programs_per_sm=pps, items_per_program=items,
-                         max_splits=cap, max_rows=base.max_rows)
+    candidates = []
+    seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
+             current.nprog)}
+    for cand in grid:
+        tune = fd.Tuning(**cand._asdict(), max_rows=base.max_rows)
         p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
-        same = (bn, w, st, p.n_split, p.nprog)
+        same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.max_registers, p.n_split, p.nprog)
         if same not in seen:  # (another candidate makes this very plan)
             seen.add(same)
             candidates.append(p)
@@ -199,7 +241,7 @@ def table_row(rows: list[dict], fits=None) -> list:
         chosen[batch] = (r["units"], r["tune"])
     batches = sorted(chosen)
     base = dict(chosen[batches[-1]][1])
-    keys = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits")
+    keys = fd.UNIT_OVERRIDES
     by_units = []
     for batch in batches[:-1]:
         units, tune = chosen[batch]
@@ -208,13 +250,16 @@ def table_row(rows: list[dict], fits=None) -> list:
             by_units.append([units, diff])
     if by_units:
         base["by_units"] = by_units
+    for key, default in (("swap_ab", False), ("max_registers", 0)):  # (the row says only what differs)
+        if base.get(key) == default:
+            del base[key]
     return [128, base]
 
 
 def main(argv=None) -> int:
     opts = parse(sys.argv[1:] if argv is None else argv)
     if opts.quick:
-        opts.batches, opts.tokens, opts.calls, opts.rounds = [1, 2], [40], 1, 1
+        opts.batches, opts.tokens, opts.calls, opts.rounds, opts.points = [1, 2], [40], 1, 1, None
     os.makedirs(opts.out, exist_ok=True)
     with iris_fw.init(heap_size=1 << 28) as ctx:
         log = print if ctx.rank == 0 else (lambda *a: None)
@@ -247,8 +292,15 @@ def main(argv=None) -> int:
             return row
 
         start = time.perf_counter()
-        for batch in opts.batches:
-            for tokens in opts.tokens:
+        points = {}
+        if opts.points:
+            for text in opts.points:
+                batch, tokens = (int(x) for x in text.lower().split("x"))
+                points.setdefault(batch, []).append(tokens)
+        else:
+            points = {batch: list(opts.tokens) for batch in opts.batches}
+        for batch, token_counts in points.items():
+            for tokens in token_counts:
                 if time.perf_counter() - start > opts.budget:
                     log(f"| {batch} | {tokens} | skipped: the {opts.budget:g} s budget is spent |")
                     continue

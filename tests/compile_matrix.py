@@ -298,6 +298,15 @@ def _launch_everything(ctx, torch) -> None:
         flash_decode(q, k, k, scheduler=scheduler)
     flash_decode(q, k.reshape(4, 4, 2, 16), k.reshape(4, 4, 2, 16), block_table=pages,
                  kv_lens=torch.tensor([7, 8], dtype=torch.int32, device=dev))
+    # the split's products swapped (a tuning row's swap_ab), fused and local, contiguous and paged
+    from iris_fw import flash_decode as fdm
+
+    for scheduler, table in (("fused", None), ("bulk_sync", pages)):
+        kv = k if table is None else k.reshape(4, 4, 2, 16)
+        lens = None if table is None else torch.tensor([7, 8], dtype=torch.int32, device=dev)
+        base = fdm.plan(q, kv, kv, kv_lens=lens, block_table=table, scheduler=scheduler)
+        swapped = fdm.FlashDecode(base.group, base.call, replace(base.tune, swap_ab=True, max_registers=128))
+        swapped(q, kv, kv, kv_lens=lens, block_table=table)
     # MoE dispatch + combine in both modes, bf16 and fp8
     from iris_fw.ops import moe_combine, moe_dispatch
 

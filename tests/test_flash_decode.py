@@ -127,8 +127,9 @@ def paged(k, v, kv_lens, page_size, seed):
     return caches[0], caches[1], table.to(k.device), kv_lens.to(k.device)
 
 
-def _decode_rank(ctx, runs, calls=2):
-    """``runs``: ``(scheduler, case index, paged)``, each ``calls`` calls back to back."""
+def _decode_rank(ctx, runs, calls=2, scales=(None, 0.3)):
+    """``runs``: ``(scheduler, case index, paged)``, each ``calls`` calls back to back;
+    ``scales``: the ``sm_scale`` of even and odd cases (part of the cached call's key)."""
     from iris_fw.flash_decode import flash_decode
 
     done = []
@@ -136,7 +137,7 @@ def _decode_rank(ctx, runs, calls=2):
         case = CASES[idx]
         data = _draw(ctx, case, idx, fresh_seed(ctx), calls)
         dev, r = ctx.device, ctx.rank
-        sm_scale = None if idx % 2 == 0 else 0.3
+        sm_scale = scales[idx % 2]
         args = []
         for i, d in enumerate(data):
             k, v = d["ks"][r].to(dev), d["vs"][r].to(dev)
@@ -180,6 +181,58 @@ def test_flash_decode(world, on_gpu):
     poisoned ``out``, the second on slices one token longer."""
     runs = _ALL_RUNS if on_gpu else _CPU_RUNS[world.world_size]
     assert world.run(_decode_rank, runs)[0] == runs
+
+
+def _row_rank(ctx, runs, fields, scales):
+    """:func:`_decode_rank` with every plan's row taking ``fields`` (the tuning table's row for
+    the device, replaced), on ``scales`` no other test's call has (so its plans are made here,
+    from the patched row)."""
+    from dataclasses import replace
+
+    from iris_fw import flash_decode as fd
+
+    orig = fd.tuning
+    fd.tuning = lambda device, head_dim: replace(orig(device, head_dim), **fields)
+    try:
+        done = _decode_rank(ctx, runs, scales=scales)
+        plans = [p for p in callpath.state(ctx).groups[None].calls.values() if isinstance(p, FlashDecode)]
+    finally:
+        fd.tuning = orig
+    mine = [p for p in plans if p.call.sm_scale in scales]
+    assert mine and all(getattr(p.tune, k) == v for p in mine for k, v in fields.items()), plans
+    return done, sorted({p.n_split for p in mine})
+
+
+#: (scheduler, case, paged) of the swapped products per world size: every case, both
+#: schedulers, contiguous and paged KV across worlds 1-3.
+_SWAPPED_RUNS = {1: [("fused", 0, False), ("bulk_sync", 1, True), ("fused", 2, False), ("fused", 3, False)],
+                 2: [("fused", 1, False), ("bulk_sync", 2, True), ("fused", 3, True)],
+                 3: [("fused", 0, True), ("bulk_sync", 3, False)],
+                 4: [("fused", 2, False)]}
+
+
+def test_flash_decode_swapped_products(world, on_gpu):
+    """The tuning row's ``swap_ab`` (tokens on the MMA's M side) gives what the float64 reference
+    gives: ragged slices (one empty), ``kv_lens`` with zeros, GQA 1/4/8, odd head dims with
+    ``Dv != D``, fp16/bf16/fp32, paged and contiguous KV, both schedulers."""
+    runs = [r for rs in _SWAPPED_RUNS.values() for r in rs] if on_gpu else _SWAPPED_RUNS[world.world_size]
+    assert world.run(_row_rank, runs, {"swap_ab": True}, (0.21, 0.37))[0][0] == runs
+
+
+#: One split per unit, per world size (both kernels' products, both schedulers, paged too).
+_ONE_SPLIT_RUNS = {1: [("fused", 2, False), ("bulk_sync", 1, True)], 2: [("fused", 0, True), ("bulk_sync", 3, False)],
+                   3: [("fused", 1, False)], 4: [("fused", 3, False)]}
+
+
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_flash_decode_one_split(world, on_gpu, swap_ab):
+    """A row whose split cap is 1 (as large batches plan: one split per unit): the split's
+    partial is the unit's, without the scratch, the counter and the splits' combine — right
+    against float64 and bitwise the same on every rank."""
+    runs = [r for rs in _ONE_SPLIT_RUNS.values() for r in rs] if on_gpu else _ONE_SPLIT_RUNS[world.world_size]
+    scales = (0.23, 0.31) if swap_ab else (0.27, 0.33)  # (a plan of its own per row)
+    done, splits = world.run(_row_rank, runs, {"max_splits": 1, "swap_ab": swap_ab}, scales)[0]
+    assert done == runs and splits == [1]
 
 
 def _layout_rank(ctx, scheduler):
@@ -560,6 +613,16 @@ _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
                                       "BLOCK_N": 32, "MAX_SPLITS": 4, "HAS_LENS": False, "PAGE": 0,
                                       "FUSED": False, "EXACT": True}),
     ("_combine_kernel", "bf16", {"HQ": 32, "HKV": 8, "DV": 128, "ROWS": 16, "BDV": 128}),
+    # the split's products swapped (tokens on the MMA's M side: wgmma on sm_90), fused and paged
+    ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
+                                      "BLOCK_N": 64, "MAX_SPLITS": 64, "HAS_LENS": False, "PAGE": 0,
+                                      "FUSED": True, "EXACT": False, "SWAP_AB": True}),
+    ("_flash_decode_kernel", "fp16", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
+                                      "BLOCK_N": 32, "MAX_SPLITS": 4, "HAS_LENS": True, "PAGE": 16,
+                                      "FUSED": False, "EXACT": False, "SWAP_AB": True}),
+    ("_flash_decode_kernel", "fp32", {"HQ": 8, "HKV": 2, "D": 64, "DV": 32, "ROWS": 16, "BD": 64, "BDV": 32,
+                                      "BLOCK_N": 64, "MAX_SPLITS": 8, "HAS_LENS": True, "PAGE": 0,
+                                      "FUSED": True, "EXACT": True, "SWAP_AB": True}),
 ]
 
 
@@ -588,8 +651,9 @@ def test_kernels_compile(tmp_path, target):
 
 
 def _by_units_rank(ctx):
-    """A tuning row's ``by_units`` entry (more splits and another tile for few units) changes
-    the local kernel's split count and tile, not its values."""
+    """A tuning row's ``by_units`` entry (more splits and another tile for few units; the
+    products swapped and a register cap) changes the local kernel's split count, tile and
+    variant, not its values; bad ``swap_ab`` / ``max_registers`` are refused."""
     from iris_fw import flash_decode as fd
 
     g = torch.Generator().manual_seed(fresh_seed(ctx))
@@ -606,13 +670,23 @@ def _by_units_rank(ctx):
     assert fd.FlashDecode(plan.group, fd.DecodeCall(**plan.call.__dict__),
                           fd.Tuning(**{**tune.__dict__, "by_units": [[plan.units - 1, {"block_n": 64}]]})
                           ).tune.block_n == base.block_n  # a bound that does not hold changes nothing
+    # the lighter kernel as data: the products swapped and a register cap, for this many units
+    light = fd.FlashDecode(plan.group, fd.DecodeCall(**plan.call.__dict__), fd.Tuning(
+        **{**base.__dict__, "by_units": [[plan.units, {"swap_ab": True, "max_registers": 128}]]}))
+    assert light.tune.swap_ab and light.constexprs["SWAP_AB"] and not plan.constexprs["SWAP_AB"]
+    assert light.options.get("maxnreg") == (None if torch.version.hip else 128) and "maxnreg" not in plan.options
     o1, lse1 = (t.clone() for t in plan.unpack(plan.partial(q, k, v)))
-    o2, lse2 = plan.unpack(more.partial(q, k, v))
+    o2, lse2 = (t.clone() for t in plan.unpack(more.partial(q, k, v)))
+    o3, lse3 = plan.unpack(light.partial(q, k, v))
     ctx.synchronize()
-    assert torch.allclose(o1.cpu(), o2.cpu(), atol=1e-5, rtol=1e-5)
-    assert torch.allclose(lse1.cpu(), lse2.cpu(), atol=1e-5)
+    for o, lse in ((o2, lse2), (o3, lse3)):
+        assert torch.allclose(o1.cpu(), o.cpu(), atol=1e-5, rtol=1e-5)
+        assert torch.allclose(lse1.cpu(), lse.cpu(), atol=1e-5)
     with pytest.raises(ValueError, match="by_units"):
         fd.Tuning(**{**base.__dict__, "by_units": [[4, {"max_rows": 32}]]})
+    for bad in ({"swap_ab": 1}, {"max_registers": 8}, {"max_registers": 256}, {"max_registers": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            fd.Tuning(**{**base.__dict__, **bad})
     return more.n_split
 
 

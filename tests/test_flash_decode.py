@@ -192,7 +192,8 @@ def _row_rank(ctx, runs, fields, scales):
     from iris_fw import flash_decode as fd
 
     orig = fd.tuning
-    fd.tuning = lambda device, head_dim: replace(orig(device, head_dim), **fields)
+    # (the whole row: without the device row's by_units entries, which would override the fields)
+    fd.tuning = lambda device, head_dim: replace(orig(device, head_dim), by_units=(), **fields)
     try:
         done = _decode_rank(ctx, runs, scales=scales)
         plans = [p for p in callpath.state(ctx).groups[None].calls.values() if isinstance(p, FlashDecode)]

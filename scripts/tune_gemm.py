@@ -40,12 +40,12 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 import iris_fw  # (first: interpreter on CPU-only machines)
 import torch
 from iris_fw import devinfo
-from iris_fw.gemm import GemmConfig, default_config, matmul
+from iris_fw.gemm import PERSISTENT_FIELDS, GemmConfig, default_config, matmul
 
 MS = (16, 64, 256)
 N = 8192
@@ -70,6 +70,23 @@ LARGE_CANDIDATES = (
     (128, 128, 64, 8, 4, 5),
     (128, 256, 32, 16, 8, 4), (128, 256, 32, 16, 8, 5), (128, 256, 32, 8, 8, 5),
 )
+#: The persistent schedule's candidates of the ``--large`` sweep (:class:`iris_fw.gemm.GemmConfig`
+#: ``persistent``; bf16): (block_m, block_n, block_k, group_m, warps, stages, flatten,
+#: warp_specialize, stream_k, epilogue_subtile). 128x256 and 256x128 tiles, 3-6 stages (the
+#: output's staging buffer in shared memory takes a stage's room: 4 stages of 64-deep blocks fit
+#: with the epilogue in 2 pieces), GROUP_M 8 / 16, with and without flattening, warp
+#: specialization and the stream-K tail (1: the last partial wave; 2: and one full wave before).
+#: Shared memory on sm_90 (Triton 3.6): 128x256x64 3 stages 213 KB, 4 stages in 2 pieces 229 KB;
+#: 128x256x32 5 stages 188 KB.
+PERSISTENT_CANDIDATES = (
+    (128, 256, 64, 8, 8, 3, True, False, 0, 1), (128, 256, 64, 8, 8, 3, True, False, 1, 1),
+    (128, 256, 64, 8, 8, 4, True, False, 1, 2), (128, 256, 64, 16, 8, 4, True, False, 1, 2),
+    (128, 256, 64, 8, 8, 4, True, False, 2, 2), (128, 256, 64, 8, 8, 4, False, False, 1, 2),
+    (128, 256, 64, 8, 8, 3, True, True, 1, 1), (128, 256, 64, 8, 8, 4, True, True, 1, 2),
+    (128, 256, 32, 8, 8, 5, True, False, 1, 1), (128, 256, 32, 16, 8, 5, True, False, 1, 1),
+    (128, 256, 32, 8, 8, 6, True, False, 1, 2), (128, 256, 32, 8, 8, 5, True, True, 1, 1),
+    (256, 128, 64, 8, 8, 3, True, False, 1, 1), (256, 128, 64, 8, 8, 4, True, False, 1, 2),
+)
 
 
 def candidates(m: int) -> list[GemmConfig]:
@@ -93,8 +110,22 @@ def candidates(m: int) -> list[GemmConfig]:
 
 
 def label(cfg: GemmConfig) -> str:
-    return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
+    """``128x256x64/g8/w8/s3/k1``, and for the persistent schedule ``…/P`` with ``f`` (flatten),
+    ``ws`` (warp-specialized), ``sk<n>`` (stream-K waves) and ``e<n>`` (epilogue pieces)."""
+    text = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
             f"/k{cfg.split_k}")
+    if cfg.persistent:
+        text += (f"/P{'f' if cfg.flatten else ''}{'ws' if cfg.warp_specialize else ''}"
+                 f"{f'sk{cfg.stream_k}' if cfg.stream_k else ''}e{cfg.epilogue_subtile}")
+    return text
+
+
+def row_config(cfg: GemmConfig, drop: tuple = ("xcds",)) -> dict:
+    """``cfg`` as a tuning-table row's config: without ``drop`` and without the persistent
+    schedule's fields where they have their defaults (a row of the tile schedule reads as before)."""
+    defaults = {f.name: f.default for f in fields(GemmConfig)}
+    return {key: v for key, v in asdict(cfg).items()
+            if key not in drop and not (key in ("persistent", *PERSISTENT_FIELDS) and v == defaults[key])}
 
 
 class Shape:
@@ -201,7 +232,7 @@ def table_rows(best: dict, device_name: str) -> list[list]:
             cfg, us, ref = best[(m, n, k)]
             # a row: [max_m, config], the config carrying its bounds and its measurement (not
             # xcds: the device's tile order gives it)
-            config = {key: v for key, v in asdict(cfg).items() if key != "xcds"}
+            config = row_config(cfg)
             if cfg.split_k > 1:
                 config["max_n"] = n
             if k != ks[-1]:
@@ -330,9 +361,13 @@ def _sweep_all(opts) -> int:
 def large_candidates(current: GemmConfig, quick: bool) -> list[GemmConfig]:
     """The estimate's configuration first, then :data:`LARGE_CANDIDATES` (on the CPU: the
     estimate and one more GROUP_M)."""
-    if quick:
-        return [current, replace(current, group_m=current.group_m * 2)]
-    return list(dict.fromkeys([current] + [GemmConfig(bm, bn, bk, g, w, st) for bm, bn, bk, g, w, st in LARGE_CANDIDATES]))
+    if quick:  # the estimate, another GROUP_M, and the persistent schedule with its stream-K tail
+        return [current, replace(current, group_m=current.group_m * 2),
+                replace(current, split_k=1, persistent=True, flatten=True, stream_k=1)]
+    plain = [GemmConfig(bm, bn, bk, g, w, st) for bm, bn, bk, g, w, st in LARGE_CANDIDATES]
+    persistent = [GemmConfig(bm, bn, bk, g, w, st, persistent=True, flatten=fl, warp_specialize=ws, stream_k=sk,
+                             epilogue_subtile=sub) for bm, bn, bk, g, w, st, fl, ws, sk, sub in PERSISTENT_CANDIDATES]
+    return list(dict.fromkeys([current] + plain + persistent))
 
 
 def large_rows(best: dict, device_name: str) -> list[list]:
@@ -343,7 +378,7 @@ def large_rows(best: dict, device_name: str) -> list[list]:
     bounds hold applies)."""
     rows = []
     for (m, n, k), (cfg, us, ref, current_us) in sorted(best.items(), key=lambda kv: (kv[0][2], -kv[0][0] * kv[0][1])):
-        config = {key: v for key, v in asdict(cfg).items() if key not in ("split_k", "xcds")}
+        config = row_config(cfg, ("split_k", "xcds"))
         config.update(min_m=m, min_n=n, max_k=k)
         config["measured"] = (f"{device_name} {time.strftime('%Y-%m-%d', time.gmtime())}, scripts/tune_gemm.py --large: "
                               f"{m}x{n}x{k} bf16 {us:.1f} us, cuBLAS {ref:.1f} us ({100 * ref / us:.1f}%); "

@@ -180,7 +180,8 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
 
     The device's tile order (:func:`measured_tile_order`) gives every configuration chosen here
     its ``xcds`` (a measured row may set its own) and the estimated 16-bit ones their
-    ``group_m``."""
+    ``group_m``. Without ``split`` (the patterns' kernels, which run their own tile loops) a
+    persistent row comes without its schedule (:func:`tile_schedule`)."""
     order = measured_tile_order(device)
     if device.type == "cpu":
         cfg = CPU_CONFIG
@@ -188,8 +189,8 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         cfg = FP32_CONFIG
     else:
         measured = measured_config(m, device, n=n, k=k, split=split)
-        if measured is not None:
-            return measured  # (its xcds: the row's own, else the device's: _measured_rows)
+        if measured is not None:  # (its xcds: the row's own, else the device's: _measured_rows)
+            return measured if split else tile_schedule(measured)
         if programs is None:
             programs = num_sms(device)
 
@@ -202,6 +203,15 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         if order.group_m is not None:
             cfg = replace(cfg, group_m=order.group_m)
     return cfg if cfg.xcds == order.xcds else replace(cfg, xcds=order.xcds)
+
+
+def tile_schedule(cfg: GemmConfig) -> GemmConfig:
+    """``cfg`` without the persistent schedule (:data:`PERSISTENT_FIELDS` and ``persistent`` at
+    their defaults): its tile shape, tile order, warps and stages, as the patterns' kernels
+    read a configuration."""
+    if not cfg.persistent:
+        return cfg
+    return replace(cfg, persistent=False, **{name: _FIELD_DEFAULTS[name] for name in PERSISTENT_FIELDS})
 
 
 #: Keys of a measured row's config that bound the products it applies to (not configuration
@@ -430,6 +440,13 @@ def _matmul_kernel(a, b, c, partials, counters, M, N, K, stride_am, stride_ak, s
 
 
 @triton.jit
+def _part(partials, slot, BM: tl.constexpr, BN: tl.constexpr):
+    """The ``[BM, BN]`` pointers of slot ``slot`` of the fp32 ``partials`` (computed where used:
+    a block of offsets kept across the stream-K loop would hold registers the tile needs)."""
+    return partials + slot.to(tl.int64) * (BM * BN) + (tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :])
+
+
+@triton.jit
 def _stream_k_tail(a, b, c, partials, counters, first_tile, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                    stride_cm, stride_cn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    GROUP_M: tl.constexpr, A_DESC: tl.constexpr, B_DESC: tl.constexpr, C_DESC: tl.constexpr,
@@ -449,7 +466,6 @@ def _stream_k_tail(a, b, c, partials, counters, first_tile, M, N, K, stride_am, 
     start = pid * total // NPROG
     end = (pid + 1) * total // NPROG
     cur = start
-    r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     while cur < end:
         t = cur // steps
         k0 = (cur - t * steps).to(tl.int32)
@@ -461,7 +477,7 @@ def _stream_k_tail(a, b, c, partials, counters, first_tile, M, N, K, stride_am, 
             tiles.store_tile(c, acc, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN, C_DESC, SUBTILE)
         else:
             slot = (cur != start).to(tl.int64)
-            tl.store(partials + (pid * 2 + slot) * (BM * BN) + r, acc)
+            tl.store(_part(partials, pid * 2 + slot, BM, BN), acc)
             # every thread's part stored before the count (release); the last sees them all (acquire)
             tl.debug_barrier()
             done = tl.atomic_add(counters + t, k1 - k0, sem="acq_rel", scope="gpu")
@@ -476,7 +492,7 @@ def _stream_k_tail(a, b, c, partials, counters, first_tile, M, N, K, stride_am, 
                     q_start = q * total // NPROG
                     if (q + 1) * total // NPROG > q_start:
                         q_slot = (q_start // steps != t).to(tl.int64)
-                        out += tl.load(partials + (q * 2 + q_slot) * (BM * BN) + r, cache_modifier=".cg")
+                        out += tl.load(_part(partials, q * 2 + q_slot, BM, BN), cache_modifier=".cg")
                 tl.store(counters + t, 0)
                 tiles.store_tile(c, out, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN, C_DESC, SUBTILE)
         cur += k1 - k0

@@ -410,6 +410,8 @@ def test_persistent_row_selects_the_schedule(monkeypatch):
     try:
         cpu = torch.device("cpu")
         assert gemm.measured_config(64, cpu, 64, 32, split=True) == big
+        # the patterns' kernels (no split) read the row's tiles, warps and stages, not its schedule
+        assert gemm.tile_schedule(big) == GemmConfig(128, 256, 64, 8, 8, 4)
         launched = []
         monkeypatch.setattr(gemm, "_persistent_launch", lambda *args: launched.append(args[3]) or (
             (1,), (), {}, {}))

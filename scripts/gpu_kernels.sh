@@ -28,8 +28,8 @@
 #           'tile_order' entry of iris_fw/tuning/gemm.json (GROUP_M of the larger shapes).
 #   bigtile scripts/tune_gemm.py --large: the estimate's configuration (the measured row where
 #           one applies), 15 tile-kernel candidates (block 128x256x64 / 256x128x64 / 128x128x64 /
-#           128x256x32, warps 4/8, stages 3-5, GROUP_M 8/16) and 18 of the persistent schedule
-#           (flattened or not, stream-K tail 0/1/2 waves, epilogue in 1/2/4 pieces, 3-7 stages)
+#           128x256x32, warps 4/8, stages 3-5, GROUP_M 8/16) and 12 of the persistent schedule
+#           (flattened or not, stream-K tail 0/1/2 waves, epilogue in 1/2/4 pieces, 3-6 stages)
 #           vs cuBLAS at 16384x14336x4096 and 8192x8192x8192 (BIGTILE_SHAPES; "taxonomy":
 #           the taxonomy's six local GEMMs), CUDA graphs, interleaved; gemm_large_rows.json =
 #           rows of iris_fw/tuning/gemm.json for the shapes where a candidate beat the estimate.

@@ -86,8 +86,8 @@ class GemmConfig:
     own L2) whose programs get consecutive tiles (1: no renumbering;
     :func:`iris_fw.gemm_tiles.xcd_item`).
 
-    ``persistent`` (:func:`matmul` only; the patterns' kernels run their own tile loops and read
-    the block sizes, warps and stages): the persistent schedule for large products
+    ``persistent`` (:func:`matmul` only: the patterns' kernels run their own tile loops, and
+    :func:`measured_config` gives them no persistent row): the persistent schedule for large products
     (:func:`_matmul_persistent_kernel`) — one program per SM looping over the tiles in the same
     order, each tile stored by :func:`iris_fw.gemm_tiles.store_tile` (a TMA store where the
     output allows one, in ``epilogue_subtile`` column pieces) — with ``flatten`` (the tile loop
@@ -180,8 +180,7 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
 
     The device's tile order (:func:`measured_tile_order`) gives every configuration chosen here
     its ``xcds`` (a measured row may set its own) and the estimated 16-bit ones their
-    ``group_m``. Without ``split`` (the patterns' kernels, which run their own tile loops) a
-    persistent row comes without its schedule (:func:`tile_schedule`)."""
+    ``group_m``."""
     order = measured_tile_order(device)
     if device.type == "cpu":
         cfg = CPU_CONFIG
@@ -189,8 +188,8 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         cfg = FP32_CONFIG
     else:
         measured = measured_config(m, device, n=n, k=k, split=split)
-        if measured is not None:  # (its xcds: the row's own, else the device's: _measured_rows)
-            return measured if split else tile_schedule(measured)
+        if measured is not None:
+            return measured  # (its xcds: the row's own, else the device's: _measured_rows)
         if programs is None:
             programs = num_sms(device)
 
@@ -203,15 +202,6 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
         if order.group_m is not None:
             cfg = replace(cfg, group_m=order.group_m)
     return cfg if cfg.xcds == order.xcds else replace(cfg, xcds=order.xcds)
-
-
-def tile_schedule(cfg: GemmConfig) -> GemmConfig:
-    """``cfg`` without the persistent schedule (:data:`PERSISTENT_FIELDS` and ``persistent`` at
-    their defaults): its tile shape, tile order, warps and stages, as the patterns' kernels
-    read a configuration."""
-    if not cfg.persistent:
-        return cfg
-    return replace(cfg, persistent=False, **{name: _FIELD_DEFAULTS[name] for name in PERSISTENT_FIELDS})
 
 
 #: Keys of a measured row's config that bound the products it applies to (not configuration
@@ -289,9 +279,11 @@ def measured_config(m: int, device: torch.device, n: int | None = None, k: int |
     :func:`default_config` does not hold, and large ones a sweep found faster than it), or
     None: the first row whose bounds hold (:class:`RowBounds`: ``max_m``; ``max_n`` /
     ``max_k`` / ``min_m`` / ``min_n`` where the row has them and ``n`` / ``k`` are given). Rows
-    with ``split_k`` > 1 count only with ``split``."""
+    with ``split_k`` > 1 or the persistent schedule count only with ``split`` (:func:`matmul`'s
+    kernels; the patterns' kernels run their own tile loops, so a tile row after a persistent
+    one can serve them at the same shapes)."""
     for bounds, cfg in _measured_rows(info(device).name):
-        if cfg.split_k > 1 and not split:
+        if (cfg.split_k > 1 or cfg.persistent) and not split:
             continue
         if bounds.hold(m, n, k):
             return cfg

@@ -398,8 +398,8 @@ def test_persistent_config_is_checked():
 
 def test_persistent_row_selects_the_schedule(monkeypatch):
     """A row of the table with ``"persistent": true`` (and its fields) is read by the one loader
-    into a persistent configuration, which :func:`matmul` runs with the persistent kernel; a
-    product no such row covers keeps the tile kernel."""
+    into a persistent configuration, which :func:`matmul` runs with the persistent kernel; the
+    patterns' kernels never get it."""
     big = GemmConfig(128, 256, 64, 8, 8, 4, persistent=True, flatten=True, stream_k=1, epilogue_subtile=2)
     row = {k: v for k, v in asdict(big).items() if k != "xcds"}
     table = {"devices": {"cpu": [[None, {**row, "min_m": 64, "min_n": 64, "measured": "a test"}]]},
@@ -410,8 +410,8 @@ def test_persistent_row_selects_the_schedule(monkeypatch):
     try:
         cpu = torch.device("cpu")
         assert gemm.measured_config(64, cpu, 64, 32, split=True) == big
-        # the patterns' kernels (no split) read the row's tiles, warps and stages, not its schedule
-        assert gemm.tile_schedule(big) == GemmConfig(128, 256, 64, 8, 8, 4)
+        # the patterns' kernels (no split) skip the row: they run their own tile loops
+        assert gemm.measured_config(64, cpu, 64, 32) is None
         launched = []
         monkeypatch.setattr(gemm, "_persistent_launch", lambda *args: launched.append(args[3]) or (
             (1,), (), {}, {}))

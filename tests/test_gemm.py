@@ -426,17 +426,20 @@ def test_persistent_row_selects_the_schedule(monkeypatch):
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("warm_stream", [True, False], ids=["stream_counters", "graph_counters"])
-def test_split_k_graph_replay_fresh_inputs(ctx, warm_stream):
-    """A split-K matmul captured once (twice in the graph), replayed with fresh inputs each
-    time: on a stream that ran split-K before (its counters, reset by each call) or on a fresh
-    capture stream (the graph's own counters, zeroed by a captured memset)."""
+@pytest.mark.parametrize("schedule", ["split_k", "stream_k_all", "stream_k_tail"])
+def test_split_k_graph_replay_fresh_inputs(ctx, warm_stream, schedule):
+    """A split-K matmul — or the persistent schedule's stream-K tail (every tile of a small
+    product, or the last wave's of a larger one: fp32 parts allocated in the call, so in the
+    graph's pool) — captured once (twice in the graph), replayed with fresh inputs each time: on
+    a stream that ran it before (its counters, reset by each call) or on a fresh capture stream
+    (the graph's own counters, zeroed by a captured memset)."""
     dev = torch.device("cuda")
-    m, n, k = 40, 200, 1000
+    m, n, k = (1000, 2000, 1000) if schedule == "stream_k_tail" else (40, 200, 1000)
     a = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
     b = torch.empty(k, n, dtype=torch.bfloat16, device=dev)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     out2 = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-    cfg = _config(4)
+    cfg = _config(4) if schedule == "split_k" else _persistent(flatten=True, stream_k=1, epilogue_subtile=2)
     s = torch.cuda.Stream(device=dev)
     s.wait_stream(torch.cuda.current_stream(dev))
     if warm_stream:

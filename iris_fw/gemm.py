@@ -93,7 +93,7 @@ class GemmConfig:
     output allows one, in ``epilogue_subtile`` column pieces) — with ``flatten`` (the tile loop
     and its K loop pipelined as one loop, so the next tile's loads overlap this tile's
     epilogue), ``warp_specialize`` (the compiler's producer / consumer partitions of that loop;
-    NVIDIA only) and ``stream_k`` (0: none; n: the partly filled last wave and the ``n - 1``
+    Blackwell only: :func:`warp_specializes`) and ``stream_k`` (0: none; n: the partly filled last wave and the ``n - 1``
     full waves before it are shared out over the programs in equal runs of ``BK`` steps —
     stream-K — so no program idles while a few finish the last tiles). Measured rows of
     ``iris_fw/tuning/gemm.json`` select it (``"persistent": true``); no row, no change."""
@@ -663,6 +663,23 @@ def stream_k_tiles(tiles: int, programs: int, waves: int) -> int:
     return min(tiles, rem + (waves - 1) * programs)
 
 
+#: The first NVIDIA architecture whose Triton (3.6, 3.9) lowers ``tl.range(...,
+#: warp_specialize=True)`` into producer / consumer partitions: Blackwell. On Hopper the loop
+#: compiles to the same code as without at 8 warps and Triton's Hopper pass can fail at 4; AMD's
+#: lowers it for gfx1250 only.
+WARP_SPECIALIZE_MIN_SM = 100
+
+
+def warp_specializes(cfg: GemmConfig, device: torch.device) -> bool:
+    """Whether ``cfg``'s ``warp_specialize`` reaches the kernel on ``device``: on NVIDIA GPUs
+    from :data:`WARP_SPECIALIZE_MIN_SM` on (and under the interpreter, which ignores it);
+    elsewhere the flattened loop is software-pipelined as without."""
+    arch = info(device).arch
+    if not cfg.warp_specialize or arch.startswith("gfx"):
+        return False
+    return not arch.startswith("sm_") or int(arch[3:]) >= WARP_SPECIALIZE_MIN_SM
+
+
 def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg: GemmConfig, counters) -> tuple:
     """``(grid, runtime arguments, constexprs, options)`` of :func:`_matmul_persistent_kernel`
     for ``c = a @ b`` under the persistent schedule (``cfg.persistent``): one program per SM
@@ -687,6 +704,7 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg: G
             c.stride(0), c.stride(1), n_tiles - sk_tiles)
     constexprs = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, A_DESC=a_desc,
                       B_DESC=b_desc, C_DESC=c_desc, EXACT=exact(a.dtype), NPROG=nprog, XCDS=cfg.xcds,
-                      FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize, SUBTILE=cfg.epilogue_subtile,
+                      FLATTEN=cfg.flatten, WARP_SPECIALIZE=warp_specializes(cfg, a.device),
+                      SUBTILE=cfg.epilogue_subtile,
                       STREAM_K=sk_tiles > 0)
     return (nprog,), args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -81,9 +81,9 @@ LARGE_CANDIDATES = (
 #: KB). First what a probe of the kernel measured best at 16384x14336x4096 on one H100 (flattened,
 #: 128x256x64, GROUP_M 8, 4 stages with the epilogue in 2 pieces: 102 % of cuBLAS; without
 #: flattening no faster than the tile kernel; GROUP_M 4 / 16, 32-deep blocks, a 2-wave stream-K
-#: tail and 256x128 tiles slower), then its neighbours. Warp specialization compiles to the same
-#: code as without on sm_90 with Triton 3.6 and 3.9 (their automatic partitioning is
-#: Blackwell's): its candidate measures the run's noise.
+#: tail and 256x128 tiles slower), then its neighbours. Warp specialization reaches Blackwell only
+#: (:func:`iris_fw.gemm.warp_specializes`): on Hopper its candidate is its twin's kernel, a
+#: measure of the run's noise.
 PERSISTENT_CANDIDATES = (
     (128, 256, 64, 8, 8, 4, True, False, 1, 2), (128, 256, 64, 8, 8, 4, True, False, 0, 2),
     (128, 256, 64, 8, 8, 3, True, False, 1, 1), (128, 256, 64, 8, 8, 3, True, False, 0, 1),

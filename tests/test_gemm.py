@@ -381,6 +381,17 @@ def test_persistent_matches_float64(ctx, monkeypatch, m, n, k, programs, fields)
         assert int(counters.abs().sum()) == 0, "a stream-K tile counter was not reset"
 
 
+def test_warp_specialize_reaches_blackwell_only(monkeypatch):
+    """``warp_specialize`` goes to the kernel on sm_100 and later (and the interpreter), not on
+    Hopper (Triton's Hopper pass gives no partitions and can fail) nor on AMD."""
+    cfg = _persistent(warp_specialize=True)
+    for arch, want in (("sm_90", False), ("sm_80", False), ("sm_100", True), ("sm_120", True), ("gfx942", False),
+                       ("cpu", True)):
+        monkeypatch.setattr(gemm, "info", lambda device, arch=arch: devinfo.DeviceInfo("cuda", "X", arch, 132, 0))
+        assert gemm.warp_specializes(cfg, torch.device("cpu")) is want, arch
+    assert not gemm.warp_specializes(_persistent(), torch.device("cpu"))
+
+
 def test_persistent_config_is_checked():
     with pytest.raises(ArgumentError, match="persistent"):
         GemmConfig(16, 32, 16, 1, 4, 1, stream_k=1)

@@ -32,7 +32,7 @@ the table gives both (:func:`measured_tile_order`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 import torch
@@ -85,7 +85,19 @@ class GemmConfig:
     (1: none; more: :func:`matmul` only, see the module's docstring). ``group_m`` and ``xcds``
     are the tile order: tile rows visited together, and the chiplets (AMD's XCDs, each with its
     own L2) whose programs get consecutive tiles (1: no renumbering;
-    :func:`iris_fw.gemm_tiles.xcd_item`)."""
+    :func:`iris_fw.gemm_tiles.xcd_item`).
+
+    ``persistent`` (:func:`matmul` only: the patterns' kernels run their own tile loops, and
+    :func:`measured_config` gives them no persistent row): the persistent schedule for large products
+    (:func:`_matmul_persistent_kernel`) — one program per SM looping over the tiles in the same
+    order, each tile stored by :func:`iris_fw.gemm_tiles.store_tile` (a TMA store where the
+    output allows one, in ``epilogue_subtile`` column pieces) — with ``flatten`` (the tile loop
+    and its K loop pipelined as one loop, so the next tile's loads overlap this tile's
+    epilogue), ``warp_specialize`` (the compiler's producer / consumer partitions of that loop;
+    Blackwell only: :func:`warp_specializes`) and ``stream_k`` (0: none; n: the partly filled last wave and the ``n - 1``
+    full waves before it are shared out over the programs in equal runs of ``BK`` steps —
+    stream-K — so no program idles while a few finish the last tiles). Measured rows of
+    ``iris_fw/tuning/gemm.json`` select it (``"persistent": true``); no row, no change."""
 
     block_m: int
     block_n: int
@@ -95,6 +107,11 @@ class GemmConfig:
     num_stages: int
     split_k: int = 1
     xcds: int = 1
+    persistent: bool = False
+    flatten: bool = False
+    warp_specialize: bool = False
+    stream_k: int = 0
+    epilogue_subtile: int = 1
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -111,6 +128,25 @@ class GemmConfig:
             raise ArgumentError(f"GemmConfig.split_k must be a positive int, got {self.split_k!r}")
         if not isinstance(self.xcds, int) or isinstance(self.xcds, bool) or self.xcds < 1:
             raise ArgumentError(f"GemmConfig.xcds must be a positive int, got {self.xcds!r}")
+        for name in ("persistent", "flatten", "warp_specialize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentError(f"GemmConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.stream_k, int) or isinstance(self.stream_k, bool) or self.stream_k < 0:
+            raise ArgumentError(f"GemmConfig.stream_k must be a non-negative int, got {self.stream_k!r}")
+        if self.epilogue_subtile not in (1, 2, 4) or self.block_n // self.epilogue_subtile < 16:
+            raise ArgumentError(f"GemmConfig.epilogue_subtile must be 1, 2 or 4 and leave pieces of at least 16 "
+                                f"columns of block_n {self.block_n}, got {self.epilogue_subtile!r}")
+        schedule = [name for name in PERSISTENT_FIELDS if getattr(self, name) != _FIELD_DEFAULTS[name]]
+        if schedule and not self.persistent:
+            raise ArgumentError(f"GemmConfig.{schedule[0]} applies to the persistent schedule only (persistent=True)")
+        if self.persistent and self.split_k > 1:
+            raise ArgumentError("GemmConfig.persistent and split_k > 1 exclude each other: the persistent schedule "
+                                "shares out the last waves along K itself (stream_k)")
+
+
+#: The fields of the persistent schedule beyond ``persistent`` itself (:class:`GemmConfig`).
+PERSISTENT_FIELDS = ("flatten", "warp_specialize", "stream_k", "epilogue_subtile")
+_FIELD_DEFAULTS = {f.name: f.default for f in fields(GemmConfig)}
 
 
 #: The CPU interpreter: small tiles, so tiny test shapes still have several tiles.
@@ -250,7 +286,9 @@ def measured_config(m: int, device: torch.device, n: int | None = None, k: int |
     :func:`default_config` does not hold, and large ones a sweep found faster than it), or
     None: the first row whose bounds hold (:class:`RowBounds`: ``max_m``; ``max_n`` /
     ``max_k`` / ``min_m`` / ``min_n`` where the row has them and ``n`` / ``k`` are given). Rows
-    with ``split_k`` > 1 count only with ``split``."""
+    with ``split_k`` > 1 or the persistent schedule count only with ``split`` (:func:`matmul`'s
+    kernels; the patterns' kernels run their own tile loops, so a tile row after a persistent
+    one can serve them at the same shapes)."""
     row = _measured_row(m, device, n, k, split)
     return None if row is None else row[1]
 
@@ -258,7 +296,7 @@ def measured_config(m: int, device: torch.device, n: int | None = None, k: int |
 def _measured_row(m: int, device: torch.device, n: int | None, k: int | None, split: bool):
     """``(RowBounds, GemmConfig)`` of :func:`measured_config`'s row, or None."""
     for bounds, cfg in _measured_rows(info(device).name):
-        if cfg.split_k > 1 and not split:
+        if (cfg.split_k > 1 or cfg.persistent) and not split:
             continue
         if bounds.hold(m, n, k):
             return bounds, cfg
@@ -406,6 +444,100 @@ def _matmul_kernel(a, b, c, partials, counters, M, N, K, stride_am, stride_ak, s
                         stride_bk, stride_bn, stride_cm, stride_cn, BM, BN, BK, A_DESC, B_DESC, EXACT, SPLIT_K)
 
 
+@triton.jit
+def _part(partials, slot, BM: tl.constexpr, BN: tl.constexpr):
+    """The ``[BM, BN]`` pointers of slot ``slot`` of the fp32 ``partials`` (computed where used:
+    a block of offsets kept across the stream-K loop would hold registers the tile needs)."""
+    return partials + slot.to(tl.int64) * (BM * BN) + (tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :])
+
+
+@triton.jit
+def _stream_k_tail(a, b, c, partials, counters, first_tile, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                   stride_cm, stride_cn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   GROUP_M: tl.constexpr, A_DESC: tl.constexpr, B_DESC: tl.constexpr, C_DESC: tl.constexpr,
+                   EXACT: tl.constexpr, NPROG: tl.constexpr, XCDS: tl.constexpr, SUBTILE: tl.constexpr):
+    """Stream-K over the tiles ``first_tile …`` (the last waves): their ``BK`` steps, tile after
+    tile, cut into ``NPROG`` equal runs, one per program. A run covers a tile's steps whole
+    (stored at once) or in part: a part goes to the program's slot of ``partials`` (fp32 ``[NPROG,
+    2, BM, BN]``: slot 0 for the run's first tile, 1 for its last) and adds its step count to the
+    tile's counter (int32 ``counters``, from ``first_tile`` on, zero between calls); the part that
+    completes the count sums the tile's parts in program order (the same sum whichever came last:
+    deterministic), stores the tile and resets the counter. No program waits for another."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    steps = tl.cdiv(K, BK)
+    total = ((tiles_m * tiles_n - first_tile) * steps).to(tl.int64)
+    start = pid * total // NPROG
+    end = (pid + 1) * total // NPROG
+    cur = start
+    while cur < end:
+        t = cur // steps
+        k0 = (cur - t * steps).to(tl.int32)
+        k1 = tl.minimum(steps, k0 + (end - cur)).to(tl.int32)
+        pm, pn = tiles.grouped_tile(first_tile + t.to(tl.int32), tiles_m, tiles_n, GROUP_M, XCDS, NPROG)
+        acc = tiles.matmul_tile_k(a, b, pm * BM, pn * BN, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                  k0, k1, BM, BN, BK, A_DESC, B_DESC, EXACT)
+        if (k0 == 0) & (k1 == steps):
+            tiles.store_tile(c, acc, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN, C_DESC, SUBTILE)
+        else:
+            slot = (cur != start).to(tl.int64)
+            tl.store(_part(partials, pid * 2 + slot, BM, BN), acc)
+            # every thread's part stored before the count (release); the last sees them all (acquire)
+            tl.debug_barrier()
+            done = tl.atomic_add(counters + t, k1 - k0, sem="acq_rel", scope="gpu")
+            tl.debug_barrier()
+            if done + (k1 - k0) == steps:
+                # the tile's programs: from the one whose run holds its first step to the one
+                # whose run holds its last (programs with empty runs, total < NPROG, skipped)
+                q_first = ((t * steps + 1) * NPROG + total - 1) // total - 1
+                q_last = (((t + 1) * steps) * NPROG + total - 1) // total - 1
+                out = tl.zeros((BM, BN), dtype=tl.float32)
+                for q in range(q_first, q_last + 1):
+                    q_start = q * total // NPROG
+                    if (q + 1) * total // NPROG > q_start:
+                        q_slot = (q_start // steps != t).to(tl.int64)
+                        out += tl.load(_part(partials, q * 2 + q_slot, BM, BN), cache_modifier=".cg")
+                tl.store(counters + t, 0)
+                tiles.store_tile(c, out, pm * BM, pn * BN, M, N, stride_cm, stride_cn, BM, BN, C_DESC, SUBTILE)
+        cur += k1 - k0
+
+
+@triton.jit
+def _matmul_persistent_kernel(a, b, c, partials, counters, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                              stride_cm, stride_cn, dp_tiles, BM: tl.constexpr, BN: tl.constexpr,
+                              BK: tl.constexpr, GROUP_M: tl.constexpr, A_DESC: tl.constexpr, B_DESC: tl.constexpr,
+                              C_DESC: tl.constexpr, EXACT: tl.constexpr, NPROG: tl.constexpr,
+                              XCDS: tl.constexpr = 1, FLATTEN: tl.constexpr = False,
+                              WARP_SPECIALIZE: tl.constexpr = False, SUBTILE: tl.constexpr = 1,
+                              STREAM_K: tl.constexpr = False):
+    """``c[M, N] = a[M, K] @ b[K, N]``, the persistent schedule (:class:`GemmConfig`
+    ``persistent``): ``NPROG`` programs, program ``p`` computing tiles ``p, p + NPROG, …`` below
+    ``dp_tiles`` whole, in :func:`~iris_fw.gemm_tiles.grouped_tile` order, in one loop
+    (``FLATTEN``: pipelined with its K loop as one; ``WARP_SPECIALIZE``: split into the
+    compiler's producer / consumer partitions), each tile stored by
+    :func:`~iris_fw.gemm_tiles.store_tile` (``C_DESC``: ``c`` a descriptor of ``[BM, BN //
+    SUBTILE]`` blocks). ``STREAM_K``: the tiles from ``dp_tiles`` on by :func:`_stream_k_tail`
+    (``partials`` fp32 ``[NPROG, 2, BM, BN]``, ``counters`` int32 ``[tiles - dp_tiles]``);
+    without, ``dp_tiles`` is every tile."""
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    # the epilogue's tile, counted apart from the loop's (the idiom of Triton's persistent
+    # matmul: a value used both where the pipeliner hoists the loads and in the epilogue is not)
+    stored = tl.program_id(0) - NPROG
+    for tile in tl.range(tl.program_id(0), dp_tiles, NPROG, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pm, pn = tiles.grouped_tile(tile, tiles_m, tiles_n, GROUP_M, XCDS, NPROG)
+        acc = tiles.matmul_tile(a, b, pm * BM, pn * BN, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                BM, BN, BK, A_DESC, B_DESC, EXACT)
+        stored += NPROG
+        sm, sn = tiles.grouped_tile(stored, tiles_m, tiles_n, GROUP_M, XCDS, NPROG)
+        tiles.store_tile(c, acc, sm * BM, sn * BN, M, N, stride_cm, stride_cn, BM, BN, C_DESC, SUBTILE)
+    if STREAM_K:
+        _stream_k_tail(a, b, c, partials, counters, dp_tiles, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       stride_cm, stride_cn, BM, BN, BK, GROUP_M, A_DESC, B_DESC, C_DESC, EXACT, NPROG, XCDS,
+                       SUBTILE)
+
+
 #: The key under which a context holds its :class:`SplitCounters` (``ctx.extensions``).
 EXTENSION = "iris_fw.gemm"
 
@@ -506,7 +638,8 @@ def local_kernel(m: int, n: int, k: int, device: torch.device, dtype: torch.dtyp
     if device.type != "cuda" or not m or not n or dtype not in (torch.float16, torch.bfloat16):
         return None
     row = _measured_row(m, device, n, k, True)
-    return row[1] if row is not None and row[0].local else None
+    # (the persistent schedule's rows serve gemm.matmul only: products too large for host time to matter)
+    return row[1] if row is not None and row[0].local and not row[1].persistent else None
 
 
 class LocalProduct:
@@ -590,7 +723,69 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     if M == 0 or N == 0:
         return out
     cfg = config or default_config(M, N, K, a.dtype, a.device, split=True)
-    grid, args, constexprs, options = _product_launch(a, b, out, cfg,
-                                                      lambda n: _split_counters(ctx, a.device, n))
+    counters = lambda n: _split_counters(ctx, a.device, n)  # noqa: E731
+    if cfg.persistent:
+        grid, args, constexprs, options = _persistent_launch(a, b, out, cfg, counters)
+        _matmul_persistent_kernel[grid](*args, **constexprs, **options)
+        return out
+    grid, args, constexprs, options = _product_launch(a, b, out, cfg, counters)
     _matmul_kernel[grid](*args, **constexprs, **options)
     return out
+
+
+def stream_k_tiles(tiles: int, programs: int, waves: int) -> int:
+    """The tiles the stream-K tail of the persistent schedule shares out (:class:`GemmConfig`
+    ``stream_k`` = ``waves``): none without (``waves`` 0) or when the tiles fill every wave;
+    else the partly filled last wave's and the ``waves - 1`` full waves' before it (all of
+    them, when there are fewer)."""
+    rem = tiles % programs
+    if waves == 0 or rem == 0:
+        return 0
+    return min(tiles, rem + (waves - 1) * programs)
+
+
+#: The first NVIDIA architecture whose Triton (3.6, 3.9) lowers ``tl.range(...,
+#: warp_specialize=True)`` into producer / consumer partitions: Blackwell. On Hopper the loop
+#: compiles to the same code as without at 8 warps and Triton's Hopper pass can fail at 4; AMD's
+#: lowers it for gfx1250 only.
+WARP_SPECIALIZE_MIN_SM = 100
+
+
+def warp_specializes(cfg: GemmConfig, device: torch.device) -> bool:
+    """Whether ``cfg``'s ``warp_specialize`` reaches the kernel on ``device``: on NVIDIA GPUs
+    from :data:`WARP_SPECIALIZE_MIN_SM` on (and under the interpreter, which ignores it);
+    elsewhere the flattened loop is software-pipelined as without."""
+    arch = info(device).arch
+    if not cfg.warp_specialize or arch.startswith("gfx"):
+        return False
+    return not arch.startswith("sm_") or int(arch[3:]) >= WARP_SPECIALIZE_MIN_SM
+
+
+def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg: GemmConfig, counters) -> tuple:
+    """``(grid, runtime arguments, constexprs, options)`` of :func:`_matmul_persistent_kernel`
+    for ``c = a @ b`` under the persistent schedule (``cfg.persistent``): one program per SM
+    (:func:`~iris_fw.devinfo.persistent_programs`), the tiles data-parallel but for the stream-K
+    tail (:func:`stream_k_tiles`; ``counters(tiles)``: that many zeroed tile counters, asked only
+    for a tail). ``c`` is written through a TMA descriptor where :func:`tma_ok` (a launch reused
+    for another output needs that output's descriptor)."""
+    M, K = a.shape
+    N = b.shape[1]
+    n_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    steps = triton.cdiv(K, cfg.block_k)
+    nprog = persistent_programs(a.device, n_tiles * steps if cfg.stream_k else n_tiles)
+    sk_tiles = stream_k_tiles(n_tiles, nprog, cfg.stream_k) if steps else 0  # (K 0: every tile zeros, whole)
+    partials = tile_counts = c  # unused without a stream-K tail
+    if sk_tiles:
+        tile_counts = counters(sk_tiles)
+        partials = torch.empty(nprog * 2 * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
+    a_src, a_desc = operand(a, [cfg.block_m, cfg.block_k])
+    b_src, b_desc = operand(b, [cfg.block_k, cfg.block_n])
+    c_dst, c_desc = operand(c, [cfg.block_m, cfg.block_n // cfg.epilogue_subtile])
+    args = (a_src, b_src, c_dst, partials, tile_counts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), n_tiles - sk_tiles)
+    constexprs = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, A_DESC=a_desc,
+                      B_DESC=b_desc, C_DESC=c_desc, EXACT=exact(a.dtype), NPROG=nprog, XCDS=cfg.xcds,
+                      FLATTEN=cfg.flatten, WARP_SPECIALIZE=warp_specializes(cfg, a.device),
+                      SUBTILE=cfg.epilogue_subtile,
+                      STREAM_K=sk_tiles > 0)
+    return (nprog,), args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)

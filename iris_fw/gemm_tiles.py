@@ -165,3 +165,31 @@ def store_block(dst, value, row0, col0, rows, cols, stride_r, stride_c, BR: tl.c
     c = col0 + tl.arange(0, BC)
     tl.store(dst + r[:, None] * stride_r + c[None, :] * stride_c, value.to(dst.dtype.element_ty),
              mask=(r[:, None] < rows) & (c[None, :] < cols))
+
+
+@triton.jit
+def store_tile(dst, value, row0, col0, rows, cols, stride_r, stride_c, BR: tl.constexpr, BC: tl.constexpr,
+               DESC: tl.constexpr, SUBTILE: tl.constexpr = 1):
+    """Store the fp32 ``[BR, BC]`` ``value`` at ``(row0, col0)`` of a ``[rows, cols]`` matrix,
+    cast to its dtype: ``DESC`` true, ``dst`` is a tensor descriptor of ``[BR, BC // SUBTILE]``
+    blocks (a TMA store on Hopper: asynchronous, clipped to the matrix) and the tile goes out in
+    ``SUBTILE`` (1, 2 or 4) column pieces, so the staging buffer in shared memory is a piece, not
+    the tile; otherwise a masked pointer store (:func:`store_block`)."""
+    if DESC:
+        if SUBTILE == 1:
+            dst.store([row0, col0], value.to(dst.dtype))
+        else:
+            halves = tl.permute(tl.reshape(value, (BR, 2, BC // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            if SUBTILE == 2:
+                dst.store([row0, col0], left.to(dst.dtype))
+                dst.store([row0, col0 + BC // 2], right.to(dst.dtype))
+            else:
+                q0, q1 = tl.split(tl.permute(tl.reshape(left, (BR, 2, BC // 4)), (0, 2, 1)))
+                dst.store([row0, col0], q0.to(dst.dtype))
+                dst.store([row0, col0 + BC // 4], q1.to(dst.dtype))
+                q2, q3 = tl.split(tl.permute(tl.reshape(right, (BR, 2, BC // 4)), (0, 2, 1)))
+                dst.store([row0, col0 + BC // 2], q2.to(dst.dtype))
+                dst.store([row0, col0 + 3 * (BC // 4)], q3.to(dst.dtype))
+    else:
+        store_block(dst, value, row0, col0, rows, cols, stride_r, stride_c, BR, BC)

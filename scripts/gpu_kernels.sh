@@ -28,9 +28,11 @@
 #           8192x8192x8192 (time vs cuBLAS); with `ncu` on the machine also the L2 hit rate
 #           (lts__t_sector_hit_rate.pct) of each GROUP_M's kernel at 8192^3; gemm_tile_order.json = the
 #           'tile_order' entry of iris_fw/tuning/gemm.json (GROUP_M of the larger shapes).
-#   bigtile scripts/tune_gemm.py --large: the estimate's configuration and 15 candidates (block
-#           128x256x64 / 256x128x64 / 128x128x64 / 128x256x32, warps 4/8, stages 3-5, GROUP_M
-#           8/16) vs cuBLAS at 16384x14336x4096 and 8192x8192x8192 (BIGTILE_SHAPES; "taxonomy":
+#   bigtile scripts/tune_gemm.py --large: the estimate's configuration (the measured row where
+#           one applies), 15 tile-kernel candidates (block 128x256x64 / 256x128x64 / 128x128x64 /
+#           128x256x32, warps 4/8, stages 3-5, GROUP_M 8/16) and 12 of the persistent schedule
+#           (flattened or not, stream-K tail 0/1/2 waves, epilogue in 1/2/4 pieces, 3-6 stages)
+#           vs cuBLAS at 16384x14336x4096 and 8192x8192x8192 (BIGTILE_SHAPES; "taxonomy":
 #           the taxonomy's six local GEMMs), CUDA graphs, interleaved; gemm_large_rows.json =
 #           rows of iris_fw/tuning/gemm.json for the shapes where a candidate beat the estimate.
 #           Not in the default STEPS: STEPS=bigtile BUDGET=300 bash scripts/gpu_kernels.sh

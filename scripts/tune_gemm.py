@@ -20,7 +20,10 @@ default) configuration at the given shapes (``--shapes M,N,K ...``), same protoc
 applies (default 16384x14336x4096, the taxonomy's all-gather + GEMM, and 8192x8192x8192;
 ``--shapes``, or ``--shapes taxonomy`` for the taxonomy's local GEMMs at one rank): the
 estimate's configuration and :data:`LARGE_CANDIDATES` (block 128x256x64 / 256x128x64 /
-128x128x64 / 128x256x32, warps 4 / 8, stages 3-5, GROUP_M 8 / 16), same protocol. Writes
+128x128x64 / 128x256x32, warps 4 / 8, stages 3-5, GROUP_M 8 / 16) and
+:data:`PERSISTENT_CANDIDATES` (the persistent schedule, :class:`iris_fw.gemm.GemmConfig`
+``persistent``: flattened or not, a stream-K tail of 0-2 waves, the epilogue in 1-4 pieces),
+same protocol. Writes
 ``gemm_large.jsonl`` and ``gemm_large_rows.json``: a row ``[null, {config, "min_m": M,
 "min_n": N, "max_k": K, "measured"}]`` per shape whose best beat the estimate's configuration
 (paste them after the device's few-row rows; ordered shortest K first).
@@ -40,12 +43,12 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 import iris_fw  # (first: interpreter on CPU-only machines)
 import torch
 from iris_fw import devinfo
-from iris_fw.gemm import GemmConfig, default_config, matmul
+from iris_fw.gemm import PERSISTENT_FIELDS, GemmConfig, default_config, matmul
 
 MS = (16, 64, 256)
 N = 8192
@@ -70,6 +73,25 @@ LARGE_CANDIDATES = (
     (128, 128, 64, 8, 4, 5),
     (128, 256, 32, 16, 8, 4), (128, 256, 32, 16, 8, 5), (128, 256, 32, 8, 8, 5),
 )
+#: The persistent schedule's candidates of the ``--large`` sweep (:class:`iris_fw.gemm.GemmConfig`
+#: ``persistent``; bf16): (block_m, block_n, block_k, group_m, warps, stages, flatten,
+#: warp_specialize, stream_k, epilogue_subtile). The epilogue's staging buffer takes shared memory
+#: beside the stages (Hopper: 227 KB a program): 128x256x64 fits 3 stages with the whole tile
+#: staged, 4 in 2 or 4 pieces; 128x256x32 fits 6 whole (Triton 3.6, sm_90: 213, 229, 213 and 213
+#: KB). First what a probe of the kernel measured best at 16384x14336x4096 on one H100 (flattened,
+#: 128x256x64, GROUP_M 8, 4 stages with the epilogue in 2 pieces: 102 % of cuBLAS; without
+#: flattening no faster than the tile kernel; GROUP_M 4 / 16, 32-deep blocks, a 2-wave stream-K
+#: tail and 256x128 tiles slower), then its neighbours. Warp specialization reaches Blackwell only
+#: (:func:`iris_fw.gemm.warp_specializes`): on Hopper its candidate is its twin's kernel, a
+#: measure of the run's noise.
+PERSISTENT_CANDIDATES = (
+    (128, 256, 64, 8, 8, 4, True, False, 1, 2), (128, 256, 64, 8, 8, 4, True, False, 0, 2),
+    (128, 256, 64, 8, 8, 3, True, False, 1, 1), (128, 256, 64, 8, 8, 3, True, False, 0, 1),
+    (128, 256, 64, 8, 8, 4, True, False, 1, 4), (128, 256, 64, 16, 8, 4, True, False, 1, 2),
+    (128, 256, 64, 8, 8, 4, True, False, 2, 2), (128, 256, 64, 8, 8, 4, True, True, 1, 2),
+    (128, 256, 64, 8, 8, 4, False, False, 1, 2), (128, 256, 32, 8, 8, 5, True, False, 1, 1),
+    (128, 256, 32, 8, 8, 6, True, False, 0, 1), (256, 128, 64, 8, 8, 4, True, False, 1, 2),
+)
 
 
 def candidates(m: int) -> list[GemmConfig]:
@@ -93,8 +115,22 @@ def candidates(m: int) -> list[GemmConfig]:
 
 
 def label(cfg: GemmConfig) -> str:
-    return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
+    """``128x256x64/g8/w8/s3/k1``, and for the persistent schedule ``…/P`` with ``f`` (flatten),
+    ``ws`` (warp-specialized), ``sk<n>`` (stream-K waves) and ``e<n>`` (epilogue pieces)."""
+    text = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/g{cfg.group_m}/w{cfg.num_warps}/s{cfg.num_stages}"
             f"/k{cfg.split_k}")
+    if cfg.persistent:
+        text += (f"/P{'f' if cfg.flatten else ''}{'ws' if cfg.warp_specialize else ''}"
+                 f"{f'sk{cfg.stream_k}' if cfg.stream_k else ''}e{cfg.epilogue_subtile}")
+    return text
+
+
+def row_config(cfg: GemmConfig, drop: tuple = ("xcds",)) -> dict:
+    """``cfg`` as a tuning-table row's config: without ``drop`` and without the persistent
+    schedule's fields where they have their defaults (a row of the tile schedule reads as before)."""
+    defaults = {f.name: f.default for f in fields(GemmConfig)}
+    return {key: v for key, v in asdict(cfg).items()
+            if key not in drop and not (key in ("persistent", *PERSISTENT_FIELDS) and v == defaults[key])}
 
 
 class Shape:
@@ -202,7 +238,7 @@ def table_rows(best: dict, device_name: str) -> list[list]:
             cfg, us, ref = best[(m, n, k)]
             # a row: [max_m, config], the config carrying its bounds and its measurement (not
             # xcds: the device's tile order gives it)
-            config = {key: v for key, v in asdict(cfg).items() if key != "xcds"}
+            config = row_config(cfg)
             if cfg.split_k > 1:
                 config["max_n"] = n
             if k != ks[-1]:
@@ -333,9 +369,13 @@ def _sweep_all(opts) -> int:
 def large_candidates(current: GemmConfig, quick: bool) -> list[GemmConfig]:
     """The estimate's configuration first, then :data:`LARGE_CANDIDATES` (on the CPU: the
     estimate and one more GROUP_M)."""
-    if quick:
-        return [current, replace(current, group_m=current.group_m * 2)]
-    return list(dict.fromkeys([current] + [GemmConfig(bm, bn, bk, g, w, st) for bm, bn, bk, g, w, st in LARGE_CANDIDATES]))
+    if quick:  # the estimate, another GROUP_M, and the persistent schedule with its stream-K tail
+        return [current, replace(current, group_m=current.group_m * 2),
+                replace(current, split_k=1, persistent=True, flatten=True, stream_k=1)]
+    plain = [GemmConfig(bm, bn, bk, g, w, st) for bm, bn, bk, g, w, st in LARGE_CANDIDATES]
+    persistent = [GemmConfig(bm, bn, bk, g, w, st, persistent=True, flatten=fl, warp_specialize=ws, stream_k=sk,
+                             epilogue_subtile=sub) for bm, bn, bk, g, w, st, fl, ws, sk, sub in PERSISTENT_CANDIDATES]
+    return list(dict.fromkeys([current] + plain + persistent))
 
 
 def large_rows(best: dict, device_name: str) -> list[list]:
@@ -346,7 +386,7 @@ def large_rows(best: dict, device_name: str) -> list[list]:
     bounds hold applies)."""
     rows = []
     for (m, n, k), (cfg, us, ref, current_us) in sorted(best.items(), key=lambda kv: (kv[0][2], -kv[0][0] * kv[0][1])):
-        config = {key: v for key, v in asdict(cfg).items() if key not in ("split_k", "xcds")}
+        config = row_config(cfg, ("split_k", "xcds"))
         config.update(min_m=m, min_n=n, max_k=k)
         config["measured"] = (f"{device_name} {time.strftime('%Y-%m-%d', time.gmtime())}, scripts/tune_gemm.py --large: "
                               f"{m}x{n}x{k} bf16 {us:.1f} us, cuBLAS {ref:.1f} us ({100 * ref / us:.1f}%); "

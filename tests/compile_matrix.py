@@ -290,6 +290,13 @@ def _launch_everything(ctx, torch) -> None:
     matmul(a, a)
     matmul(a, a, config=replace(CPU_CONFIG, xcds=8))
     ops.plan("all_gather_gemm", a, a, scheduler="fused_sequential", config=replace(CPU_CONFIG, xcds=8))(a, a)
+    # the persistent schedule (tuning rows with "persistent": true), its first variant what Hopper
+    # rows ask for: flattened, the epilogue in 2 pieces, the stream-K tail (5 tiles on the
+    # interpreter's 4 programs: 4 whole, one shared out); then warp-specialized, without a tail
+    rows = torch.randn(80, 32, device=dev, dtype=torch.bfloat16)
+    persistent = replace(CPU_CONFIG, block_n=32, persistent=True)
+    matmul(rows, a, config=replace(persistent, flatten=True, stream_k=1, epilogue_subtile=2))
+    matmul(rows, a, config=replace(persistent, warp_specialize=True))
     # flash-decode under both schedulers, contiguous and paged KV
     q, k = torch.randn(2, 4, 16, device=dev, dtype=torch.bfloat16), torch.randn(2, 8, 2, 16, device=dev,
                                                                                   dtype=torch.bfloat16)

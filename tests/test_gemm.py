@@ -390,19 +390,142 @@ def test_local_product_picks_the_kernel_from_the_table(monkeypatch):
     assert gemm.local_kernel(16, 8192, 4096, cuda, torch.bfloat16) is None
 
 
+# ---- the persistent schedule (GemmConfig.persistent) and its stream-K tail ----------------------
+
+
+def _persistent(**fields):
+    """A persistent configuration: the interpreter's 16x32x16 tiles (two 16-column epilogue
+    pieces fit), a GPU's 64x128x32."""
+    base = GemmConfig(64, 128, 32, 4, 4, 3) if GPU else replace(CPU_CONFIG, block_n=32)
+    return replace(base, persistent=True, **fields)
+
+
+def test_stream_k_tiles():
+    """The tail: the partly filled last wave (and ``waves - 1`` full ones before it); none when
+    the tiles fill the waves or without stream-K; every tile when there are fewer."""
+    assert gemm.stream_k_tiles(7168, 132, 1) == 40  # 16384x14336 in 128x256 tiles on an H100
+    assert gemm.stream_k_tiles(7168, 132, 2) == 172
+    assert gemm.stream_k_tiles(7168, 132, 0) == 0
+    assert gemm.stream_k_tiles(264, 132, 1) == 0
+    assert gemm.stream_k_tiles(100, 132, 1) == 100
+    assert gemm.stream_k_tiles(140, 132, 3) == 140
+
+
+# (M, N, K, programs, fields): ragged tiles and K; programs forced (the interpreter's would be 4):
+# one program (the whole product a stream-K tail when it has one), tails whose tiles are split
+# over 2-3 programs, runs longer than a tile (a program's first part in one tile, its last in
+# another), more programs than tiles, and runs shorter than a tile.
+PERSISTENT_CASES = [
+    (37, 70, 90, 3, {}),
+    (37, 70, 90, 3, {"flatten": True, "epilogue_subtile": 2}),
+    (37, 70, 90, 3, {"stream_k": 1}),
+    (50, 96, 70, 4, {"stream_k": 2, "flatten": True, "epilogue_subtile": 2}),
+    (50, 96, 70, 7, {"stream_k": 1, "warp_specialize": True}),
+    (20, 40, 100, 1, {"stream_k": 1}),
+    (33, 33, 33, 11, {"stream_k": 2, "epilogue_subtile": 2}),
+    cpu_extended(64, 64, 64, 5, {"stream_k": 3, "flatten": True}),
+]
+
+
+@pytest.mark.parametrize("m,n,k,programs,fields", PERSISTENT_CASES, ids=str)
+def test_persistent_matches_float64(ctx, monkeypatch, m, n, k, programs, fields):
+    """The persistent schedule against float64 at ragged shapes, with its stream-K tail's
+    fix-up: bit-identical from call to call (parts summed in program order whoever finishes
+    last), the tile counters left at zero; a column-major ``a`` and an output without a TMA
+    descriptor (odd row pitch) take the pointer paths."""
+    dev = _device()
+    scale = 8 if GPU else 1
+    m, n, k = m * scale, n * scale, k * scale
+    monkeypatch.setattr(gemm, "persistent_programs", lambda device, work: max(1, min(work, programs)))
+    g = torch.Generator().manual_seed(m * 7919 + n * 31 + k + programs)
+    a = torch.randn(m, k, generator=g).div_(k ** 0.5).to(torch.bfloat16).to(dev)
+    b = torch.randn(k, n, generator=g).to(torch.bfloat16).to(dev)
+    cfg = _persistent(**fields)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+    matmul(a, b, out=out, config=cfg, ctx=ctx)
+    _check(out, a, b, torch.bfloat16, f"persistent {fields} {m}x{n}x{k}, {programs} programs")
+    again = torch.full_like(out, float("nan"))
+    matmul(a, b, out=again, config=cfg)
+    assert torch.equal(out, again), "persistent results differ between two calls"
+    wide = torch.full((m, n + 1), float("nan"), dtype=torch.bfloat16, device=dev)[:, :n]
+    _check(matmul(a.t().contiguous().t(), b, out=wide, config=cfg), a, b, torch.bfloat16,
+           "persistent, column-major a, pointer-stored output")
+    if GPU:
+        torch.cuda.synchronize()
+    for counters in gemm.split_counters(ctx).by_stream.values():
+        assert int(counters.abs().sum()) == 0, "a stream-K tile counter was not reset"
+
+
+def test_warp_specialize_reaches_blackwell_only(monkeypatch):
+    """``warp_specialize`` goes to the kernel on sm_100 and later (and the interpreter), not on
+    Hopper (Triton's Hopper pass gives no partitions and can fail) nor on AMD."""
+    cfg = _persistent(warp_specialize=True)
+    for arch, want in (("sm_90", False), ("sm_80", False), ("sm_100", True), ("sm_120", True), ("gfx942", False),
+                       ("cpu", True)):
+        monkeypatch.setattr(gemm, "info", lambda device, arch=arch: devinfo.DeviceInfo("cuda", "X", arch, 132, 0))
+        assert gemm.warp_specializes(cfg, torch.device("cpu")) is want, arch
+    assert not gemm.warp_specializes(_persistent(), torch.device("cpu"))
+
+
+def test_persistent_config_is_checked():
+    with pytest.raises(ArgumentError, match="persistent"):
+        GemmConfig(16, 32, 16, 1, 4, 1, stream_k=1)
+    with pytest.raises(ArgumentError, match="persistent"):
+        GemmConfig(16, 32, 16, 1, 4, 1, flatten=True)
+    with pytest.raises(ArgumentError, match="split_k"):
+        GemmConfig(16, 32, 16, 1, 4, 1, split_k=2, persistent=True)
+    with pytest.raises(ArgumentError, match="epilogue_subtile"):
+        GemmConfig(16, 32, 16, 1, 4, 1, persistent=True, epilogue_subtile=4)  # 8-column pieces
+    with pytest.raises(ArgumentError, match="stream_k"):
+        GemmConfig(16, 32, 16, 1, 4, 1, persistent=True, stream_k=-1)
+    with pytest.raises(ArgumentError, match="persistent must be a bool"):
+        GemmConfig(16, 32, 16, 1, 4, 1, persistent=1)
+
+
+def test_persistent_row_selects_the_schedule(monkeypatch):
+    """A row of the table with ``"persistent": true`` (and its fields) is read by the one loader
+    into a persistent configuration, which :func:`matmul` runs with the persistent kernel; the
+    patterns' kernels never get it."""
+    big = GemmConfig(128, 256, 64, 8, 8, 4, persistent=True, flatten=True, stream_k=1, epilogue_subtile=2)
+    row = {k: v for k, v in asdict(big).items() if k != "xcds"}
+    table = {"devices": {"cpu": [[None, {**row, "min_m": 64, "min_n": 64, "measured": "a test"}]]},
+             "tile_order": {}}
+    monkeypatch.setattr(gemm.tuning, "load", lambda name: table)
+    gemm._measured_rows.cache_clear()
+    gemm._tile_orders.cache_clear()
+    try:
+        cpu = torch.device("cpu")
+        assert gemm.measured_config(64, cpu, 64, 32, split=True) == big
+        # the patterns' kernels (no split) skip the row: they run their own tile loops
+        assert gemm.measured_config(64, cpu, 64, 32) is None
+        launched = []
+        monkeypatch.setattr(gemm, "_persistent_launch", lambda *args: launched.append(args[3]) or (
+            (1,), (), {}, {}))
+        monkeypatch.setattr(gemm, "_matmul_persistent_kernel", {(1,): lambda: None})
+        a = torch.randn(64, 32, dtype=torch.bfloat16)
+        matmul(a, torch.randn(32, 64, dtype=torch.bfloat16), config=gemm.measured_config(64, cpu, 64, 32, True))
+        assert launched == [big]
+    finally:
+        gemm._measured_rows.cache_clear()
+        gemm._tile_orders.cache_clear()
+
+
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("warm_stream", [True, False], ids=["stream_counters", "graph_counters"])
-def test_split_k_graph_replay_fresh_inputs(ctx, warm_stream):
-    """A split-K matmul captured once (twice in the graph), replayed with fresh inputs each
-    time: on a stream that ran split-K before (its counters, reset by each call) or on a fresh
-    capture stream (the graph's own counters, zeroed by a captured memset)."""
+@pytest.mark.parametrize("schedule", ["split_k", "stream_k_all", "stream_k_tail"])
+def test_split_k_graph_replay_fresh_inputs(ctx, warm_stream, schedule):
+    """A split-K matmul — or the persistent schedule's stream-K tail (every tile of a small
+    product, or the last wave's of a larger one: fp32 parts allocated in the call, so in the
+    graph's pool) — captured once (twice in the graph), replayed with fresh inputs each time: on
+    a stream that ran it before (its counters, reset by each call) or on a fresh capture stream
+    (the graph's own counters, zeroed by a captured memset)."""
     dev = torch.device("cuda")
-    m, n, k = 40, 200, 1000
+    m, n, k = (1000, 2000, 1000) if schedule == "stream_k_tail" else (40, 200, 1000)
     a = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
     b = torch.empty(k, n, dtype=torch.bfloat16, device=dev)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     out2 = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-    cfg = _config(4)
+    cfg = _config(4) if schedule == "split_k" else _persistent(flatten=True, stream_k=1, epilogue_subtile=2)
     s = torch.cuda.Stream(device=dev)
     s.wait_stream(torch.cuda.current_stream(dev))
     if warm_stream:
@@ -466,7 +589,8 @@ def test_tune_script_large_smoke(tmp_path, monkeypatch):
     # the candidates are valid configurations, the estimate's first
     gpu_like = GemmConfig(128, 256, 64, 16, 8, 3)
     cands = mod.large_candidates(gpu_like, quick=False)
-    assert cands[0] == gpu_like and 12 <= len(cands) <= 20 and len(set(cands)) == len(cands)
+    assert cands[0] == gpu_like and 20 <= len(cands) <= 40 and len(set(cands)) == len(cands)
+    assert any(c.persistent and c.stream_k for c in cands) and any(c.persistent and not c.stream_k for c in cands)
     # rows from a (made-up) sweep result: the short-K shape's row first; each applies as bounded
     a, b = GemmConfig(256, 128, 64, 8, 8, 4), GemmConfig(128, 256, 64, 8, 8, 4)
     rows = mod.large_rows({(8192, 8192, 8192): (b, 1500.0, 1540.0, 1541.0),

@@ -9,10 +9,11 @@ op's local shape (for the ops) and a bare prepared launch (:class:`~iris_fw.kern
 of a one-argument kernel: the floor of any launch). Every case runs :data:`ROUNDS` rounds of
 :data:`CALLS` calls, the cases interleaved round by round (their order rotating) so that all of
 them share the same stretch of time; a row gives the median round's µs per call (the maximum
-over ranks) and its ratio to its reference (``x_ref``), and the median round's µs per call until
-its work finished on the device (``done_us``): where enqueueing took about as long
-(``queue_bound``), the launch queue was full and the host time is the device's, not the call
-path's.
+over ranks) and its ratio to its reference (``x_ref``); beside it the median round's µs per call
+of its first :data:`FIRST_CALLS` calls (``first_us``: too few to fill the launch queue) and until
+its work finished on the device (``done_us``). Where the round's enqueue time per call exceeds
+its first calls' (``queue_bound``), later calls waited for a full launch queue: ``host_us``
+then measures the device more than the call path, and ``first_us`` is the host's figure.
 
 On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
 interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_ROUNDS` × :data:`CPU_CALLS` calls) and
@@ -34,9 +35,13 @@ from ..kernel_launcher import KernelLauncher
 #: Rounds and calls per round (GPU); CPU ranks make :data:`CPU_ROUNDS` of :data:`CPU_CALLS` (a smoke run).
 ROUNDS, CALLS = 5, 200
 CPU_ROUNDS, CPU_CALLS = 1, 1
-#: A case whose enqueue time reaches this share of the time until its round's work finished
-#: (``done_us``) is marked ``queue_bound``: the host waited for the device (a full launch queue).
-QUEUE_BOUND = 0.9
+#: Calls at the start of each round timed on their own (``first_us``): too few to fill the launch
+#: queue, so their enqueue time is the call path's whatever the device does.
+FIRST_CALLS = 16
+#: A case whose enqueue time per call over the round exceeds its first calls' by this factor is
+#: marked ``queue_bound``: later calls waited for a full launch queue, so ``host_us`` measures the
+#: device more than the call path (``first_us`` is then the host's figure).
+QUEUE_BOUND = 1.25
 #: Bytes of the collectives' tensors and of the ``add_`` reference.
 MESSAGE_BYTES = 8 << 10
 #: Local shapes on GPU: the GEMM ops' ``M, N, K per rank`` (a decode step's row-parallel
@@ -137,6 +142,7 @@ class HostBench:
         names = list(cases)
         per = {name: [] for name in names}
         device = {name: [] for name in names}  # until the round's work finished: µs per call
+        first = {name: [] for name in names}  # the round's first FIRST_CALLS calls: µs per call
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
@@ -144,26 +150,32 @@ class HostBench:
                 opts.log(f"  round {r + 1}/{rounds}: {name}")  # a hang names its case
                 ctx.barrier()
                 t0 = time.perf_counter()
-                for _ in range(calls):
+                head = min(FIRST_CALLS, calls)
+                for _ in range(head):
+                    fn()
+                first[name].append((time.perf_counter() - t0) / head * 1e6)
+                for _ in range(calls - head):
                     fn()
                 per[name].append((time.perf_counter() - t0) / calls * 1e6)
                 ctx.synchronize()
                 device[name].append((time.perf_counter() - t0) / calls * 1e6)
-        medians = [statistics.median(per[name]) for name in names] + [statistics.median(device[name]) for name in names]
+        n = len(names)
+        medians = [statistics.median(series[name]) for series in (per, device, first) for name in names]
         worst = [max(v) for v in zip(*ctx.bootstrap.all_gather(medians))]
-        us = dict(zip(names, worst[:len(names)]))
-        done = dict(zip(names, worst[len(names):]))
+        us, done, head = (dict(zip(names, worst[i * n:(i + 1) * n])) for i in range(3))
         rows = []
         for name in names:
             ref = refs.get(name)
             ratio = us[name] / us[ref] if ref in us and us[ref] > 0 else None
-            # the host waited for the device when enqueueing took about as long as the work
-            # (a full launch queue): then host_us measures the device, not the call path
-            bound = us[name] >= QUEUE_BOUND * done[name]
+            # later calls slower than the first ones: they waited for a full launch queue, and
+            # host_us measures the device, not the call path (first_us is the host's figure)
+            bound = us[name] > QUEUE_BOUND * head[name]
             rows.append({"call": name, "host_us": us[name], "reference": ref or "", "x_ref": ratio,
-                         "done_us": done[name], "queue_bound": bound, "calls_per_round": calls, "rounds": rounds})
+                         "first_us": head[name], "done_us": done[name], "queue_bound": bound,
+                         "calls_per_round": calls, "rounds": rounds})
             opts.log(f"  {name}: {us[name]:.1f} us per call" + (f" ({ratio:.2f}x {ref})" if ratio else "")
-                     + f"; done after {done[name]:.1f} us per call" + (" (queue-bound)" if bound else ""))
+                     + f"; first {min(FIRST_CALLS, calls)} calls {head[name]:.1f}; done after {done[name]:.1f}"
+                     + (" (queue-bound)" if bound else ""))
         for name, why in skipped.items():
             rows.append({"call": name, "host_us": None, "reference": refs.get(name, ""), "x_ref": None,
                          "calls_per_round": 0, "rounds": 0, "skipped": why})

@@ -672,7 +672,8 @@ class FlashDecode:
             check_same_query(self.group, q)
         if out is None:
             out = torch.empty(self.out_shape, dtype=c.dtype, device=q.device)
-        elif not isinstance(out, torch.Tensor) or out.shape != self.out_shape or out.dtype != c.dtype or out.device != q.device or not out.is_contiguous():
+        elif not isinstance(out, torch.Tensor) or out.shape != self.out_shape or out.dtype != c.dtype \
+                or out.device != q.device or not out.is_contiguous():
             check_out(out, c, q.device)  # raises, naming what is wrong
         if not c.batch:
             return out

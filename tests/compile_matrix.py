@@ -239,7 +239,7 @@ def _launch_everything(ctx, torch) -> None:
     ctx.device_barrier()
     # collectives: every registered algorithm, on a small message — launched although a one-rank
     # group's collective is its input (the call path's shortcut, turned off for the recording)
-    api._INPUT_IS_RESULT_AT_ONE_RANK = frozenset()
+    shortcut, api._INPUT_IS_RESULT_AT_ONE_RANK = api._INPUT_IS_RESULT_AT_ONE_RANK, frozenset()
     ccl.new_group()
     x = torch.randn(300, device=dev)
     runs = {
@@ -261,6 +261,8 @@ def _launch_everything(ctx, torch) -> None:
     for collective, run in runs.items():
         for algo in al.names(ctx, collective):
             run(algo)
+    api._INPUT_IS_RESULT_AT_ONE_RANK = shortcut  # one rank: the call path's own copy (al.local_copy)
+    ccl.all_gather_into_tensor(torch.empty(300 * ctx.world_size, device=dev), x)
     for algo in al.names(ctx, "all_reduce"):  # 16-bit floats accumulate in fp32; integers as they are
         for dtype, op in ((torch.bfloat16, "sum"), (torch.float16, "avg"), (torch.int32, "max"),
                           (torch.float8_e4m3fn, "sum")):

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 import iris_fw
-from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed
+from helpers import COMPILE_TARGETS, capture_graph, compile_in_child, compile_kernel, fresh_seed, on_worlds
 from iris_fw import callpath, ccl
 from iris_fw.errors import ArgumentError
 from iris_fw.flash_decode import (DecodeAlgorithm, FlashDecode, combine_partials, flash_decode, flash_decode_reference,
@@ -205,18 +205,22 @@ def _row_rank(ctx, runs, fields, scales):
 
 
 #: (scheduler, case, paged) of the swapped products per world size: every case, both
-#: schedulers, contiguous and paged KV across worlds 1-3.
-_SWAPPED_RUNS = {1: [("fused", 0, False), ("bulk_sync", 1, True), ("fused", 2, False), ("fused", 3, False)],
-                 2: [("fused", 1, False), ("bulk_sync", 2, True), ("fused", 3, True)],
+#: schedulers, contiguous and paged KV across worlds 1-3 — and across 1-2 (W = 3 runs under
+#: ``-m extended`` on CPU ranks: its cases are in theirs too).
+_SWAPPED_RUNS = {1: [("fused", 0, False), ("bulk_sync", 1, True), ("fused", 2, False), ("fused", 3, False),
+                     ("fused", 0, True)],
+                 2: [("fused", 1, False), ("bulk_sync", 2, True), ("fused", 3, True), ("bulk_sync", 3, False)],
                  3: [("fused", 0, True), ("bulk_sync", 3, False)],
                  4: [("fused", 2, False)]}
 
 
+@on_worlds(1, 2)
 def test_flash_decode_swapped_products(world, on_gpu):
     """The tuning row's ``swap_ab`` (tokens on the MMA's M side) gives what the float64 reference
     gives: ragged slices (one empty), ``kv_lens`` with zeros, GQA 1/4/8, odd head dims with
     ``Dv != D``, fp16/bf16/fp32, paged and contiguous KV, both schedulers."""
-    runs = [r for rs in _SWAPPED_RUNS.values() for r in rs] if on_gpu else _SWAPPED_RUNS[world.world_size]
+    runs = list(dict.fromkeys(r for rs in _SWAPPED_RUNS.values() for r in rs)) if on_gpu else \
+        _SWAPPED_RUNS[world.world_size]
     assert world.run(_row_rank, runs, {"swap_ab": True}, (0.21, 0.37))[0][0] == runs
 
 
@@ -225,6 +229,7 @@ _ONE_SPLIT_RUNS = {1: [("fused", 2, False), ("bulk_sync", 1, True)], 2: [("fused
                    3: [("fused", 1, False)], 4: [("fused", 3, False)]}
 
 
+@on_worlds(1, 2)  # (W = 3 under -m extended on CPU ranks)
 @pytest.mark.parametrize("swap_ab", [False, True])
 def test_flash_decode_one_split(world, on_gpu, swap_ab):
     """A row whose split cap is 1 (as large batches plan: one split per unit): the split's

@@ -416,11 +416,11 @@ def test_stream_k_tiles():
 # over 2-3 programs, runs longer than a tile (a program's first part in one tile, its last in
 # another), more programs than tiles, and runs shorter than a tile.
 PERSISTENT_CASES = [
-    (37, 70, 90, 3, {}),
+    cpu_extended(37, 70, 90, 3, {}),  # (the CPU default's cases cover its paths: plain, flattened, tails)
     (37, 70, 90, 3, {"flatten": True, "epilogue_subtile": 2}),
-    (37, 70, 90, 3, {"stream_k": 1}),
+    cpu_extended(37, 70, 90, 3, {"stream_k": 1}),
     (50, 96, 70, 4, {"stream_k": 2, "flatten": True, "epilogue_subtile": 2}),
-    (50, 96, 70, 7, {"stream_k": 1, "warp_specialize": True}),
+    cpu_extended(50, 96, 70, 7, {"stream_k": 1, "warp_specialize": True}),
     (20, 40, 100, 1, {"stream_k": 1}),
     (33, 33, 33, 11, {"stream_k": 2, "epilogue_subtile": 2}),
     cpu_extended(64, 64, 64, 5, {"stream_k": 3, "flatten": True}),

@@ -250,10 +250,10 @@ def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Call
 
 
 #: Collectives whose result on a one-rank group is their input (a reduction of one value with
-#: any op, a gather or scatter of one part): the call path's ``dst`` = ``src`` (:func:`~iris_fw.ccl.algorithm.local_copy`).
+#: any op, a gather or scatter of one part): the call path's ``dst`` = ``src``
+#: (:func:`~iris_fw.ccl.algorithm.local_copy`).
 _INPUT_IS_RESULT_AT_ONE_RANK = frozenset(
     {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter"})
-
 
 
 def _check_tensor(ctx, t, name: str) -> torch.Tensor:

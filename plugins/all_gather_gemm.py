@@ -12,8 +12,9 @@ Under the kernel schedules peers read ``a_shard`` from the op's own heap buffer
 input *is* that buffer (write your shard into it to skip the copy). A tensor the caller placed on
 the heap is not read in place, because nothing checks per call that every rank placed its shard
 at the same offset. The ``library`` form (``auto``'s pick on one rank) is the local product
-(:class:`~iris_fw.gemm.LocalProduct`) of the shard where it is on one rank, and ``torch.matmul`` of :func:`iris_fw.ccl.all_gather_into_tensor`'s gathered ``A``
-on more; it multiplies straight into ``out=`` or a functional call's new tensor (``library_into``).
+(:class:`~iris_fw.gemm.LocalProduct`) of the shard where it is on one rank, and ``torch.matmul``
+of :func:`iris_fw.ccl.all_gather_into_tensor`'s gathered ``A`` on more; it multiplies straight
+into ``out=`` or a functional call's new tensor (``library_into``).
 """
 
 from __future__ import annotations
@@ -278,9 +279,10 @@ class AllGatherGemm(Pattern):
     @staticmethod
     def _library(ctx, buffers, shard, a_heap, b, c):
         """``(library, library_into)``: the library form — one rank: the local product of the
-        shard where it is (:class:`~iris_fw.gemm.LocalProduct`; no copy of the input); more ranks: the shard into ``a_heap``
-        (unless it is that buffer), :func:`iris_fw.ccl.all_gather_into_tensor` of it into a
-        local ``[M, K]`` buffer (made on the first such call), ``torch.matmul``. Either
+        shard where it is (:class:`~iris_fw.gemm.LocalProduct`; no copy of the input); more
+        ranks: the shard into ``a_heap`` (unless it is that buffer),
+        :func:`iris_fw.ccl.all_gather_into_tensor` of it into a local ``[M, K]`` buffer (made on the first such
+        call), ``torch.matmul``. Either
         multiplies straight into the tensor it is given (``c`` or the caller's), unless that
         tensor shares ``b``'s memory — or, on one rank, the shard's — which the product still
         reads: then into ``c`` and copied."""

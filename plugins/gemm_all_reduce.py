@@ -17,9 +17,10 @@ fewer (:meth:`GemmAllReduce.default_config`). Under ``fused_sequential`` a progr
 tiles as soon as the same program of every rank has pushed them (the step barrier), while other
 programs still compute; the other schedules reduce in a kernel after theirs. The ``library``
 form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias (on one rank no
-all-reduce: the product is the sum, :class:`~iris_fw.gemm.LocalProduct`). On one rank it multiplies straight into a given tensor
-(``Plan.library_into``): a functional call delivers into ``out`` or a new tensor without a copy;
-on more ranks it sums in the op's buffer (whose all-reduce launch is prepared once) and copies.
+all-reduce: the product is the sum, :class:`~iris_fw.gemm.LocalProduct`). On one rank it
+multiplies straight into a given tensor (``Plan.library_into``): a functional call delivers
+into ``out`` or a new tensor without a copy; on more ranks it sums in the op's buffer (whose all-reduce launch
+is prepared once) and copies.
 
 ``partials`` are tile-major blocks: block ``j`` of slot ``s`` is ``[BM, BN]`` contiguous, so a
 tile's push and its reduction are full-block, unmasked, coalesced moves.
@@ -252,18 +253,20 @@ class GemmAllReduce(Pattern):
         moved = int((2 * (world - 1) / world if two_shot else world - 1) * M * N * a.element_size())
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
 
-        def library():
-            torch.matmul(a, b, out=out)
-            if world > 1:  # one rank's sum is its product: no collective to call
-                ccl.all_reduce(out, ctx=ctx)
-            if bias is not None:
-                out.add_(bias)
-
         # one rank: the product is the result, written where the caller wants it (a call into a
         # tensor that shares the operands' memory, out=a, goes through the op's buffer). More
         # ranks sum in the op's buffer and copy: the all-reduce's prepared launch is kept per
         # tensor, and a new tensor per call would replace its arguments every call.
         library_into = LocalProduct(a, b, out, storage_of(a, b, bias), bias) if world == 1 else None
+
+        def library():
+            if library_into is not None:  # one rank's sum is its product: no collective to call
+                library_into(out)
+                return
+            torch.matmul(a, b, out=out)
+            ccl.all_reduce(out, ctx=ctx)
+            if bias is not None:
+                out.add_(bias)
 
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],

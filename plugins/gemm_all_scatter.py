@@ -157,8 +157,9 @@ class GemmAllScatter(Pattern):
     @staticmethod
     def _library_into(ctx, buffers, a, b, c):
         """The library form writing ``C`` into a given contiguous ``[M, N]`` tensor. One rank:
-        the local product straight into it (``C`` is the product; :class:`~iris_fw.gemm.LocalProduct`) — unless it shares an operand's
-        memory, which the product still reads: then into ``c`` and copied. More ranks: the
+        the local product straight into it (``C`` is the product;
+        :class:`~iris_fw.gemm.LocalProduct`) — unless it shares an operand's memory, which the product still
+        reads: then into ``c`` and copied. More ranks: the
         product into a local ``[M, N/W]`` buffer, :func:`iris_fw.ccl.all_gather_into_tensor` into a
         ``[W, M, N/W]`` one (both made on the first such call, the collective's launch prepared
         once for them), and the column blocks copied into place — a copy the layout needs, not

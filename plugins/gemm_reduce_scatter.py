@@ -240,8 +240,9 @@ class GemmReduceScatter(Pattern):
 
     @staticmethod
     def _library(ctx, buffers, a, b, out):
-        """``(library, library_into)``: the library form. One rank: the local product (:class:`~iris_fw.gemm.LocalProduct`; the sum of
-        one partial is the product) straight into the tensor given (``out`` or the caller's) —
+        """``(library, library_into)``: the library form. One rank: the local product
+        (:class:`~iris_fw.gemm.LocalProduct`; the sum of one partial is the product) straight into the tensor
+        given (``out`` or the caller's) —
         one launch — unless that tensor shares an operand's memory, which the product still
         reads: then into ``out`` and copied. More ranks: the product into a local ``[M, N]``
         buffer (made on the first such call) and :func:`iris_fw.ccl.reduce_scatter_tensor` of it

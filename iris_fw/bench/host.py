@@ -140,6 +140,7 @@ class HostBench:
                 del cases[name]
                 ctx.barrier()  # re-arms the job if the failure aborted it
         names = list(cases)
+        head = min(FIRST_CALLS, calls)
         per = {name: [] for name in names}
         device = {name: [] for name in names}  # until the round's work finished: µs per call
         first = {name: [] for name in names}  # the round's first FIRST_CALLS calls: µs per call
@@ -150,7 +151,6 @@ class HostBench:
                 opts.log(f"  round {r + 1}/{rounds}: {name}")  # a hang names its case
                 ctx.barrier()
                 t0 = time.perf_counter()
-                head = min(FIRST_CALLS, calls)
                 for _ in range(head):
                     fn()
                 first[name].append((time.perf_counter() - t0) / head * 1e6)
@@ -162,19 +162,19 @@ class HostBench:
         n = len(names)
         medians = [statistics.median(series[name]) for series in (per, device, first) for name in names]
         worst = [max(v) for v in zip(*ctx.bootstrap.all_gather(medians))]
-        us, done, head = (dict(zip(names, worst[i * n:(i + 1) * n])) for i in range(3))
+        us, done, early = (dict(zip(names, worst[i * n:(i + 1) * n])) for i in range(3))
         rows = []
         for name in names:
             ref = refs.get(name)
             ratio = us[name] / us[ref] if ref in us and us[ref] > 0 else None
             # later calls slower than the first ones: they waited for a full launch queue, and
             # host_us measures the device, not the call path (first_us is the host's figure)
-            bound = us[name] > QUEUE_BOUND * head[name]
+            bound = us[name] > QUEUE_BOUND * early[name]
             rows.append({"call": name, "host_us": us[name], "reference": ref or "", "x_ref": ratio,
-                         "first_us": head[name], "done_us": done[name], "queue_bound": bound,
+                         "first_us": early[name], "done_us": done[name], "queue_bound": bound,
                          "calls_per_round": calls, "rounds": rounds})
             opts.log(f"  {name}: {us[name]:.1f} us per call" + (f" ({ratio:.2f}x {ref})" if ratio else "")
-                     + f"; first {min(FIRST_CALLS, calls)} calls {head[name]:.1f}; done after {done[name]:.1f}"
+                     + f"; first {head} calls {early[name]:.1f}; done after {done[name]:.1f}"
                      + (" (queue-bound)" if bound else ""))
         for name, why in skipped.items():
             rows.append({"call": name, "host_us": None, "reference": refs.get(name, ""), "x_ref": None,

@@ -723,6 +723,28 @@ def _replaced(args: tuple, changes) -> tuple:
     return tuple(full)
 
 
+def _pointers(args):
+    """``args`` with every tensor, at any tuple depth, replaced by its ``data_ptr()``: the
+    driver's launcher (3.6's generated one, 3.9's ``driver.c``) takes an int as the pointer
+    itself, where for a tensor it calls ``data_ptr()`` and asks the driver
+    (``cuPointerGetAttribute``) whether the device can reach it — on every launch. A prepared
+    launch's tensors were checked so by its first launch, and do not move (the prepared
+    launch holds them), so its later launches pass the ints. Tuples keep their type
+    (a ``DeviceHeaps`` stays one); anything else is left as it is (a descriptor is encoded
+    by the launch)."""
+    out = []
+    changed = False
+    for a in args:
+        if isinstance(a, _Tensor):
+            a, changed = a.data_ptr(), True
+        elif isinstance(a, tuple) and a:
+            b = _pointers(a)
+            if b is not a:
+                a, changed = (type(a)._make(b) if hasattr(a, "_fields") else b), True
+        out.append(a)
+    return tuple(out) if changed else args
+
+
 class PreparedLaunch:
     """:meth:`KernelLauncher.prepare`: one kernel launch on fixed arguments.
 
@@ -883,4 +905,4 @@ class PreparedLaunch:
                 # the others at their new positions, a descriptor through the launcher's path)
                 if len(plain) != len(kernel_args) or any(a is not b for a, b in zip(plain, kernel_args)):
                     moved = positions
-        self._ready = (launch, head, kernel_args, as_tuple, device, opts, moved)
+        self._ready = (launch, head, _pointers(kernel_args), as_tuple, device, opts, moved)

@@ -419,14 +419,20 @@ def _fake(fn, constexprs, monkeypatch, **kw):
     return jit, _FakeDriverLauncher(jit, (5, 2), constexprs=constexprs, **kw)
 
 
+def _as_pointers(args):
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else _as_pointers(a) if isinstance(a, tuple) else a
+                 for a in args)
+
+
 def _check_last(jit, lau, args, path):
     """The last launch went ``path`` and used the kernel Triton would have used."""
     how, k, got = jit.calls[-1]
     assert how == path, jit.calls[-1]
     full = lau.bound_args(args)
     assert k is jit.triton_kernel(full, lau.options)
-    if how == "fast":
-        assert got == (5, 2, 1, 1000 + jit.device, k.function, k.packed_metadata, None, None, None, *full)
+    if how == "fast":  # (a prepared launch passes its tensors as their pointers: the same launch)
+        assert _as_pointers(got) == _as_pointers(
+            (5, 2, 1, 1000 + jit.device, k.function, k.packed_metadata, None, None, None, *full))
     else:
         assert got == full
 
@@ -558,6 +564,8 @@ def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
         prepared()
         _check_last(jit, lau, args, "fast")
     assert not calls, "a prepared launch computed the specialization key again"
+    assert not any(isinstance(x, torch.Tensor) for x in jit.calls[-1][2]), \
+        "a prepared launch passed a tensor (the driver's launcher then asks the driver about its pointer)"
     rt = triton.knobs.runtime
     f = lambda meta: None  # noqa: E731
     rt.launch_enter_hook.add(f)

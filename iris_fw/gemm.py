@@ -650,9 +650,11 @@ class LocalProduct:
     Where :func:`local_kernel` gives a configuration (``kernel``; or ``config`` is given) the product is
     one :class:`~iris_fw.kernel_launcher.PreparedLaunch` of the Triton GEMM, prepared on the
     first call into ``buffer`` (the op's own result tensor) with the split tiles' counters of
-    its own; another ``dst`` takes that launch with the output replaced
-    (:meth:`~iris_fw.kernel_launcher.PreparedLaunch.with_args`), kept while calls write the
-    same ``dst`` (a loop on one ``out``: the prepared launch alone); else ``torch.matmul``. Straight
+    its own; another ``dst`` takes that launch with the output replaced for the call
+    (:meth:`~iris_fw.kernel_launcher.PreparedLaunch.launch_with`: a functional call's new
+    tensor), and from its second call in a row a launch of its own
+    (:meth:`~iris_fw.kernel_launcher.PreparedLaunch.with_args`: a loop on one ``out``, the
+    prepared launch alone); else ``torch.matmul``. Straight
     into ``dst``, unless ``dst`` shares memory with an operand (``operands``:
     :func:`storage_of`, e.g. ``out=a``), which the product still reads: then into ``buffer``
     and copied. A bias is added by torch after the product. ``kernel=False``: always
@@ -689,10 +691,14 @@ class LocalProduct:
                 launch()
             else:
                 last, into = self._last
-                if last is not target:  # a new output: the last launch (resolved) with it in place, kept
-                    into = (into or launch).with_args(((self._out_at, target),))
-                    self._last = (target, into)
-                into()
+                if last is not target:  # a new output (a functional call's): this launch with it in place
+                    self._last = (target, None)
+                    launch.launch_with(((self._out_at, target),))
+                else:  # the same output again (a loop on one out=): a launch of its own, kept
+                    if into is None:
+                        into = launch.with_args(((self._out_at, target),))
+                        self._last = (target, into)
+                    into()
         if self.bias is not None:
             target.add_(self.bias)
         return dst if target is dst else dst.copy_(target)

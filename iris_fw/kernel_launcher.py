@@ -455,6 +455,7 @@ class KernelLauncher:
         self.slow_calls = 0
         self._cache = {}
         self._state = None  # what the fast path needs; set by the first compiled launch
+        self._globals_seen = None  # (fn.used_global_vals, its length, ((globals, name, object), ...))
         self._desc_cls = _tensor_descriptor_cls()
         import triton
 
@@ -495,6 +496,32 @@ class KernelLauncher:
         making it the current stream (no ``torch.cuda.stream`` context per call)."""
         self._launch(args, stream)
 
+    def _globals_unchanged(self, fn) -> bool:
+        """Whether every global the kernel reads (``fn.used_global_vals``: name -> the value it
+        compiled with, a deep copy, and the globals dict) still has that value. Comparing them
+        costs µs per global (``constexpr.__ne__`` builds constexprs; the recorded copies are
+        never the objects themselves), so after one full comparison the objects found are kept
+        and later calls check only that each global is still the same object — a rebound
+        global is compared in full again. (Triton kernels read ``tl.constexpr`` globals, which
+        nothing mutates in place.)"""
+        used = fn.used_global_vals
+        seen = self._globals_seen
+        if seen is not None and seen[0] is used and seen[1] == len(used):
+            for globals_dict, name, obj in seen[2]:
+                if globals_dict.get(name, _NOT_PRESENT) is not obj:
+                    break
+            else:
+                return True
+        found = []
+        for (name, _), (val, globals_dict) in used.items():
+            now = globals_dict.get(name, _NOT_PRESENT)
+            if now is not val and now != val:
+                self._globals_seen = None
+                return False
+            found.append((globals_dict, name, now))
+        self._globals_seen = (used, len(used), tuple(found))
+        return True
+
     def _launch(self, args, stream) -> None:
         if len(args) != self._n:
             raise self._arity_error(len(args))
@@ -509,10 +536,8 @@ class KernelLauncher:
                 rt.add_stages_inspection_hook is not None or fn.pre_run_hooks:
             return self._slow(args, stream=stream)
         # Triton raises when a global the kernel reads has changed since it compiled: let it.
-        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
-            now = globals_dict.get(name, _NOT_PRESENT)
-            if now is not val and now != val:  # (a constexpr's != costs µs: identity first)
-                return self._slow(args, stream=stream)
+        if not self._globals_unchanged(fn):
+            return self._slow(args, stream=stream)
         device = get_device()
         # = self._opts_key(), inlined
         key = key_fn(args, device, (fn.debug, rt.debug, comp.instrumentation_mode,
@@ -608,7 +633,12 @@ class KernelLauncher:
             return False
         fpsan = hasattr(type(comp), "fpsan_homomorphic_casts")
         key_fn = make_key_fn(self._flags, sample_args, self._desc_cls)
-        self._state = (rt, comp, self.kernel, HookChain, fpsan, drv.get_current_device, drv.get_current_stream,
+        get_device = drv.get_current_device
+        if get_device is torch.cuda.current_device and torch.cuda.is_initialized():
+            # what it returns once CUDA is initialized (it is: a kernel compiled for it), without
+            # its lazy-initialization checks on every launch
+            get_device = torch._C._cuda_getDevice
+        self._state = (rt, comp, self.kernel, HookChain, fpsan, get_device, drv.get_current_stream,
                        key_fn, self._cache, self._g0, self._g1, self._g2, self._tail if self._prefix else None)
         return True
 
@@ -837,7 +867,9 @@ class PreparedLaunch:
                 return None
             if rebuilt is None:
                 rebuilt = list(final)
-            rebuilt[pos] = value
+            # a device tensor as its pointer, as the prepared ones (:func:`_pointers`); a tensor
+            # elsewhere stays one, for the driver's launcher to refuse
+            rebuilt[pos] = value.data_ptr() if isinstance(value, _Tensor) and value.is_cuda else value
         return final if rebuilt is None else tuple(rebuilt)
 
     def _final_index(self, i: int):
@@ -865,10 +897,8 @@ class PreparedLaunch:
                 (leave is not None and (type(leave) is not chain or leave.calls)) or \
                 rt.add_stages_inspection_hook is not None or fn.pre_run_hooks:
             return lau._launch(args, stream)
-        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
-            now = globals_dict.get(name, _NOT_PRESENT)
-            if now is not val and now != val:
-                return lau._launch(args, stream)
+        if not lau._globals_unchanged(fn):
+            return lau._launch(args, stream)
         launch, head, _, as_tuple, device, opts, _ = ready
         get_device = state[5]
         if get_device() != device or (fn.debug, rt.debug, comp.instrumentation_mode,

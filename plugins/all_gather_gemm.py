@@ -12,9 +12,10 @@ Under the kernel schedules peers read ``a_shard`` from the op's own heap buffer
 input *is* that buffer (write your shard into it to skip the copy). A tensor the caller placed on
 the heap is not read in place, because nothing checks per call that every rank placed its shard
 at the same offset. The ``library`` form (``auto``'s pick on one rank) is the local product
-(:class:`~iris_fw.gemm.LocalProduct`) of the shard where it is on one rank, and ``torch.matmul``
-of :func:`iris_fw.ccl.all_gather_into_tensor`'s gathered ``A`` on more; it multiplies straight
-into ``out=`` or a functional call's new tensor (``library_into``).
+(:class:`~iris_fw.gemm.LocalProduct`) of the shard where it is on one rank, and of the gathered
+``A`` on more (the shard into the heap buffer unless it is that buffer, then the all-gather,
+:func:`iris_fw.ccl.prepared`); it multiplies straight into ``out=`` or a functional call's new
+tensor (``library_into``).
 """
 
 from __future__ import annotations
@@ -280,9 +281,9 @@ class AllGatherGemm(Pattern):
     def _library(ctx, buffers, shard, a_heap, b, c):
         """``(library, library_into)``: the library form — one rank: the local product of the
         shard where it is (:class:`~iris_fw.gemm.LocalProduct`; no copy of the input); more
-        ranks: the shard into ``a_heap`` (unless it is that buffer),
-        :func:`iris_fw.ccl.all_gather_into_tensor` of it into a local ``[M, K]`` buffer (made on the first such
-        call), ``torch.matmul``. Either
+        ranks: the shard into ``a_heap`` (unless it is that buffer), the all-gather of it into
+        a local ``[M, K]`` buffer (the op's, made on its first plan; :func:`iris_fw.ccl.prepared`
+        on them, once per op), the local product of that. Either
         multiplies straight into the tensor it is given (``c`` or the caller's), unless that
         tensor shares ``b``'s memory — or, on one rank, the shard's — which the product still
         reads: then into ``c`` and copied."""
@@ -298,20 +299,21 @@ class AllGatherGemm(Pattern):
                 shard[0] = None
                 return product(dst)
         else:
-            product = [None]
+            full = buffers.get("gathered")
+            if full is None:
+                full = buffers["gathered"] = torch.empty(world * a_heap.shape[0], a_heap.shape[1],
+                                                         dtype=a_heap.dtype, device=a_heap.device)
+            product = LocalProduct(full, b, c, b_storage)
 
             def library_into(dst):
                 src, shard[0] = shard[0], None
                 if src.data_ptr() != a_heap.data_ptr() or src.stride() != a_heap.stride():
                     a_heap.copy_(src)
-                full = buffers.get("gathered")
-                if full is None:
-                    full = buffers["gathered"] = torch.empty(world * a_heap.shape[0], a_heap.shape[1],
-                                                             dtype=a_heap.dtype, device=a_heap.device)
-                ccl.all_gather_into_tensor(full, a_heap, ctx=ctx)
-                if product[0] is None or product[0].a is not full:
-                    product[0] = LocalProduct(full, b, c, b_storage, kernel=False)
-                return product[0](dst)
+                # (prepared on the op's first library call: the same call on every rank)
+                gather = buffers.get("gather") or buffers.setdefault(
+                    "gather", ccl.prepared("all_gather_into_tensor", full, a_heap, ctx=ctx))
+                gather()
+                return product(dst)
 
         return (lambda: library_into(c)), library_into
 

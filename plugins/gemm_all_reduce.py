@@ -16,11 +16,12 @@ Both move the same bytes at ``W = 2``, where one-shot saves a hop; from ``W = 3`
 fewer (:meth:`GemmAllReduce.default_config`). Under ``fused_sequential`` a program reduces its
 tiles as soon as the same program of every rank has pushed them (the step barrier), while other
 programs still compute; the other schedules reduce in a kernel after theirs. The ``library``
-form is ``torch.matmul`` (cuBLAS) + :func:`iris_fw.ccl.all_reduce` + the bias (on one rank no
-all-reduce: the product is the sum, :class:`~iris_fw.gemm.LocalProduct`). On one rank it
-multiplies straight into a given tensor (``Plan.library_into``): a functional call delivers
-into ``out`` or a new tensor without a copy; on more ranks it sums in the op's buffer (whose all-reduce launch
-is prepared once) and copies.
+form is the local product (:class:`~iris_fw.gemm.LocalProduct`: ``torch.matmul``, or the Triton
+GEMM where the device's tuning row measured it at least as fast) + the all-reduce + the bias (on
+one rank no all-reduce: the product is the sum). It delivers into a given tensor
+(``Plan.library_into``): a functional call writes ``out`` or a new tensor without a copy — on one
+rank the product goes there; on more the product goes into the op's buffer and the all-reduce
+(:func:`iris_fw.ccl.prepared` on that buffer, once per op) sums from there into the tensor.
 
 ``partials`` are tile-major blocks: block ``j`` of slot ``s`` is ``[BM, BN]`` contiguous, so a
 tile's push and its reduction are full-block, unmasked, coalesced moves.
@@ -251,22 +252,28 @@ class GemmAllReduce(Pattern):
                     ctx.rank, ctx.world_size, ctx.heap_bases, int(bias is not None), int(two_shot))
         world = ctx.world_size
         moved = int((2 * (world - 1) / world if two_shot else world - 1) * M * N * a.element_size())
-        from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
-
         # one rank: the product is the result, written where the caller wants it (a call into a
         # tensor that shares the operands' memory, out=a, goes through the op's buffer). More
-        # ranks sum in the op's buffer and copy: the all-reduce's prepared launch is kept per
-        # tensor, and a new tensor per call would replace its arguments every call.
-        library_into = LocalProduct(a, b, out, storage_of(a, b, bias), bias) if world == 1 else None
+        # ranks: the product into the op's buffer, all-reduced from there into the tensor the
+        # caller wants (the op's buffer itself in place); a bias added after the sum.
+        from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
+
+        if world == 1:
+            library_into = LocalProduct(a, b, out, storage_of(a, b, bias), bias)
+        else:
+            product = LocalProduct(a, b, out, storage_of(a, b))
+
+            def library_into(dst):
+                # (prepared on the op's first library call: the same call on every rank)
+                reduce = buffers.get("reduce") or buffers.setdefault("reduce", ccl.prepared("all_reduce", out, ctx=ctx))
+                product(out)
+                reduce(out, dst)
+                if bias is not None:
+                    dst.add_(bias)
+                return dst
 
         def library():
-            if library_into is not None:  # one rank's sum is its product: no collective to call
-                library_into(out)
-                return
-            torch.matmul(a, b, out=out)
-            ccl.all_reduce(out, ctx=ctx)
-            if bias is not None:
-                out.add_(bias)
+            library_into(out)
 
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],

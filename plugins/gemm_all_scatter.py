@@ -4,7 +4,8 @@ tiles so every rank ends with ``C[M, N]`` (rank ``r``'s product in columns
 every rank's ``C``. The ``library`` form (``auto``'s pick on one rank, where the op is a plain
 GEMM) is the local product (:class:`~iris_fw.gemm.LocalProduct`) straight into the tensor a
 functional call delivers into; on more
-ranks + :func:`iris_fw.ccl.all_gather_into_tensor` and the column blocks copied into place.
+ranks the product into a local buffer, the all-gather (:func:`iris_fw.ccl.prepared`) and the
+column blocks copied into place.
 """
 
 from __future__ import annotations
@@ -160,25 +161,29 @@ class GemmAllScatter(Pattern):
         the local product straight into it (``C`` is the product;
         :class:`~iris_fw.gemm.LocalProduct`) — unless it shares an operand's memory, which the product still
         reads: then into ``c`` and copied. More ranks: the
-        product into a local ``[M, N/W]`` buffer, :func:`iris_fw.ccl.all_gather_into_tensor` into a
-        ``[W, M, N/W]`` one (both made on the first such call, the collective's launch prepared
-        once for them), and the column blocks copied into place — a copy the layout needs, not
-        a copy of a finished result."""
+        product into a local ``[M, N/W]`` buffer, the all-gather into a ``[W, M, N/W]`` one (both
+        the op's, made on its first plan; :func:`iris_fw.ccl.prepared` on them, once per op), and
+        the column blocks copied into place — a copy the layout needs, not a copy of a finished
+        result."""
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
 
         world = ctx.world_size
         if world == 1:
             return LocalProduct(a, b, c, storage_of(a, b))
         M, NL = a.shape[0], b.shape[1]
+        local = buffers.get("local")
+        if local is None:
+            local = buffers["local"] = torch.empty(M, NL, dtype=c.dtype, device=c.device)
+            buffers["gathered"] = torch.empty(world, M, NL, dtype=c.dtype, device=c.device)
+        gathered = buffers["gathered"]
+        product = LocalProduct(a, b, local, storage_of(a, b))
 
         def library_into(dst):
-            local = buffers.get("local")
-            if local is None:
-                local = buffers["local"] = torch.empty(M, NL, dtype=c.dtype, device=c.device)
-                buffers["gathered"] = torch.empty(world, M, NL, dtype=c.dtype, device=c.device)
-            gathered = buffers["gathered"]
-            torch.matmul(a, b, out=local)
-            ccl.all_gather_into_tensor(gathered, local, ctx=ctx)
+            # (prepared on the op's first library call: the same call on every rank)
+            gather = buffers.get("gather") or buffers.setdefault(
+                "gather", ccl.prepared("all_gather_into_tensor", gathered, local, ctx=ctx))
+            product(local)
+            gather()
             dst.view(M, world, NL).copy_(gathered.transpose(0, 1))
             return dst
 

@@ -14,8 +14,8 @@ kernel's prepared arguments hold — and a functional call would copy it out aga
 GPU); the unfused schedules run later steps in a kernel of their own anyway. The ``library``
 form (``auto``'s pick on one rank, where the op is a plain GEMM) is one local product
 (:class:`~iris_fw.gemm.LocalProduct`),
-straight into the tensor a functional call delivers into; on more ranks it is followed by
-:func:`iris_fw.ccl.reduce_scatter_tensor` into the op's buffer.
+straight into the tensor a functional call delivers into; on more ranks the product goes into
+a local buffer and the reduce-scatter (:func:`iris_fw.ccl.prepared`) from there into that tensor.
 """
 
 from __future__ import annotations
@@ -240,30 +240,33 @@ class GemmReduceScatter(Pattern):
 
     @staticmethod
     def _library(ctx, buffers, a, b, out):
-        """``(library, library_into)``: the library form. One rank: the local product
-        (:class:`~iris_fw.gemm.LocalProduct`; the sum of one partial is the product) straight into the tensor
-        given (``out`` or the caller's) —
-        one launch — unless that tensor shares an operand's memory, which the product still
+        """``(library, library_into)``: the library form, writing into the tensor given
+        (``out`` or the caller's). One rank: the local product
+        (:class:`~iris_fw.gemm.LocalProduct`; the sum of one partial is the product) straight
+        into it — one launch — unless it shares an operand's memory, which the product still
         reads: then into ``out`` and copied. More ranks: the product into a local ``[M, N]``
-        buffer (made on the first such call) and :func:`iris_fw.ccl.reduce_scatter_tensor` of it
-        into ``out``; no ``library_into`` there (the collective's launch is prepared per output
-        tensor: a new tensor per call would replace its arguments every call, as
-        ``gemm_all_reduce``'s library form found), so a functional call copies ``out``."""
+        buffer (the op's, made on its first plan) and the reduce-scatter from there into it
+        (:func:`iris_fw.ccl.prepared` on those buffers, once per op): two launches."""
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
 
         world = ctx.world_size
         if world == 1:
             library_into = LocalProduct(a, b, out, storage_of(a, b))
             return (lambda: library_into(out)), library_into
+        full = buffers.get("full")
+        if full is None:
+            full = buffers["full"] = torch.empty(a.shape[0], b.shape[1], dtype=out.dtype, device=out.device)
+        product = LocalProduct(a, b, full, storage_of(a, b))
 
-        def library():
-            full = buffers.get("full")
-            if full is None:
-                full = buffers["full"] = torch.empty(a.shape[0], b.shape[1], dtype=out.dtype, device=out.device)
-            torch.matmul(a, b, out=full)
-            ccl.reduce_scatter_tensor(out, full, ctx=ctx)
+        def library_into(dst):
+            # (prepared on the op's first library call: the same call on every rank)
+            scatter = buffers.get("scatter") or buffers.setdefault(
+                "scatter", ccl.prepared("reduce_scatter_tensor", out, full, ctx=ctx))
+            product(full)
+            scatter(full, dst)
+            return dst
 
-        return library, None
+        return (lambda: library_into(out)), library_into
 
     @staticmethod
     def reference(rank, world_size, inputs):

@@ -12,7 +12,8 @@ from iris_fw.hookspecs import hookimpl
 
 class Library(Scheduler):
     name = "library"
-    description = "no fusion: torch/cuBLAS GEMM, then iris_fw.ccl's collective (the pattern's library form)"
+    description = ("no fusion: the local GEMM (cuBLAS, or the Triton GEMM where the device's tuning row measured "
+                   "it at least as fast), then iris_fw.ccl's collective (the pattern's library form)")
     uses_stash = False
 
     def supports(self, plan):

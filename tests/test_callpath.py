@@ -76,8 +76,8 @@ def test_a_host_failure_on_one_rank_fails_every_peer_at_once(iris_pool, world_si
 def _out(ctx):
     """``out=``: the result written into ``out`` (returned), the same values as without it; a new
     tensor otherwise, never the op's workspace (gemm_all_reduce under ``auto`` = ``library``
-    here: copied out of it at W = 2; gemm_reduce_scatter: written there by its last step);
-    flash_decode's ``out`` likewise."""
+    here: all-reduced into it; under ``bulk_sync``: copied out of the op's buffer;
+    gemm_reduce_scatter: written there by its last step); flash_decode's ``out`` likewise."""
     w = ctx.world_size
     gen = torch.Generator().manual_seed(99 + ctx.rank)
     a = torch.randn(16, 8, generator=gen).to(ctx.device, torch.bfloat16)
@@ -96,9 +96,19 @@ def _out(ctx):
     torch.testing.assert_close(out.double().cpu(), sum(parts), atol=0.1, rtol=0.02)
     entries = callpath.state(ctx).ops.values()
     assert [type(e).__name__ for e in entries] == ["method"], entries
-    op = entries[0].__self__  # W = 2: the library form sums in the op's buffer, copied out
-    assert op.scheduler.name == "library" and op.result_in_workspace and not op.delivers_into
+    op = entries[0].__self__  # W = 2: the library form all-reduces into the tensor
+    assert op.scheduler.name == "library" and op.delivers_into
     assert op.buffers["out"].data_ptr() not in (plain.data_ptr(), again.data_ptr())
+    # a fused schedule sums in the op's buffer (its kernels' prepared output): copied out
+    fused = ops.gemm_all_reduce(a, b, scheduler="bulk_sync")
+    into = torch.full((16, 8), float("nan"), device=ctx.device, dtype=torch.bfloat16)
+    got = ops.gemm_all_reduce(a, b, scheduler="bulk_sync", out=into)
+    ctx.synchronize()
+    assert got is into and torch.equal(into, fused)
+    torch.testing.assert_close(fused.double().cpu(), sum(parts), atol=0.1, rtol=0.02)
+    op = callpath.state(ctx).ops.values()[-1].__self__
+    assert op.scheduler.name == "bulk_sync" and op.result_in_workspace and not op.delivers_into
+    assert op.buffers["out"].data_ptr() not in (fused.data_ptr(), into.data_ptr())
     # gemm_reduce_scatter's last step is this rank's reduction: it writes straight into out (when
     # contiguous) or a new tensor, never the op's own output buffer
     a2 = torch.randn(8 * w, 8, generator=gen).to(ctx.device, torch.bfloat16)

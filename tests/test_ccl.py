@@ -621,3 +621,56 @@ def test_graph_replay(iris_pool, on_gpu, collective):
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
     iris_pool(2).run(_graph_rank, collective)
+
+
+def _prepared_rank(ctx):
+    """``ccl.prepared``: an all-reduce in place and from one tensor into another, an all-gather
+    and a reduce-scatter into replaced outputs, each called several times without host
+    synchronization; the sources left alone; a bad collective name raises."""
+    from iris_fw import ccl
+    from iris_fw.errors import ArgumentError
+
+    w, r, dev = ctx.world_size, ctx.rank, ctx.device
+    n = _n(ctx, 333)
+    dtype = torch.float32
+    data = _inputs(ctx, n, dtype, "sum", fresh_seed(ctx), 3)
+    t = torch.empty(n, dtype=dtype, device=dev)
+    reduce = ccl.prepared("all_reduce", t, ctx=ctx)
+    srcs = [d[r].to(dev, copy=True) for d in data]
+    dsts = [_poison(torch.empty(n, dtype=dtype, device=dev)) for _ in data]
+    t.copy_(srcs[0])
+    reduce()  # in place
+    for s, d in zip(srcs[1:], dsts[1:]):
+        reduce(s, d)  # from s into d
+    ctx.synchronize()
+    _check(t, _reference(data[0], "sum", dtype), dtype, "sum", w, "prepared all_reduce in place", _scale(data[0], "sum"))
+    for k in (1, 2):
+        _check(dsts[k], _reference(data[k], "sum", dtype), dtype, "sum", w, f"prepared all_reduce into call {k}",
+               _scale(data[k], "sum"))
+        assert torch.equal(srcs[k].cpu(), data[k][r]), "the all-reduce's source changed"
+
+    inp = torch.empty(n, dtype=dtype, device=dev)
+    outs = [_poison(torch.empty(w * n, dtype=dtype, device=dev)) for _ in range(2)]
+    gather = ccl.prepared("all_gather_into_tensor", outs[0], inp, ctx=ctx)
+    for k, o in enumerate(outs):
+        inp.copy_(data[k][r])
+        gather(None, o)
+        ctx.synchronize()  # (inp refilled next)
+        assert torch.equal(o.cpu(), torch.cat(data[k])), f"prepared all_gather call {k}"
+
+    full = [d[r].to(dev, copy=True).repeat(w) for d in data[:2]]
+    parts = [_poison(torch.empty(n, dtype=dtype, device=dev)) for _ in range(2)]
+    scatter = ccl.prepared("reduce_scatter_tensor", parts[0], full[0], ctx=ctx)
+    scatter()
+    scatter(full[1], parts[1])
+    ctx.synchronize()
+    for k in range(2):
+        want = _reference([x.repeat(w) for x in data[k]], "sum", dtype)[r * n:(r + 1) * n]
+        _check(parts[k], want, dtype, "sum", w, f"prepared reduce_scatter call {k}",
+               _scale([x.repeat(w) for x in data[k]], "sum")[r * n:(r + 1) * n])
+    with pytest.raises(ArgumentError, match="collective must be one of"):
+        ccl.prepared("all_to_all_single", t, t, ctx=ctx)
+
+
+def test_prepared(world):
+    world.run(_prepared_rank)

@@ -80,14 +80,17 @@ def _draw(ctx, case, case_index, seed, calls, gpu_scale=True):
 def check(ctx, got, data, sm_scale, what):
     """``got`` against the float64 reference. Bound: the output's rounding to its dtype, and
     for 16-bit inputs the probabilities' rounding before the P·V product (as every flash
-    attention): a few ulps of the dtype times the largest |v|. Every rank's result bitwise equal."""
+    attention): a few ulps of the dtype times the largest |v|. A float32 output also carries
+    the float32 computation's own error (the GPU's approximate ``exp2``, sums over up to S
+    tokens in the kernel's order), which 2 ulps do not cover (4.3e-6 at |v| ~ 4 on an H100):
+    32 ulps there. Every rank's result bitwise equal."""
     from iris_fw.flash_decode import flash_decode_reference
 
     want = flash_decode_reference(data["q"], data["ks"], data["vs"], data["kv_lens"], sm_scale)
     vmax = max([float(v.abs().max()) for v in data["vs"] if v.numel()] or [0.0])
     eps = EPS[got.dtype]
     err = (got.cpu().double() - want).abs()
-    tol = 2 * eps * (want.abs() + vmax) + 1e-6
+    tol = (32 if got.dtype == torch.float32 else 2) * eps * (want.abs() + vmax) + 1e-6
     bad = ~(err <= tol)
     assert not bool(bad.any()), (f"{what}: {int(bad.sum())} of {bad.numel()} wrong, max error "
                                  f"{float(err.nan_to_num(float('inf')).max()):.3g}, e.g. at {bad.nonzero()[0].tolist()}")

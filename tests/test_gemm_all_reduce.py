@@ -103,16 +103,16 @@ def _library_and_auto(ctx):
 
 
 def test_library_and_auto(iris_pool):
-    """The library form (torch matmul + iris_fw.ccl.all_reduce), and auto (the library form
+    """The library form (the local product + the all-reduce), and auto (the library form
     until a fused row is measured), also through the cached ``ops`` call."""
     for w in (2, 3):
         iris_pool(w).run(_library_and_auto)
 
 
 def _library_delivers(ctx):
-    """Functional calls under ``library`` return the result in ``out`` or a new tensor (one
-    rank: the product written there, no copy; more: copied from the op's buffer after the
-    all-reduce): poisoned ``out`` and op buffers, fresh inputs per call, every result
+    """Functional calls under ``library`` return the result in ``out`` or a new tensor, with no
+    copy (one rank: the product written there; more: the product in the op's buffer,
+    all-reduced from there into it): poisoned ``out`` and op buffers, fresh inputs per call, every result
     against the float64 reference; two consecutive results are distinct tensors off the heap,
     and the second call leaves the first result as it was."""
     from iris_fw import callpath
@@ -132,7 +132,7 @@ def _library_delivers(ctx):
             else:
                 got = ops.gemm_all_reduce(*mine[:2], scheduler="library", **kwargs)
             op = callpath.state(ctx).ops.values()[-1].__self__
-            assert op.scheduler.name == "library" and op.delivers_into == (ctx.world_size == 1)
+            assert op.scheduler.name == "library" and op.delivers_into
             for t in op.buffers.values():  # the op's own buffers are not the result
                 if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
                     t.fill_(float("nan"))
@@ -159,7 +159,7 @@ def _library_delivers(ctx):
 
 
 def test_library_functional_call_delivers_without_a_copy(iris_pool):
-    """One rank (no all-reduce, no copy) and two and three ranks (summed in the op's buffer)."""
+    """One rank (no all-reduce) and two and three ranks (all-reduced from the op's buffer)."""
     for w in (1, 2, 3):
         iris_pool(w).run(_library_delivers)
 

@@ -581,6 +581,27 @@ def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
     g["X"] = 2
     prepared()
     _check_last(jit, lau, args, "slow")
+
+    class Compared:  # a global compiled as a copy (Triton deep-copies it): equal, never the same object
+        compared = 0
+
+        def __ne__(self, other):
+            Compared.compared += 1
+            return not isinstance(other, Compared)
+
+    g = {"C": Compared()}
+    jit.used_global_vals = {("C", id(g)): (Compared(), g)}
+    for _ in range(3):
+        prepared()
+        _check_last(jit, lau, args, "fast")
+    assert Compared.compared == 1, "an unchanged global was compared in full on every launch"
+    g["C"] = Compared()  # rebound to an equal value: compared again, still fast
+    prepared()
+    _check_last(jit, lau, args, "fast")
+    assert Compared.compared == 2
+    g["C"] = 3  # rebound to another value: Triton's path
+    prepared()
+    _check_last(jit, lau, args, "slow")
     jit.used_global_vals = {}
     monkeypatch.setattr(rt, "debug", True)
     prepared()

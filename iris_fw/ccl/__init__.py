@@ -13,6 +13,9 @@ sources in place and data travels through the group's registered receive buffers
 * ``broadcast(tensor, src, group=None, async_op=False)``, ``reduce(tensor, dst, op=SUM, …)``,
   ``gather(tensor, gather_list=None, dst=0, …)``, ``scatter(tensor, scatter_list=None, src=0, …)``
 * ``barrier(group=None, async_op=False)``; ``new_group(ranks)``, ``destroy_group(group)``
+* ``prepared(collective, *tensors, op=None, group=None, algorithm="auto")``: an all-reduce,
+  all-gather or reduce-scatter prepared once on fixed tensors (a :class:`Prepared` to call,
+  source and destination replaceable): for a library calling one collective on its own buffers
 
 Every call also takes ``algorithm=`` (``"auto"``, or a registered name: ``ccl.algorithms(...)``)
 and ``ctx=`` (default: the current context). The first call with given arguments is validated
@@ -24,6 +27,7 @@ graph (see docs/collectives.md).
 from __future__ import annotations
 
 from .api import (
+    Prepared,
     ReduceOp,
     Work,
     algorithms,
@@ -35,6 +39,7 @@ from .api import (
     destroy_group,
     gather,
     new_group,
+    prepared,
     reduce,
     reduce_scatter_tensor,
     scatter,
@@ -44,6 +49,7 @@ from .group import Group, WorkspaceFull
 
 __all__ = [
     "Group",
+    "Prepared",
     "ReduceOp",
     "Work",
     "WorkspaceFull",
@@ -58,6 +64,7 @@ __all__ = [
     "destroy_group",
     "gather",
     "new_group",
+    "prepared",
     "reduce",
     "reduce_scatter_tensor",
     "scatter",

@@ -21,7 +21,7 @@ from .. import callpath as cp
 from .. import context as _context
 from .. import tilecomm as tc
 from .. import trace as tr
-from ..errors import ArgumentError, ArgumentTypeError, bad_type
+from ..errors import ArgumentError, ArgumentTypeError, IrisError, bad_type
 from . import algorithm as al
 from ..call_identity import describe_call
 from .group import Group, default_workspace_bytes
@@ -311,6 +311,11 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp
     same on every rank. 8/16-bit floats accumulate in fp32; AVG divides the sum.
     Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
+    return _call(ctx, group, *_all_reduce_call(ctx, tensor, op, algorithm), async_op)
+
+
+def _all_reduce_call(ctx, tensor, op, algorithm):
+    """``(key, prepare, src, dst)`` of an all-reduce (:func:`_call`'s arguments)."""
     key = ("all_reduce", tensor.dtype, tensor.numel(), op, algorithm) if _fast_ok(ctx, tensor) else None
 
     def prepare(g):
@@ -322,7 +327,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp
 
         return _prepare(g, "iris_fw.ccl.all_reduce", check, algorithm)
 
-    return _call(ctx, group, key, prepare, tensor, tensor, async_op)
+    return key, prepare, tensor, tensor
 
 
 def _heap_offset(ctx, t) -> int | None:
@@ -347,6 +352,11 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     ``[size, …]``) = every rank's ``input_tensor`` concatenated in group-rank order.
     Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
+    return _call(ctx, group, *_all_gather_call(ctx, output_tensor, input_tensor, algorithm), async_op)
+
+
+def _all_gather_call(ctx, output_tensor, input_tensor, algorithm):
+    """``(key, prepare, src, dst)`` of an all-gather (:func:`_call`'s arguments)."""
     key = None
     if _fast_ok(ctx, output_tensor, input_tensor):
         n = input_tensor.numel()
@@ -373,7 +383,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
 
         return _prepare(g, "iris_fw.ccl.all_gather_into_tensor", check, algorithm, finish)
 
-    return _call(ctx, group, key, prepare, input_tensor, output_tensor, async_op)
+    return key, prepare, input_tensor, output_tensor
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp else "sum",
@@ -383,6 +393,11 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
     over the group, on group rank ``r``; ``input`` holds ``size * output.numel()`` elements.
     Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
+    return _call(ctx, group, *_reduce_scatter_call(ctx, output, input, op, algorithm), async_op)
+
+
+def _reduce_scatter_call(ctx, output, input, op, algorithm):
+    """``(key, prepare, src, dst)`` of a reduce-scatter (:func:`_call`'s arguments)."""
     key = (("reduce_scatter", input.dtype, output.dtype, input.numel(), output.numel(), op, algorithm)
            if _fast_ok(ctx, output, input) else None)
 
@@ -401,7 +416,76 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
 
         return _prepare(g, "iris_fw.ccl.reduce_scatter_tensor", check, algorithm)
 
-    return _call(ctx, group, key, prepare, input, output, async_op)
+    return key, prepare, input, output
+
+
+class Prepared:
+    """One collective call prepared on fixed tensors (:func:`prepared`): calling it enqueues
+    the call, its source and destination replaceable per call by tensors of the prepared ones'
+    dtype, size and device (contiguous) — for a library that calls one collective on its own
+    buffers every time: the call path's key and look-up are paid once, at preparation.
+
+    ``prepared(src=None, dst=None)``: ``src`` / ``dst`` default to the prepared tensors
+    (an all-reduce's are both its ``tensor``: in place; with ``dst`` given it reduces ``src``
+    into ``dst``). The caller guarantees the replacements' match (nothing is checked per call).
+    While a tracer is active the call takes the traced variant through the call path. After the
+    job was aborted and re-armed, a call raises (prepare again)."""
+
+    __slots__ = ("ctx", "group", "key", "prepare", "entry", "src", "dst", "label", "_epoch")
+
+    def __init__(self, ctx, group, key, prepare, entry, src, dst, label):
+        self.ctx, self.group, self.key, self.prepare, self.entry = ctx, group, key, prepare, entry
+        self.src, self.dst, self.label, self._epoch = src, dst, label, ctx.abort_epoch
+
+    def __call__(self, src=None, dst=None) -> None:
+        ctx = self.ctx
+        if ctx._closed:
+            ctx._check_open()  # raises: the call's buffers belong to a closed context
+        if self._epoch != ctx.abort_epoch:
+            error = IrisError(f"{self.label} was prepared before the job was aborted and re-armed: prepare it again")
+            error._iris_fw_told = True
+            raise error
+        src = self.src if src is None else src
+        dst = self.dst if dst is None else dst
+        tracer = ctx.tracer
+        if tracer is not None:  # the traced variant, prepared once per session
+            tracer.launched()
+            cp.call(ctx, self.group.calls, self.key + (("traced", tracer.session),), self.prepare, self.group,
+                    self.label, src, dst)
+            return
+        try:
+            self.entry(src, dst)
+        except BaseException as exc:
+            cp.fail(ctx, self.label, exc)
+            raise
+
+
+#: The collectives :func:`prepared` takes: name -> the function giving ``(key, prepare, src, dst)``.
+_PREPARABLE = {"all_reduce": _all_reduce_call, "all_gather_into_tensor": _all_gather_call,
+               "reduce_scatter_tensor": _reduce_scatter_call}
+
+
+def prepared(collective: str, *tensors, op: ReduceOpLike | None = None, group: GroupLike = None,
+             algorithm: str = "auto", ctx: Context | None = None) -> Prepared:
+    """``collective`` (``"all_reduce"``, ``"all_gather_into_tensor"``, ``"reduce_scatter_tensor"``)
+    on ``tensors`` (its public function's tensor arguments, in order), prepared — validated
+    across the group's members on the group's call cache's miss, like the call itself; a
+    collective call: every member prepares it at the same point — and returned as a
+    :class:`Prepared` to call later, without launching now."""
+    ctx = _ctx(ctx)
+    make = _PREPARABLE.get(collective)
+    if make is None:
+        raise ArgumentError(f"collective must be one of {sorted(_PREPARABLE)}, got {collective!r}")
+    args = (*tensors, "sum" if op is None else op) if collective != "all_gather_into_tensor" else tensors
+    key, prepare, src, dst = make(ctx, *args, algorithm)
+    if key is None:  # arguments the cached path does not take: the full checks report them
+        prepare(group_of(ctx, group, collective))
+        raise ArgumentError(f"{collective}: its tensors must be contiguous on this rank's device")  # pragma: no cover
+    g = group_of(ctx, group, key[0])
+    entry = g.calls.get(key)
+    if entry is None:
+        entry = g.calls.put(key, prepare(g))
+    return Prepared(ctx, g, key, prepare, entry, src, dst, "iris_fw.ccl." + key[0])
 
 
 def _splits(t, sizes, world: int, name: str) -> tuple[int, ...]:

@@ -500,26 +500,36 @@ class KernelLauncher:
         """Whether every global the kernel reads (``fn.used_global_vals``: name -> the value it
         compiled with, a deep copy, and the globals dict) still has that value. Comparing them
         costs µs per global (``constexpr.__ne__`` builds constexprs; the recorded copies are
-        never the objects themselves), so after one full comparison the objects found are kept
-        and later calls check only that each global is still the same object — a rebound
-        global is compared in full again. (Triton kernels read ``tl.constexpr`` globals, which
-        nothing mutates in place.)"""
+        never the objects themselves), so after one full comparison the objects found are kept,
+        per globals dict, with an ``operator.itemgetter`` of their names, and later calls only
+        fetch them (one C call per dict) and compare the tuple with the kept one — a tuple
+        comparison tests its items by identity first, in C; a rebound global is compared in full
+        again. (Triton kernels read ``tl.constexpr`` globals, which nothing mutates in place.)"""
         used = fn.used_global_vals
         seen = self._globals_seen
         if seen is not None and seen[0] is used and seen[1] == len(used):
-            for globals_dict, name, obj in seen[2]:
-                if globals_dict.get(name, _NOT_PRESENT) is not obj:
+            for globals_dict, fetch, objs in seen[2]:
+                try:
+                    now = fetch(globals_dict)
+                except KeyError:  # a global deleted
+                    break
+                if now is not objs and now != objs:
                     break
             else:
                 return True
-        found = []
+        found = {}
         for (name, _), (val, globals_dict) in used.items():
             now = globals_dict.get(name, _NOT_PRESENT)
             if now is not val and now != val:
                 self._globals_seen = None
                 return False
-            found.append((globals_dict, name, now))
-        self._globals_seen = (used, len(used), tuple(found))
+            found.setdefault(id(globals_dict), (globals_dict, []))[1].append((name, now))
+        groups = []
+        for globals_dict, pairs in found.values():
+            names = [n for n, _ in pairs]
+            objs = tuple(o for _, o in pairs)
+            groups.append((globals_dict, operator.itemgetter(*names), objs if len(names) > 1 else objs[0]))
+        self._globals_seen = (used, len(used), tuple(groups))
         return True
 
     def _launch(self, args, stream) -> None:

@@ -321,7 +321,8 @@ def test_patterns_with_xcds_match_float64(pattern, scheduler):
 def test_local_product_prepared_launch(split):
     """:class:`~iris_fw.gemm.LocalProduct` on the Triton GEMM (a configuration forced; split-K
     with counters of its own): the prepared launch into its buffer, then into fresh outputs
-    (``launch_with``, each poisoned), fresh values in the fixed operands, an output sharing an
+    (``launch_with``, each poisoned), one output again and again (``with_args`` from its second
+    call), fresh values in the fixed operands, an output sharing an
     operand's memory (through the buffer, copied), a bias — each against float64. On a GPU the
     calls after the first take the prepared path: the launcher's slow path ran once (Triton
     3.6 re-encodes the TMA descriptors of ``a`` and ``b``: the output is replaced at its moved
@@ -354,7 +355,16 @@ def test_local_product_prepared_launch(split):
         fresh_only(out)
         _check(out, a, b, dtype, f"new output {r}, never into the buffer")
     if GPU:
-        assert fresh_only._last[1].launcher.slow_calls == 1, "new outputs took the launcher's slow path"
+        assert fresh_only._launch.launcher.slow_calls == 1, "new outputs took the launcher's slow path"
+    same = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+    for r in range(3):  # one out= in a loop: from its second call a launch of its own
+        a.copy_(fresh(m, k))
+        same.fill_(float("nan"))
+        assert product(same) is same
+        _check(same, a, b, dtype, f"the same output, call {r}")
+    assert product._last[0] is same and product._last[1] is not None
+    if GPU:
+        assert product._launch.launcher.slow_calls == slow, "the same output took the launcher's slow path"
     square = fresh(k, k)
     into_a = gemm.LocalProduct(square, square, torch.empty(k, k, dtype=dtype, device=dev),
                                gemm.storage_of(square), config=_config(split))

@@ -589,8 +589,8 @@ def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
             Compared.compared += 1
             return not isinstance(other, Compared)
 
-    g = {"C": Compared()}
-    jit.used_global_vals = {("C", id(g)): (Compared(), g)}
+    g = {"C": Compared(), "D": (1, 2)}
+    jit.used_global_vals = {("C", id(g)): (Compared(), g), ("D", id(g)): ((1, 2), g)}
     for _ in range(3):
         prepared()
         _check_last(jit, lau, args, "fast")
@@ -600,6 +600,12 @@ def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
     _check_last(jit, lau, args, "fast")
     assert Compared.compared == 2
     g["C"] = 3  # rebound to another value: Triton's path
+    prepared()
+    _check_last(jit, lau, args, "slow")
+    g["C"] = Compared()
+    prepared()
+    _check_last(jit, lau, args, "fast")
+    del g["D"]  # deleted: Triton's path
     prepared()
     _check_last(jit, lau, args, "slow")
     jit.used_global_vals = {}

@@ -628,7 +628,7 @@ def _product_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg: Gemm
 
 
 def local_kernel(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype) -> GemmConfig | None:
-    """The configuration in which a one-rank op's product ``[m, k] @ [k, n]`` runs the Triton GEMM
+    """The configuration in which an op's local product ``[m, k] @ [k, n]`` runs the Triton GEMM
     instead of ``torch.matmul`` (:class:`LocalProduct`), or None: on a GPU whose tuning table's
     row for the shape (:func:`measured_config`, split-K rows included) is flagged ``local`` — its
     sweep found the kernel at least as fast as cuBLAS in the same run — where a prepared launch
@@ -644,7 +644,7 @@ def local_kernel(m: int, n: int, k: int, device: torch.device, dtype: torch.dtyp
 
 class LocalProduct:
     """``dst = a @ b`` (``+ bias``) for one plan's fixed operands ``a [M, K]``, ``b [K, N]``:
-    the library form of a one-rank op, writing where the caller wants it. Called with ``dst``
+    the local product of an op's library form, writing where the caller wants it. Called with ``dst``
     (a contiguous ``[M, N]`` tensor of ``a``'s dtype), returns it.
 
     Where :func:`local_kernel` gives a configuration (``kernel``; or ``config`` is given) the product is
@@ -658,7 +658,7 @@ class LocalProduct:
     into ``dst``, unless ``dst`` shares memory with an operand (``operands``:
     :func:`storage_of`, e.g. ``out=a``), which the product still reads: then into ``buffer``
     and copied. A bias is added by torch after the product. ``kernel=False``: always
-    ``torch.matmul`` (the library form's product on more ranks: the cuBLAS reference)."""
+    ``torch.matmul``."""
 
     __slots__ = ("a", "b", "buffer", "operands", "bias", "config", "_launch", "_out_at", "_last")
 
@@ -669,7 +669,7 @@ class LocalProduct:
             config = local_kernel(a.shape[0], b.shape[1], a.shape[1], a.device, a.dtype)
         self.config = config
         self._launch = None
-        self._last = (None, None)  # (the last output other than buffer, its prepared launch)
+        self._last = (None, None, 0)  # (the last output other than buffer, its prepared launch, its pointer)
 
     def _prepare(self):
         buffer = self.buffer
@@ -690,14 +690,15 @@ class LocalProduct:
             if target is self.buffer:
                 launch()
             else:
-                last, into = self._last
-                if last is not target:  # a new output (a functional call's): this launch with it in place
-                    self._last = (target, None)
+                last, into, last_ptr = self._last
+                ptr = target.data_ptr()
+                if last is not target or last_ptr != ptr:  # a new output (a functional call's): replaced
+                    self._last = (target, None, ptr)
                     launch.launch_with(((self._out_at, target),))
                 else:  # the same output again (a loop on one out=): a launch of its own, kept
                     if into is None:
                         into = launch.with_args(((self._out_at, target),))
-                        self._last = (target, into)
+                        self._last = (target, into, ptr)
                     into()
         if self.bias is not None:
             target.add_(self.bias)

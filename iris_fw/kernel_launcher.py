@@ -764,19 +764,20 @@ def _replaced(args: tuple, changes) -> tuple:
 
 
 def _pointers(args):
-    """``args`` with every tensor, at any tuple depth, replaced by its ``data_ptr()``: the
+    """``args`` with every GPU tensor, at any tuple depth, replaced by its ``data_ptr()``: the
     driver's launcher (3.6's generated one, 3.9's ``driver.c``) takes an int as the pointer
     itself, where for a tensor it calls ``data_ptr()`` and asks the driver
     (``cuPointerGetAttribute``) whether the device can reach it — on every launch. A prepared
-    launch's tensors were checked so by its first launch, and do not move (the prepared
-    launch holds them), so its later launches pass the ints. Tuples keep their type
-    (a ``DeviceHeaps`` stays one); anything else is left as it is (a descriptor is encoded
-    by the launch)."""
+    launch holds its tensors, whose storage must stay where it is (the class's contract), so
+    its launches pass the ints; a tensor elsewhere (a CPU tensor) stays one, for the driver's
+    launcher to refuse. Tuples keep their type (a ``DeviceHeaps`` stays one); anything else is
+    left as it is (a descriptor is encoded by the launch)."""
     out = []
     changed = False
     for a in args:
         if isinstance(a, _Tensor):
-            a, changed = a.data_ptr(), True
+            if a.is_cuda:
+                a, changed = a.data_ptr(), True
         elif isinstance(a, tuple) and a:
             b = _pointers(a)
             if b is not a:
@@ -795,8 +796,9 @@ class PreparedLaunch:
     still takes the launcher's full path when anything that could change the outcome has
     changed: launch hooks or pre-run hooks set, a global the kernel uses changed, the current
     device or the compile options (debug, instrumentation) changed. The arguments must not be
-    mutated (a plan's memoized arguments are not); a descriptor's memory must stay where it was
-    (a plan is keyed by its operands' ``data_ptr``).
+    mutated (a plan's memoized arguments are not), and their tensors' and descriptors' memory
+    must stay where it was (a plan is keyed by its operands' ``data_ptr``): the resolved launch
+    passes the GPU tensors' pointers (:func:`_pointers`), not the tensors.
 
     :meth:`with_args` makes a prepared launch of a few arguments replaced (sharing the resolved
     entry); :meth:`launch_with` launches with a few runtime arguments replaced for one call (a fresh
@@ -835,7 +837,7 @@ class PreparedLaunch:
         final = self._rebuilt(ready, changes)
         if final is None:
             return self.launcher._launch(_replaced(args, changes), stream)
-        self._fire(ready, final, _replaced(args, changes) if final is not ready[2] else args, stream)
+        self._fire(ready, final, args, stream, changes if final is not ready[2] else None)
 
     def with_args(self, changes) -> "PreparedLaunch":
         """A prepared launch of these arguments with ``changes`` — ``((runtime argument index,
@@ -895,9 +897,10 @@ class PreparedLaunch:
         moved = ready[6]
         return pos if moved is None else moved[pos]
 
-    def _fire(self, ready, final, args, stream) -> None:
+    def _fire(self, ready, final, args, stream, changes=None) -> None:
         """The resolved launch of ``final`` (kernel arguments), unless something that could
-        change the outcome changed: then the launcher's path on ``args``."""
+        change the outcome changed: then the launcher's path on ``args`` (with ``changes`` in
+        place: built only then)."""
         lau = self.launcher
         state = lau._state
         rt, comp, fn = state[0], state[1], state[2]
@@ -906,14 +909,14 @@ class PreparedLaunch:
         if (enter is not None and (type(enter) is not chain or enter.calls)) or \
                 (leave is not None and (type(leave) is not chain or leave.calls)) or \
                 rt.add_stages_inspection_hook is not None or fn.pre_run_hooks:
-            return lau._launch(args, stream)
+            return lau._launch(args if changes is None else _replaced(args, changes), stream)
         if not lau._globals_unchanged(fn):
-            return lau._launch(args, stream)
+            return lau._launch(args if changes is None else _replaced(args, changes), stream)
         launch, head, _, as_tuple, device, opts, _ = ready
         get_device = state[5]
         if get_device() != device or (fn.debug, rt.debug, comp.instrumentation_mode,
                                       comp.fpsan_homomorphic_casts if state[4] else None) != opts:
-            return lau._launch(args, stream)
+            return lau._launch(args if changes is None else _replaced(args, changes), stream)
         handle = state[6](device) if stream is None else stream.cuda_stream
         if as_tuple:
             launch(lau._g0, lau._g1, lau._g2, handle, *head, final)

@@ -51,14 +51,13 @@ host time per call), else ``torch.matmul``.
   partials, which writes straight into ``out`` (when contiguous) or the new tensor — no copy; two
   launches (the GEMM kernel, then the reduction, which needs every peer's partials and writes the
   caller's tensor, which the GEMM kernel's prepared arguments cannot take per call). Under
-  ``library`` on more ranks: ``torch.matmul`` + :func:`iris_fw.ccl.reduce_scatter_tensor` into the
-  op's buffer (the collective's launch is prepared for that tensor), copied.
+  ``library`` on more ranks: the local product into the op's buffer, then the reduce-scatter
+  (:func:`iris_fw.ccl.prepared` on that buffer) straight into ``out`` or the new tensor — no copy.
 * ``gemm_all_reduce`` under the ``library`` schedule (what ``auto`` picks wherever no fused row
   is measured: every device and world size today): on one rank its library form multiplies
   straight into ``out`` (when contiguous) or the new tensor — no copy (and no all-reduce); on
-  more ranks it sums in the op's buffer, whose all-reduce launch is prepared once, and copies
-  (all-reducing a new tensor in place would replace the prepared launch's arguments every
-  call). Under a fused schedule the result is the op's symmetric workspace (with ``two_shot``
+  more ranks it multiplies into the op's buffer and all-reduces from there into that tensor
+  (:func:`iris_fw.ccl.prepared`) — no copy either. Under a fused schedule the result is the op's symmetric workspace (with ``two_shot``
   peers store into it; the next call overwrites it): copied into ``out`` or a new tensor.
 * ``gemm_all_scatter``: under a kernel schedule the result is the op's symmetric workspace
   (peers write their blocks into it; the next call overwrites it): copied into ``out`` or a new
@@ -163,8 +162,8 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None
     **No copy** (a non-contiguous ``out`` gets one) under a kernel schedule: the last writer is
     this rank's own reduction kernel, launched on the new tensor or ``out`` (two launches: the
     GEMM kernel, then the reduction) — and on one rank under ``library`` (``auto``'s pick there):
-    one product (:class:`~iris_fw.gemm.LocalProduct`) into that tensor. **Copies** under ``library`` on more ranks: the
-    reduce-scatter writes the op's buffer, for which its launch is prepared."""
+    one product (:class:`~iris_fw.gemm.LocalProduct`) into that tensor; on more ranks the
+    product into the op's buffer and the reduce-scatter from there into that tensor."""
     return _call("gemm_reduce_scatter", (a, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -174,13 +173,12 @@ def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     """``sum over ranks of a[M, K/W] @ b[K/W, N]`` plus ``bias[N]`` (the same on every rank),
     on every rank: returns ``[M, N]`` (a row-parallel linear layer). ``config``: a
     :class:`~iris_fw.plugins.gemm_all_reduce.GemmAllReduceConfig` (tiles and ``one_shot`` /
-    ``two_shot``). ``scheduler="library"``: ``torch.matmul`` + :func:`iris_fw.ccl.all_reduce`.
+    ``two_shot``). ``scheduler="library"``: the local product + the all-reduce.
     The result goes into ``out`` (``[M, N]``) when given, else into a new tensor.
 
-    **No copy on one rank** under the ``library`` schedule (``auto``'s pick today; a
-    non-contiguous ``out`` gets one): the product is computed into that tensor, nothing more.
-    **Copies** on more ranks (the sum is taken in the op's buffer, whose all-reduce launch is
-    prepared once: a new tensor per call would replace its arguments every call) and under a
-    fused schedule (the result is the op's symmetric output buffer; ``two_shot``: peers store the
+    **No copy** under the ``library`` schedule (``auto``'s pick today; a non-contiguous ``out``
+    gets one): on one rank the product is computed into that tensor, nothing more; on more the
+    product goes into the op's buffer and the all-reduce sums from there into that tensor.
+    **Copies** under a fused schedule (the result is the op's symmetric output buffer; ``two_shot``: peers store the
     sums into it; the next call overwrites it)."""
     return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

@@ -282,7 +282,7 @@ class AllGatherGemm(Pattern):
         """``(library, library_into)``: the library form — one rank: the local product of the
         shard where it is (:class:`~iris_fw.gemm.LocalProduct`; no copy of the input); more
         ranks: the shard into ``a_heap`` (unless it is that buffer), the all-gather of it into
-        a local ``[M, K]`` buffer (the op's, made on its first plan; :func:`iris_fw.ccl.prepared`
+        a local ``[M, K]`` buffer (the op's, made on its first library call; :func:`iris_fw.ccl.prepared`
         on them, once per op), the local product of that. Either
         multiplies straight into the tensor it is given (``c`` or the caller's), unless that
         tensor shares ``b``'s memory — or, on one rank, the shard's — which the product still
@@ -299,21 +299,23 @@ class AllGatherGemm(Pattern):
                 shard[0] = None
                 return product(dst)
         else:
-            full = buffers.get("gathered")
-            if full is None:
-                full = buffers["gathered"] = torch.empty(world * a_heap.shape[0], a_heap.shape[1],
-                                                         dtype=a_heap.dtype, device=a_heap.device)
-            product = LocalProduct(full, b, c, b_storage)
+            product = []  # (made on the plan's first library call: other schedules need none of it)
 
             def library_into(dst):
                 src, shard[0] = shard[0], None
                 if src.data_ptr() != a_heap.data_ptr() or src.stride() != a_heap.stride():
                     a_heap.copy_(src)
+                if not product:
+                    full = buffers.get("gathered")
+                    if full is None:
+                        full = buffers["gathered"] = torch.empty(world * a_heap.shape[0], a_heap.shape[1],
+                                                                 dtype=a_heap.dtype, device=a_heap.device)
+                    product.append(LocalProduct(full, b, c, b_storage))
                 # (prepared on the op's first library call: the same call on every rank)
                 gather = buffers.get("gather") or buffers.setdefault(
-                    "gather", ccl.prepared("all_gather_into_tensor", full, a_heap, ctx=ctx))
+                    "gather", ccl.prepared("all_gather_into_tensor", product[0].a, a_heap, ctx=ctx))
                 gather()
-                return product(dst)
+                return product[0](dst)
 
         return (lambda: library_into(c)), library_into
 

@@ -262,13 +262,19 @@ class GemmAllReduce(Pattern):
             library_into = LocalProduct(a, b, out, storage_of(a, b, bias), bias)
         else:
             product = LocalProduct(a, b, out, storage_of(a, b))
+            bias_storage = storage_of(bias)
 
             def library_into(dst):
                 # (prepared on the op's first library call: the same call on every rank)
                 reduce = buffers.get("reduce") or buffers.setdefault("reduce", ccl.prepared("all_reduce", out, ctx=ctx))
                 product(out)
-                reduce(out, dst)
-                if bias is not None:
+                if bias is None:
+                    reduce(out, dst)
+                elif dst.untyped_storage().data_ptr() in bias_storage:  # the sum would overwrite the bias
+                    reduce(out, out)
+                    dst.copy_(out.add_(bias))
+                else:
+                    reduce(out, dst)
                     dst.add_(bias)
                 return dst
 

@@ -162,7 +162,7 @@ class GemmAllScatter(Pattern):
         :class:`~iris_fw.gemm.LocalProduct`) — unless it shares an operand's memory, which the product still
         reads: then into ``c`` and copied. More ranks: the
         product into a local ``[M, N/W]`` buffer, the all-gather into a ``[W, M, N/W]`` one (both
-        the op's, made on its first plan; :func:`iris_fw.ccl.prepared` on them, once per op), and
+        the op's, made on its first library call; :func:`iris_fw.ccl.prepared` on them, once per op), and
         the column blocks copied into place — a copy the layout needs, not a copy of a finished
         result."""
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
@@ -171,18 +171,20 @@ class GemmAllScatter(Pattern):
         if world == 1:
             return LocalProduct(a, b, c, storage_of(a, b))
         M, NL = a.shape[0], b.shape[1]
-        local = buffers.get("local")
-        if local is None:
-            local = buffers["local"] = torch.empty(M, NL, dtype=c.dtype, device=c.device)
-            buffers["gathered"] = torch.empty(world, M, NL, dtype=c.dtype, device=c.device)
-        gathered = buffers["gathered"]
-        product = LocalProduct(a, b, local, storage_of(a, b))
+        product = []  # (made on the plan's first library call: other schedules need none of it)
 
         def library_into(dst):
+            if not product:
+                local = buffers.get("local")
+                if local is None:
+                    local = buffers["local"] = torch.empty(M, NL, dtype=c.dtype, device=c.device)
+                    buffers["gathered"] = torch.empty(world, M, NL, dtype=c.dtype, device=c.device)
+                product.append(LocalProduct(a, b, local, storage_of(a, b)))
+            local, gathered = product[0].buffer, buffers["gathered"]
             # (prepared on the op's first library call: the same call on every rank)
             gather = buffers.get("gather") or buffers.setdefault(
                 "gather", ccl.prepared("all_gather_into_tensor", gathered, local, ctx=ctx))
-            product(local)
+            product[0](local)
             gather()
             dst.view(M, world, NL).copy_(gathered.transpose(0, 1))
             return dst

@@ -245,7 +245,7 @@ class GemmReduceScatter(Pattern):
         (:class:`~iris_fw.gemm.LocalProduct`; the sum of one partial is the product) straight
         into it — one launch — unless it shares an operand's memory, which the product still
         reads: then into ``out`` and copied. More ranks: the product into a local ``[M, N]``
-        buffer (the op's, made on its first plan) and the reduce-scatter from there into it
+        buffer (the op's, made on its first library call) and the reduce-scatter from there into it
         (:func:`iris_fw.ccl.prepared` on those buffers, once per op): two launches."""
         from iris_fw import ccl  # (here, once per plan: an import statement per call costs µs)
 
@@ -253,16 +253,19 @@ class GemmReduceScatter(Pattern):
         if world == 1:
             library_into = LocalProduct(a, b, out, storage_of(a, b))
             return (lambda: library_into(out)), library_into
-        full = buffers.get("full")
-        if full is None:
-            full = buffers["full"] = torch.empty(a.shape[0], b.shape[1], dtype=out.dtype, device=out.device)
-        product = LocalProduct(a, b, full, storage_of(a, b))
+        product = []  # (made on the plan's first library call: other schedules need none of it)
 
         def library_into(dst):
+            if not product:
+                full = buffers.get("full")
+                if full is None:
+                    full = buffers["full"] = torch.empty(a.shape[0], b.shape[1], dtype=out.dtype, device=out.device)
+                product.append(LocalProduct(a, b, full, storage_of(a, b)))
+            full = product[0].buffer
             # (prepared on the op's first library call: the same call on every rank)
             scatter = buffers.get("scatter") or buffers.setdefault(
                 "scatter", ccl.prepared("reduce_scatter_tensor", out, full, ctx=ctx))
-            product(full)
+            product[0](full)
             scatter(full, dst)
             return dst
 

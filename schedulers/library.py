@@ -1,8 +1,9 @@
-"""``library``: no fusion — the pattern's vendor-library form (:attr:`Plan.library`): cuBLAS
-through torch for the GEMM and :mod:`iris_fw.ccl`'s best collective for the communication, one
-after the other on the current stream. On one rank, where the op is a plain GEMM, the product is
-the local one (:class:`iris_fw.gemm.LocalProduct`: the Triton GEMM where the device's table
-measured it against cuBLAS for the shape, a prepared launch; else cuBLAS). The reference every fused schedule must beat, and what
+"""``library``: no fusion — the pattern's library form (:attr:`Plan.library`): the local GEMM
+(:class:`iris_fw.gemm.LocalProduct`: the Triton GEMM where the device's table measured it at
+least as fast as cuBLAS for the shape, a prepared launch; else cuBLAS through torch) and
+:mod:`iris_fw.ccl`'s best collective for the communication (:func:`iris_fw.ccl.prepared`), one
+after the other on the current stream; on one rank, where the op is a plain GEMM, the product
+alone. The reference every fused schedule must beat, and what
 ``scheduler="auto"`` falls back to where fusing does not pay (``iris_fw/tuning/auto.json``).
 It launches no skeleton kernel; the collectives validate and synchronize themselves."""
 

@@ -668,8 +668,14 @@ def _prepared_rank(ctx):
         want = _reference([x.repeat(w) for x in data[k]], "sum", dtype)[r * n:(r + 1) * n]
         _check(parts[k], want, dtype, "sum", w, f"prepared reduce_scatter call {k}",
                _scale([x.repeat(w) for x in data[k]], "sum")[r * n:(r + 1) * n])
+    with pytest.raises(ArgumentError, match="input is fixed"):
+        gather(torch.empty_like(inp), outs[0])
     with pytest.raises(ArgumentError, match="collective must be one of"):
         ccl.prepared("all_to_all_single", t, t, ctx=ctx)
+    with pytest.raises(TypeError, match="takes 2 tensor"):
+        ccl.prepared("reduce_scatter_tensor", t, ctx=ctx)
+    with pytest.raises(TypeError, match="takes no op"):
+        ccl.prepared("all_gather_into_tensor", outs[0], inp, op="sum", ctx=ctx)
 
 
 def test_prepared(world):

@@ -155,6 +155,16 @@ def _library_delivers(ctx):
     ctx.synchronize()
     assert got is mine_a
     _check(got, want, torch.float32, f"library out= aliasing the input a, W={ctx.world_size}")
+    # out= holding the bias (bias = out[0]): the sum must not overwrite the bias before it is added
+    inputs = _inputs(ctx, "ragged", torch.float32, True, fresh_seed(ctx))
+    mine = inputs[ctx.rank]
+    out = torch.full((M, N), float("nan"), device=ctx.device)
+    out[0].copy_(mine[2])
+    got = ops.gemm_all_reduce(*mine[:2], bias=out[0], scheduler="library", out=out)
+    ctx.synchronize()
+    assert got is out
+    _check(got, GemmAllReduce.reference(ctx.rank, ctx.world_size, inputs), torch.float32,
+           f"library out= holding the bias, W={ctx.world_size}")
     ctx.barrier()
 
 

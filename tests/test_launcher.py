@@ -564,8 +564,6 @@ def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
         prepared()
         _check_last(jit, lau, args, "fast")
     assert not calls, "a prepared launch computed the specialization key again"
-    assert not any(isinstance(x, torch.Tensor) for x in jit.calls[-1][2]), \
-        "a prepared launch passed a tensor (the driver's launcher then asks the driver about its pointer)"
     rt = triton.knobs.runtime
     f = lambda meta: None  # noqa: E731
     rt.launch_enter_hook.add(f)
@@ -623,6 +621,30 @@ def test_prepared_launch_reuses_the_resolved_kernel(monkeypatch):
         lau.prepare(a, a)
 
 
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on a GPU (the prepared path's pointer conversion)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_prepared_launch_passes_gpu_tensors_as_pointers(monkeypatch):
+    """A resolved prepared launch hands the driver's launcher a GPU tensor's pointer (an int:
+    no ``data_ptr()`` call and driver query per launch), a replaced one too; a CPU tensor stays
+    a tensor (for the driver's launcher to refuse)."""
+    jit, lau = _fake(_plain_dns, {"BLOCK": 64}, monkeypatch)
+    g, h, c = _t().as_subclass(_OnGpu), _t().as_subclass(_OnGpu), _t()
+    prepared = lau.prepare(g, c, 16, 5, 7)
+    prepared()
+    prepared()
+    sent = jit.calls[-1][2][9:]
+    assert jit.calls[-1][0] == "fast" and sent[0] == g.data_ptr() and type(sent[0]) is int and sent[1] is c
+    prepared.launch_with(((0, h),))
+    sent = jit.calls[-1][2][9:]
+    assert jit.calls[-1][0] == "fast" and sent[0] == h.data_ptr() and type(sent[0]) is int
+
+
 def test_prepared_launch_with_replaced_arguments(monkeypatch):
     """``launch_with`` replaces runtime arguments for one call: while each new value specializes
     as the prepared one (a tensor of its dtype and alignment, an int of its class), the resolved
@@ -643,6 +665,14 @@ def test_prepared_launch_with_replaced_arguments(monkeypatch):
     prepared()
     _check_last(jit, lau, args, "fast")
     assert not calls, "launch_with computed the specialization key for values of the prepared specialization"
+    hook = triton.knobs.runtime.launch_enter_hook
+    f = lambda meta: None  # noqa: E731
+    hook.add(f)
+    try:  # a hook set: Triton's path, on the replaced arguments
+        prepared.launch_with(((1, c), (3, 9)))
+        _check_last(jit, lau, (a, c, 16, 9, 7), "slow")
+    finally:
+        hook.remove(f)
     lau._state = lau._state[:7] + (real_key,) + lau._state[8:]
     for changed in ((1, u), (3, 1), (3, 32), (3, 2 ** 40), (2, 17)):  # another alignment, int class, divisibility
         prepared.launch_with((changed,))

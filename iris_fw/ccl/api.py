@@ -421,21 +421,23 @@ def _reduce_scatter_call(ctx, output, input, op, algorithm):
 
 class Prepared:
     """One collective call prepared on fixed tensors (:func:`prepared`): calling it enqueues
-    the call, its source and destination replaceable per call by tensors of the prepared ones'
-    dtype, size and device (contiguous) — for a library that calls one collective on its own
-    buffers every time: the call path's key and look-up are paid once, at preparation.
+    the call — the call path's key and look-up paid once, at preparation: for a library that
+    calls one collective on its own buffers every time.
 
-    ``prepared(src=None, dst=None)``: ``src`` / ``dst`` default to the prepared tensors
-    (an all-reduce's are both its ``tensor``: in place; with ``dst`` given it reduces ``src``
-    into ``dst``). The caller guarantees the replacements' match (nothing is checked per call).
-    While a tracer is active the call takes the traced variant through the call path. After the
+    ``prepared(src=None, dst=None)``: ``src`` / ``dst`` default to the prepared tensors (an
+    all-reduce's are both its ``tensor``: in place). ``dst`` can be replaced per call by a
+    contiguous tensor of the prepared one's dtype, size and device, and so can an all-reduce's
+    or a reduce-scatter's ``src`` (an all-reduce then sums ``src`` into ``dst``); an
+    all-gather's input is fixed (an algorithm may have peers read it where it lies). The caller
+    guarantees the replacements' match: nothing is checked per call. While a tracer is active a
+    call takes the traced variant through the call path (prepared once per session). After the
     job was aborted and re-armed, a call raises (prepare again)."""
 
-    __slots__ = ("ctx", "group", "key", "prepare", "entry", "src", "dst", "label", "_epoch")
+    __slots__ = ("ctx", "group", "key", "prepare", "entry", "src", "dst", "label", "fixed_src", "_epoch")
 
-    def __init__(self, ctx, group, key, prepare, entry, src, dst, label):
+    def __init__(self, ctx, group, key, prepare, entry, src, dst, label, fixed_src):
         self.ctx, self.group, self.key, self.prepare, self.entry = ctx, group, key, prepare, entry
-        self.src, self.dst, self.label, self._epoch = src, dst, label, ctx.abort_epoch
+        self.src, self.dst, self.label, self.fixed_src, self._epoch = src, dst, label, fixed_src, ctx.abort_epoch
 
     def __call__(self, src=None, dst=None) -> None:
         ctx = self.ctx
@@ -445,47 +447,72 @@ class Prepared:
             error = IrisError(f"{self.label} was prepared before the job was aborted and re-armed: prepare it again")
             error._iris_fw_told = True
             raise error
-        src = self.src if src is None else src
-        dst = self.dst if dst is None else dst
+        if src is None:
+            src = self.src
+        elif self.fixed_src and src is not self.src:
+            raise ArgumentError(f"{self.label}: a prepared call's input is fixed (peers may read it where it lies); "
+                                "prepare another")
+        if dst is None:
+            dst = self.dst
         tracer = ctx.tracer
         if tracer is not None:  # the traced variant, prepared once per session
             tracer.launched()
             cp.call(ctx, self.group.calls, self.key + (("traced", tracer.session),), self.prepare, self.group,
                     self.label, src, dst)
             return
+        entry = self.entry
+        if entry is None:  # prepared while a tracer was active: the plain variant, on the first plain call
+            entry = self.entry = self._entry()
         try:
-            self.entry(src, dst)
+            entry(src, dst)
         except BaseException as exc:
             cp.fail(ctx, self.label, exc)
             raise
 
+    def _entry(self):
+        """The plain call's prepared entry (planned and validated across the group on a miss: a
+        collective step, taken by every member at the same call)."""
+        calls = self.group.calls
+        entry = calls.get(self.key)
+        if entry is None:
+            entry = calls.put(self.key, self.prepare(self.group))
+        return entry
 
-#: The collectives :func:`prepared` takes: name -> the function giving ``(key, prepare, src, dst)``.
-_PREPARABLE = {"all_reduce": _all_reduce_call, "all_gather_into_tensor": _all_gather_call,
-               "reduce_scatter_tensor": _reduce_scatter_call}
+
+#: The collectives :func:`prepared` takes: name -> (the function giving ``(key, prepare, src,
+#: dst)``, the number of tensors, whether it takes ``op``).
+_PREPARABLE = {"all_reduce": (_all_reduce_call, 1, True), "all_gather_into_tensor": (_all_gather_call, 2, False),
+               "reduce_scatter_tensor": (_reduce_scatter_call, 2, True)}
 
 
 def prepared(collective: str, *tensors, op: ReduceOpLike | None = None, group: GroupLike = None,
              algorithm: str = "auto", ctx: Context | None = None) -> Prepared:
     """``collective`` (``"all_reduce"``, ``"all_gather_into_tensor"``, ``"reduce_scatter_tensor"``)
-    on ``tensors`` (its public function's tensor arguments, in order), prepared — validated
-    across the group's members on the group's call cache's miss, like the call itself; a
-    collective call: every member prepares it at the same point — and returned as a
-    :class:`Prepared` to call later, without launching now."""
+    on ``tensors`` (its public function's tensor arguments, in order; ``op`` where it takes
+    one, default SUM), prepared — validated across the group's members on the group's call
+    cache's miss, like the call itself: a collective step, every member prepares it at the same
+    point — and returned as a :class:`Prepared` to call later, without launching now. Prepared
+    while a tracer is active, the plain variant is planned on the first call without one."""
     ctx = _ctx(ctx)
-    make = _PREPARABLE.get(collective)
-    if make is None:
+    known = _PREPARABLE.get(collective)
+    if known is None:
         raise ArgumentError(f"collective must be one of {sorted(_PREPARABLE)}, got {collective!r}")
-    args = (*tensors, "sum" if op is None else op) if collective != "all_gather_into_tensor" else tensors
-    key, prepare, src, dst = make(ctx, *args, algorithm)
+    make, count, takes_op = known
+    if len(tensors) != count:
+        raise ArgumentTypeError(f"{collective} takes {count} tensor(s), got {len(tensors)}")
+    if op is not None and not takes_op:
+        raise ArgumentTypeError(f"{collective} takes no op, got op={op!r}")
+    if takes_op:
+        tensors = (*tensors, (ReduceOp.SUM if ReduceOp else "sum") if op is None else op)
+    key, prepare, src, dst = make(ctx, *tensors, algorithm)
     if key is None:  # arguments the cached path does not take: the full checks report them
         prepare(group_of(ctx, group, collective))
         raise ArgumentError(f"{collective}: its tensors must be contiguous on this rank's device")  # pragma: no cover
     g = group_of(ctx, group, key[0])
-    entry = g.calls.get(key)
-    if entry is None:
-        entry = g.calls.put(key, prepare(g))
-    return Prepared(ctx, g, key, prepare, entry, src, dst, "iris_fw.ccl." + key[0])
+    made = Prepared(ctx, g, key, prepare, None, src, dst, "iris_fw.ccl." + key[0], not takes_op)
+    if ctx.tracer is None:
+        made.entry = made._entry()
+    return made
 
 
 def _splits(t, sizes, world: int, name: str) -> tuple[int, ...]:

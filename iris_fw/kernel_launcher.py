@@ -455,7 +455,7 @@ class KernelLauncher:
         self.slow_calls = 0
         self._cache = {}
         self._state = None  # what the fast path needs; set by the first compiled launch
-        self._globals_seen = None  # (fn.used_global_vals, its length, ((globals, name, object), ...))
+        self._globals_seen = None  # (fn.used_global_vals, its length, ((globals, itemgetter, objects), ...))
         self._desc_cls = _tensor_descriptor_cls()
         import triton
 

@@ -472,6 +472,10 @@ def _mismatch_rank(ctx, what):
         t = torch.ones(n, device="meta")
     if what == "contiguous" and ctx.rank == 1:
         t = torch.ones(n, 2, device=ctx.device).t()[0]
+    if what == "prepared":  # ccl.prepared validates across ranks like the call (rank 1's numel differs)
+        with pytest.raises(CollectiveMismatch) as info:
+            ccl.prepared("all_reduce", torch.ones(64 + ctx.rank, device=ctx.device))
+        return str(info.value)
     if what == "splits":
         inp = torch.ones(ctx.world_size * 2, device=ctx.device)
         out = torch.empty(ctx.world_size * 2, device=ctx.device)
@@ -486,7 +490,7 @@ def _mismatch_rank(ctx, what):
     return str(info.value)
 
 
-@pytest.mark.parametrize("what", ["numel", "dtype", "op", "device", "contiguous", "splits"])
+@pytest.mark.parametrize("what", ["numel", "dtype", "op", "device", "contiguous", "splits", "prepared"])
 def test_mismatch_raises_everywhere(iris_pool, what):
     """One rank's different argument raises on every rank, naming the ranks and the argument."""
     import time
@@ -494,8 +498,9 @@ def test_mismatch_raises_everywhere(iris_pool, what):
     t0 = time.monotonic()
     msgs = iris_pool(2).run(_mismatch_rank, what)
     assert time.monotonic() - t0 < 30
-    if what in ("numel", "dtype", "op"):
-        assert all(what in m and "ranks 0" in m and "ranks 1" in m for m in msgs), msgs
+    if what in ("numel", "dtype", "op", "prepared"):
+        name = "numel" if what == "prepared" else what
+        assert all(name in m and "ranks 0" in m and "ranks 1" in m for m in msgs), msgs
     if what in ("device", "contiguous"):
         assert "rank 1 rejected its arguments" in msgs[0] and what in msgs[1].lower().replace("meta", "device"), msgs
 
@@ -580,6 +585,9 @@ def _graph_rank(ctx, collective):
         "reduce_scatter": lambda: ccl.reduce_scatter_tensor(small, big),
         "broadcast": lambda: ccl.broadcast(small.copy_(x), src=w - 1),
     }
+    if collective == "all_reduce_prepared":  # (prepared once, outside the capture: x summed into small)
+        reduce = ccl.prepared("all_reduce", small, ctx=ctx)
+        calls[collective] = lambda: reduce(x, small)
     fn = calls[collective]
     g = torch.Generator().manual_seed(fresh_seed(ctx))
 
@@ -615,7 +623,8 @@ def _graph_rank(ctx, collective):
 
 
 @pytest.mark.parametrize("collective", ["all_reduce_lamport", "all_reduce_one_shot", "all_reduce_two_shot",
-                                        "all_reduce_ring", "all_gather", "reduce_scatter", "broadcast"])
+                                        "all_reduce_ring", "all_reduce_prepared", "all_gather", "reduce_scatter",
+                                        "broadcast"])
 def test_graph_replay(iris_pool, on_gpu, collective):
     """Captured once, replayed with fresh inputs: correct every time (GPU only)."""
     if not on_gpu:

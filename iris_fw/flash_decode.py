@@ -628,11 +628,7 @@ class FlashDecode:
         found = prepared.get(layout)
         if found is not None:
             launch, seq_at, buffer_at = found
-            args = launch.args
-            if args[buffer_at] is buffer and args[seq_at] == seq:  # (a loop on one output: nothing replaced)
-                launch()
-            else:
-                launch.launch_with(((seq_at, seq), (buffer_at, buffer)))
+            launch.launch_with(((seq_at, seq), (buffer_at, buffer)))  # (a loop on one output: nothing replaced)
             return
         bound = launches[role]
         (sqb, sqh, sqd), (skb, sks, skh, skd), (svb, svs, svh, svd) = q.stride(), k.stride(), v.stride()

@@ -669,7 +669,7 @@ class LocalProduct:
             config = local_kernel(a.shape[0], b.shape[1], a.shape[1], a.device, a.dtype)
         self.config = config
         self._launch = None
-        self._last = (None, None, 0)  # (the last output other than buffer, its prepared launch, its pointer)
+        self._last = (None, None)  # (the last output other than buffer, its prepared launch)
 
     def _prepare(self):
         buffer = self.buffer
@@ -690,16 +690,15 @@ class LocalProduct:
             if target is self.buffer:
                 launch()
             else:
-                last, into, last_ptr = self._last
-                ptr = target.data_ptr()
-                if last is not target or last_ptr != ptr:  # a new output (a functional call's): replaced
-                    self._last = (target, None, ptr)
+                last, into = self._last
+                if last is not target:  # a new output (a functional call's): replaced
+                    self._last = (target, None)
                     launch.launch_with(((self._out_at, target),))
                 else:  # the same output again (a loop on one out=): a launch of its own, kept
                     if into is None:
                         into = launch.with_args(((self._out_at, target),))
-                        self._last = (target, into, ptr)
-                    into()
+                        self._last = (target, into)
+                    into.launch_with(((self._out_at, target),))  # (nothing replaced unless it moved)
         if self.bias is not None:
             target.add_(self.bias)
         return dst if target is dst else dst.copy_(target)

@@ -856,7 +856,10 @@ class PreparedLaunch:
 
     def _rebuilt(self, ready, changes):
         """The resolved kernel arguments with ``changes`` in place, or None where a new value
-        does not specialize as the one it replaces (or replaces a re-encoded descriptor)."""
+        does not specialize as the one it replaces (or replaces a re-encoded descriptor). A
+        change to what the launch already holds — the prepared tensor itself, at the address
+        the launch keeps (its storage may have been swapped since), or an equal int — replaces
+        nothing: a loop on one output launches the resolved arguments as they are."""
         final = ready[2]
         items = self._items
         if items is None:
@@ -871,6 +874,12 @@ class PreparedLaunch:
                 pos = self._final_index(i)
                 seen = items[i] = (_item(args[i], spec, align, desc), pos, spec, align)
             item, pos, spec, align = seen
+            if pos is not None:
+                held = final[pos]  # (a GPU tensor's pointer, a CPU tensor itself, an int)
+                if held is value or (type(held) is int and (
+                        (type(value) is int and value == held)
+                        or (value is args[i] and value.is_cuda and value.data_ptr() == held))):
+                    continue
             try:
                 same = pos is not None and _item(value, spec, align, desc) == item
             except _Unsupported:

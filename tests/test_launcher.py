@@ -643,6 +643,17 @@ def test_prepared_launch_passes_gpu_tensors_as_pointers(monkeypatch):
     prepared.launch_with(((0, h),))
     sent = jit.calls[-1][2][9:]
     assert jit.calls[-1][0] == "fast" and sent[0] == h.data_ptr() and type(sent[0]) is int
+    # what the launch holds "replaced" by itself: the prepared pointer and int, as they are
+    prepared.launch_with(((0, g), (2, 16)))
+    sent = jit.calls[-1][2][9:]
+    assert jit.calls[-1][0] == "fast" and sent[0] == g.data_ptr() and sent[2] == 16
+    # the prepared tensor, its storage swapped since: its new address replaces the kept one
+    old = g.data_ptr()
+    g.set_(_t().as_subclass(_OnGpu))
+    assert g.data_ptr() != old
+    prepared.launch_with(((0, g),))
+    sent = jit.calls[-1][2][9:]
+    assert jit.calls[-1][0] == "fast" and sent[0] == g.data_ptr()
 
 
 def test_prepared_launch_with_replaced_arguments(monkeypatch):

@@ -199,13 +199,9 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
             # output tensor (a functional call's, e.g. torch.ops.iris_fw.all_gather_into_tensor)
             # replaces the prepared one for the call (PreparedLaunch.launch_with)
             key = src.data_ptr()
-            kept = prepared.get(key)
-            if kept is not None:
-                launch_one, out, out_ptr = kept
-                if out is dst and out_ptr == dst.data_ptr():  # (a prepared launch keeps the pointer)
-                    launch_one()
-                else:
-                    launch_one.launch_with(((1, dst),))
+            launch_one = prepared.get(key)
+            if launch_one is not None:  # (its own output again: nothing replaced)
+                launch_one.launch_with(((1, dst),))
                 return
             if prepared and key not in seen:
                 # an input met for the first time (e.g. a functional op's new result, all-reduced in
@@ -214,13 +210,12 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
                 if len(seen) >= PREPARED_PER_CALL:
                     del seen[next(iter(seen))]
                 seen[key] = None
-                next(reversed(prepared.values()))[0].launch_with(((0, src), (1, dst)))
+                next(reversed(prepared.values())).launch_with(((0, src), (1, dst)))
                 return
             seen.pop(key, None)
             if len(prepared) >= PREPARED_PER_CALL:
                 del prepared[next(iter(prepared))]
-            launch_one = launch.prepare(src, dst, *args, length, *tail)
-            prepared[key] = (launch_one, dst, dst.data_ptr())
+            launch_one = prepared[key] = launch.prepare(src, dst, *args, length, *tail)
             launch_one()
 
         return run_one

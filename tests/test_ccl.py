@@ -679,6 +679,24 @@ def _prepared_rank(ctx):
                _scale([x.repeat(w) for x in data[k]], "sum")[r * n:(r + 1) * n])
     with pytest.raises(ArgumentError, match="input is fixed"):
         gather(torch.empty_like(inp), outs[0])
+    # inside a trace session (the traced variant), prepared inside one (the plain variant on the
+    # first call after it), and the plain one again after it: right every time
+    with ctx.trace(None):
+        traced = ccl.prepared("all_reduce", t, ctx=ctx)
+        for call in (reduce, traced):
+            t.copy_(srcs[0])
+            call()
+            ctx.synchronize()
+            _check(t, _reference(data[0], "sum", dtype), dtype, "sum", w, "prepared all_reduce traced",
+                   _scale(data[0], "sum"))
+    assert traced.entry is None
+    for call in (traced, reduce):
+        t.copy_(srcs[0])
+        call()
+        ctx.synchronize()
+        _check(t, _reference(data[0], "sum", dtype), dtype, "sum", w, "prepared all_reduce after tracing",
+               _scale(data[0], "sum"))
+    assert traced.entry is reduce.entry
     with pytest.raises(ArgumentError, match="collective must be one of"):
         ccl.prepared("all_to_all_single", t, t, ctx=ctx)
     with pytest.raises(TypeError, match="takes 2 tensor"):

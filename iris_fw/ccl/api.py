@@ -454,11 +454,8 @@ class Prepared:
                                 "prepare another")
         if dst is None:
             dst = self.dst
-        tracer = ctx.tracer
-        if tracer is not None:  # the traced variant, prepared once per session
-            tracer.launched()
-            cp.call(ctx, self.group.calls, self.key + (("traced", tracer.session),), self.prepare, self.group,
-                    self.label, src, dst)
+        if ctx.tracer is not None:  # the traced variant, through the call path (prepared once per session)
+            _call(ctx, self.group, self.key, self.prepare, src, dst, False)
             return
         entry = self.entry
         if entry is None:  # prepared while a tracer was active: the plain variant, on the first plain call

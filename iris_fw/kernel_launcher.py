@@ -756,11 +756,22 @@ def _expanded_tensordesc_launch(launch, version):
 
 
 def _replaced(args: tuple, changes) -> tuple:
-    """``args`` with ``changes`` — ``((index, value), ...)`` — put in at their indices."""
+    """``args`` with ``changes`` — ``((index, value), ...)``; an index ``(i, j)``: element ``j``
+    of the tuple argument ``i`` — put in at their indices."""
     full = list(args)
     for i, value in changes:
+        if type(i) is tuple:
+            i, j = i
+            value = _with_element(full[i], j, value)
         full[i] = value
     return tuple(full)
+
+
+def _with_element(t: tuple, j: int, value) -> tuple:
+    """Tuple ``t`` (of its own type: a named tuple stays one) with element ``j`` replaced."""
+    items = list(t)
+    items[j] = value
+    return tuple(items) if type(t) is tuple else type(t)(*items)
 
 
 def _pointers(args):
@@ -822,7 +833,9 @@ class PreparedLaunch:
 
     def launch_with(self, changes, stream=None) -> None:
         """Launch with ``changes`` — ``((runtime argument index, value), ...)`` — in place of
-        the prepared arguments at those indices, for this call only. The resolved entry is
+        the prepared arguments at those indices, for this call only (an index ``(i, j)``:
+        element ``j`` of the tuple argument ``i``, e.g. a field of a pattern's ``rest``, which
+        Triton specializes as a tuple element: aligned or not). The resolved entry is
         used when every new value has the specialization key item of the one it replaces (a
         tensor: its type, dtype and, where specialized, 16-byte alignment; an int: its range
         class, ``== 1`` and divisibility by 16 where specialized): the kernel Triton would
@@ -870,15 +883,15 @@ class PreparedLaunch:
         for i, value in changes:
             seen = items.get(i)
             if seen is None:
-                spec, align = flags[i]
-                pos = self._final_index(i)
-                seen = items[i] = (_item(args[i], spec, align, desc), pos, spec, align)
-            item, pos, spec, align = seen
+                seen = items[i] = self._slot(i, flags, desc)
+            item, pos, k, j, spec, align = seen
             if pos is not None:
-                held = final[pos]  # (a GPU tensor's pointer, a CPU tensor itself, an int)
+                prepared = args[k] if j is None else args[k][j]
+                # (a GPU tensor's pointer, a CPU tensor itself, an int)
+                held = final[pos] if j is None else final[pos][j]
                 if held is value or (type(held) is int and (
                         (type(value) is int and value == held)
-                        or (value is args[i] and value.is_cuda and value.data_ptr() == held))):
+                        or (value is prepared and value.is_cuda and value.data_ptr() == held))):
                     continue
             try:
                 same = pos is not None and _item(value, spec, align, desc) == item
@@ -890,8 +903,25 @@ class PreparedLaunch:
                 rebuilt = list(final)
             # a device tensor as its pointer, as the prepared ones (:func:`_pointers`); a tensor
             # elsewhere stays one, for the driver's launcher to refuse
-            rebuilt[pos] = value.data_ptr() if isinstance(value, _Tensor) and value.is_cuda else value
+            value = value.data_ptr() if isinstance(value, _Tensor) and value.is_cuda else value
+            rebuilt[pos] = value if j is None else _with_element(rebuilt[pos], j, value)
         return final if rebuilt is None else tuple(rebuilt)
+
+    def _slot(self, i, flags, desc) -> tuple:
+        """What :meth:`_rebuilt` keeps of change index ``i`` (an int, or ``(i, j)``: element ``j``
+        of a tuple argument, specialized as Triton specializes tuple elements):
+        ``(specialization item of the prepared value, position in the resolved arguments, the
+        argument's index, j, spec, align)``."""
+        j = None
+        if type(i) is tuple:
+            i, j = i
+        spec, align = flags[i]
+        prepared = self.args[i]
+        if j is not None:
+            if not isinstance(prepared, tuple) or not 0 <= j < len(prepared):
+                raise IndexError(f"launch_with: argument {i} is not a tuple with an element {j}")
+            prepared, spec, align = prepared[j], True, True
+        return _item(prepared, spec, align, desc), self._final_index(i), i, j, spec, align
 
     def _final_index(self, i: int):
         """Where runtime argument ``i`` sits in the resolved kernel arguments: where the launch

@@ -212,6 +212,10 @@ def _plain_dns(p, q, i, j, k, BLOCK: tl.constexpr):
     pass
 
 
+def _plain_rebuild(op0, op1, rest, ARGS: tl.constexpr, BLOCK: tl.constexpr):
+    pass
+
+
 def test_bound_args_hand_made():
     """Both 3.6 and 3.9 hand ``*bound_args.values()`` to the launcher: every parameter in
     declaration order, constexprs in place (the launcher skips them), defaults applied, tuples
@@ -700,6 +704,43 @@ def test_prepared_launch_with_replaced_arguments(monkeypatch):
     for out, n in ((c, 20), (a, 31)):
         prepared.launch_with(((1, out), (2, n)))
         _check_last(jit, lau, (a, out, n), "fast")
+
+
+def test_launch_with_replaces_an_element_of_a_tuple_argument(monkeypatch):
+    """A change at ``(i, j)`` replaces element ``j`` of the tuple argument ``i`` (a pattern's
+    ``rest``): the resolved kernel while the new element specializes as the prepared one (a
+    tuple element: its dtype and 16-byte alignment), the launcher's path on the rebuilt tuple
+    otherwise; the prepared element itself replaces nothing; a GPU tensor goes as its pointer."""
+    jit, lau = _fake(_plain_rebuild, {"ARGS": RebuildArgs, "BLOCK": BLOCK}, monkeypatch)
+    a, b, out, other, odd = _t(), _t(), _t(), _t(), _t(offset=1)
+    args = (a, b, (out, 33, 0.5))
+    prepared = lau.prepare(*args)
+    prepared()
+    calls = []
+    real_key = lau._state[7]
+    lau._state = lau._state[:7] + ((lambda *k: calls.append(k) or real_key(*k)),) + lau._state[8:]
+    for dst in (other, out, other):
+        prepared.launch_with((((2, 0), dst),))
+        _check_last(jit, lau, (a, b, (dst, 33, 0.5)), "fast")
+    prepared.launch_with((((2, 0), other), (1, a)))  # with a plain argument in the same call
+    _check_last(jit, lau, (a, a, (other, 33, 0.5)), "fast")
+    assert not calls and prepared.args == args
+    lau._state = lau._state[:7] + (real_key,) + lau._state[8:]
+    prepared.launch_with((((2, 0), odd),))  # another alignment: its own variant, through the launcher
+    _check_last(jit, lau, (a, b, (odd, 33, 0.5)), "slow")
+    kept = prepared.with_args((((2, 0), other),))
+    kept()
+    _check_last(jit, lau, (a, b, (other, 33, 0.5)), "fast")
+    assert kept.args == (a, b, (other, 33, 0.5)) and prepared.args == args
+    g, h = _t().as_subclass(_OnGpu), _t().as_subclass(_OnGpu)
+    on_gpu = lau.prepare(a, b, (g, 33, 0.5))
+    on_gpu()
+    on_gpu()
+    on_gpu.launch_with((((2, 0), h),))
+    sent = jit.calls[-1][2][9:]
+    assert jit.calls[-1][0] == "fast" and sent[2][0] == h.data_ptr() and type(sent[2][0]) is int
+    with pytest.raises(IndexError, match="not a tuple with an element 5"):
+        prepared.launch_with((((2, 5), other),))
 
 
 def test_with_args_keeps_the_replacement(monkeypatch):

@@ -142,13 +142,13 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | No
     """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]`` — in ``out`` (``[M, N/W]``)
     when given, else a new tensor.
 
-    **No copy of the result** under ``scheduler="library"`` (``auto``'s pick on one rank; a
-    non-contiguous ``out`` gets one): the gathered ``A`` is multiplied straight into that tensor;
-    on one rank the shard is multiplied where it is (no copy of the input either).
-    **Copies** its input and its result under a kernel schedule: the shard into the op's heap
-    buffer (peers read it there; pass that buffer, ``op.buffers["a_heap"]`` of :func:`plan`'s
-    op, to skip it), and the result out of the op's output buffer — only this rank writes it,
-    but it is bound into the prepared GEMM launches and the next call overwrites it."""
+    **No copy of the result** (a non-contiguous ``out``, or one sharing memory with ``b``, gets
+    one): under ``scheduler="library"`` (``auto``'s pick on one rank) the gathered ``A`` is
+    multiplied straight into that tensor, and on one rank the shard is multiplied where it is
+    (no copy of the input either); under a kernel schedule the GEMM kernels write it, launched
+    with their output replaced (only this rank writes its ``C``). **Copies its input** under a
+    kernel schedule: the shard into the op's heap buffer (peers read it there; pass that buffer,
+    ``op.buffers["a_heap"]`` of :func:`plan`'s op, to skip it)."""
     return _call("all_gather_gemm", (a_shard, b), ctx, scheduler, config, comm_sms, out)
 
 
@@ -176,9 +176,11 @@ def gemm_all_reduce(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | No
     ``two_shot``). ``scheduler="library"``: the local product + the all-reduce.
     The result goes into ``out`` (``[M, N]``) when given, else into a new tensor.
 
-    **No copy** under the ``library`` schedule (``auto``'s pick today; a non-contiguous ``out``
-    gets one): on one rank the product is computed into that tensor, nothing more; on more the
-    product goes into the op's buffer and the all-reduce sums from there into that tensor.
-    **Copies** under a fused schedule (the result is the op's symmetric output buffer; ``two_shot``: peers store the
-    sums into it; the next call overwrites it)."""
+    **No copy** (a non-contiguous ``out``, or one sharing memory with an operand, gets one)
+    under the ``library`` schedule (``auto``'s pick today): on one rank the product is computed
+    into that tensor, nothing more; on more the product goes into the op's buffer and the
+    all-reduce sums from there into that tensor. Under a kernel schedule with ``one_shot`` (the
+    default up to two ranks) the kernel's last step sums the partials straight into that
+    tensor. **Copies** under a kernel schedule with ``two_shot`` (the result is the op's
+    symmetric output buffer: peers store the sums into it; the next call overwrites it)."""
     return _call("gemm_all_reduce", (a, b, bias), ctx, scheduler, config, comm_sms, out)

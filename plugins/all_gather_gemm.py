@@ -275,7 +275,8 @@ class AllGatherGemm(Pattern):
             # fetch copies every row block into staging, this rank's own included: the
             # communication programs move all of A (the SM split's estimate)
             comm_bytes=M * K * a_heap.element_size(), flops=2 * M * NL * K, result=c, copies=copies,
-            stage_in=stage_in, library=library, library_into=library_into))
+            stage_in=stage_in, library=library, library_into=library_into,
+            result_arg="c"))  # (only this rank writes its C: a functional call's kernels write it there)
 
     @staticmethod
     def _library(ctx, buffers, shard, a_heap, b, c):

@@ -284,7 +284,11 @@ class GemmAllReduce(Pattern):
         return buffers["plans"].put(key, Plan(
             pattern=self.name, pieces=self.pieces, args=args, cfg=gcfg, num_tiles=buffers["num_tiles"],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, comm_bytes=moved, flops=2 * M * N * K,
-            result=out, steps=2, library=library, library_into=library_into))
+            result=out, steps=2, library=library, library_into=library_into,
+            # one-shot: only this rank's step 1 writes its output (two-shot: the tile's owner
+            # stores into every rank's), so a functional call's kernels write it where the
+            # caller wants it
+            result_arg=None if two_shot else "out"))
 
     @staticmethod
     def reference(rank, world_size, inputs):

@@ -8,10 +8,10 @@ at any moment the ranks send to different peers.
 
 Two launches per call under the kernel schedules: the GEMM kernel, then this rank's reduction
 (``finish`` / ``finish_into``), which needs every peer's partials (the GEMM kernel's exit barrier)
-and writes the caller's tensor. Folding the reduction into the kernel as a second step (as
-``gemm_all_reduce``'s fused form does) would make it write the op's buffer — the tensor the
-kernel's prepared arguments hold — and a functional call would copy it out again (a launch on a
-GPU); the unfused schedules run later steps in a kernel of their own anyway. The ``library``
+and writes the caller's tensor. It is not folded into the kernel as a second step (as
+``gemm_all_reduce``'s fused form is): a step may only read what the *same program* of every rank
+delivered (the per-program step barrier), and the row rotation above gives that program other
+rows on every rank; the unfused schedules run later steps in a kernel of their own anyway. The ``library``
 form (``auto``'s pick on one rank, where the op is a plain GEMM) is one local product
 (:class:`~iris_fw.gemm.LocalProduct`),
 straight into the tensor a functional call delivers into; on more ranks the product goes into

@@ -45,7 +45,7 @@ from iris_fw import trace as tr
 from iris_fw.devinfo import info, persistent_programs
 from iris_fw.errors import ArgumentError
 from iris_fw.engine import skeletons as sk
-from iris_fw.engine.scheduler import Scheduler, _memoized, _prepare
+from iris_fw.engine.scheduler import Scheduler, _memoized, _prepare, fire
 from iris_fw.hookspecs import hookimpl
 
 #: The kernel role (its grid and state region in the workspace).
@@ -241,7 +241,7 @@ class WarpSpecialized(Scheduler):
             else:
                 call = _prepare(ctx, plan, ws, key, ROLE, _sequential_roles_kernel, self._constexprs(plan, ws),
                                 *self._runtime(ctx, plan, ws))
-        call()
+        fire(call, ws)
 
     def gluon_launch(self, ctx, plan, ws, mma: str | None = None):
         """``(plan, constexprs, runtime arguments)`` of the Gluon kernel's launch (the runtime

@@ -159,4 +159,6 @@ def test_host_bench_runs_every_call_path(tmp_path, on_gpu):
         assert any(c.startswith(prefix) for c in timed), (prefix, sorted(rows))
     for algorithm in ("one_shot", "two_shot", "ring"):
         assert f"ccl.all_reduce 8 KiB heap ({algorithm})" in timed, sorted(rows)
+    for op in ("gemm_all_reduce", "all_gather_gemm"):  # the one-kernel schedule's rows
+        assert any(c.startswith(f"ops.{op}") and c.endswith("fused_sequential") for c in timed), sorted(rows)
     assert all(r["reference"] for c, r in rows.items() if c.startswith(("ccl.", "ops."))), rows

@@ -76,7 +76,7 @@ def test_a_host_failure_on_one_rank_fails_every_peer_at_once(iris_pool, world_si
 def _out(ctx):
     """``out=``: the result written into ``out`` (returned), the same values as without it; a new
     tensor otherwise, never the op's workspace (gemm_all_reduce under ``auto`` = ``library``
-    here: all-reduced into it; under ``bulk_sync``: copied out of the op's buffer;
+    here: all-reduced into it; under ``bulk_sync``: summed into it by the kernels;
     gemm_reduce_scatter: written there by its last step); flash_decode's ``out`` likewise."""
     w = ctx.world_size
     gen = torch.Generator().manual_seed(99 + ctx.rank)
@@ -99,7 +99,8 @@ def _out(ctx):
     op = entries[0].__self__  # W = 2: the library form all-reduces into the tensor
     assert op.scheduler.name == "library" and op.delivers_into
     assert op.buffers["out"].data_ptr() not in (plain.data_ptr(), again.data_ptr())
-    # a fused schedule sums in the op's buffer (its kernels' prepared output): copied out
+    # a kernel schedule's one-shot sum is this rank's own step: its kernels launched with the
+    # output replaced write it straight into out= or the new tensor (Plan.result_arg)
     fused = ops.gemm_all_reduce(a, b, scheduler="bulk_sync")
     into = torch.full((16, 8), float("nan"), device=ctx.device, dtype=torch.bfloat16)
     got = ops.gemm_all_reduce(a, b, scheduler="bulk_sync", out=into)
@@ -107,7 +108,7 @@ def _out(ctx):
     assert got is into and torch.equal(into, fused)
     torch.testing.assert_close(fused.double().cpu(), sum(parts), atol=0.1, rtol=0.02)
     op = callpath.state(ctx).ops.values()[-1].__self__
-    assert op.scheduler.name == "bulk_sync" and op.result_in_workspace and not op.delivers_into
+    assert op.scheduler.name == "bulk_sync" and op.delivers_into
     assert op.buffers["out"].data_ptr() not in (fused.data_ptr(), into.data_ptr())
     # gemm_reduce_scatter's last step is this rank's reduction: it writes straight into out (when
     # contiguous) or a new tensor, never the op's own output buffer
@@ -143,8 +144,9 @@ def test_call_cache_is_bounded_and_keeps_the_most_recent():
 
 def _graph_out(ctx):
     """``ops.gemm_all_reduce(..., out=out)`` and ``ops.flash_decode(..., out=o)`` captured in one
-    CUDA graph, replayed with fresh inputs written into the captured tensors: each replay's
-    results match a reference computed from that replay's inputs."""
+    CUDA graph — and the fused schedule's ``gemm_all_reduce`` and ``all_gather_gemm``, whose
+    kernels write ``out=`` themselves — replayed with fresh inputs written into the captured
+    tensors: each replay's results match a reference computed from that replay's inputs."""
     from helpers import capture_graph, fresh_seed
 
     dev = ctx.device
@@ -155,10 +157,14 @@ def _graph_out(ctx):
     k = torch.empty(2, 40 + 8 * ctx.rank, 2, 64, device=dev, dtype=torch.bfloat16)
     v = torch.empty_like(k)
     o = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
+    # the fused schedule's kernels writing out= themselves (Plan.result_arg replaced)
+    fused = torch.empty_like(out)
+    shard = torch.empty(16, 64, device=dev, dtype=torch.bfloat16)
+    gathered = torch.empty(16 * ctx.world_size, 48, device=dev, dtype=torch.bfloat16)
 
     def fill(seed):
         gen = torch.Generator().manual_seed(seed + ctx.rank)
-        for t in (a, b, k, v):
+        for t in (a, b, k, v, shard):
             t.copy_(torch.randn(t.shape, generator=gen))
         q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)))  # the same on every rank
 
@@ -167,18 +173,23 @@ def _graph_out(ctx):
     def step():
         ops.gemm_all_reduce(a, b, out=out)
         ops.flash_decode(q, k, v, out=o)
+        ops.gemm_all_reduce(a, b, out=fused, scheduler="fused_sequential")
+        ops.all_gather_gemm(shard, b, out=gathered, scheduler="fused_sequential")
 
     graph = capture_graph(ctx, step)
     for _ in range(3):
         fill(fresh_seed(ctx))
-        out.fill_(float("nan"))
-        o.fill_(float("nan"))
+        for t in (out, o, fused, gathered):
+            t.fill_(float("nan"))
         ctx.barrier()
         graph.replay()
         ctx.synchronize()
         mine = (a.double() @ b.double()).cpu()
         want = sum(ctx.broadcast(mine.clone(), src=r) for r in range(ctx.world_size))
         torch.testing.assert_close(out.double().cpu(), want, atol=0.25, rtol=0.02)
+        torch.testing.assert_close(fused.double().cpu(), want, atol=0.25, rtol=0.02)
+        shards = torch.cat([ctx.broadcast(shard.cpu().clone(), src=r) for r in range(ctx.world_size)])
+        torch.testing.assert_close(gathered.double().cpu(), shards.double() @ b.double().cpu(), atol=0.25, rtol=0.02)
         ks = [ctx.broadcast(k.cpu().clone() if r == ctx.rank else torch.empty(2, 40 + 8 * r, 2, 64,
                                                                                dtype=torch.bfloat16), src=r)
               for r in range(ctx.world_size)]

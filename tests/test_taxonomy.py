@@ -387,13 +387,27 @@ ALIAS_SHAPES = {
 }
 
 
-def _library_delivers(ctx):
-    """Functional calls under ``library`` write their result straight into ``out`` or a new
-    tensor (no ``clone``; one rank: no ``copy_`` either, and ``all_gather_gemm`` does not copy
-    its input; more ranks: ``gemm_all_reduce`` and ``gemm_reduce_scatter`` no ``copy_``, their
-    collective writing the tensor). Op
-    buffers poisoned after each call, fresh inputs per call, float64 references, results that
-    do not alias, ``out=`` an operand, the torch ops of a hit counted."""
+#: What a functional call under each schedule writes its result with: straight into ``out`` or
+#: a new tensor (``library_into``, a kernel's replaced ``result_arg``, a ``finish_into``), or
+#: copied out of the op's buffer (peers write it: gemm_all_scatter under a kernel schedule).
+DELIVERS = {
+    "library": {"gemm_all_scatter", "all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"},
+    # (gemm_all_reduce: one-shot at W <= 2, where only this rank writes its output)
+    "fused_sequential": {"all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"},
+    "producer_consumer": {"all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"},
+    # (the patterns with Gluon pieces only; its kernel takes pointers where the plan had descriptors)
+    "warp_specialized": {"all_gather_gemm", "gemm_reduce_scatter"},
+}
+
+
+def _delivers(ctx, scheduler):
+    """Functional calls under ``scheduler`` write their result straight into ``out`` or a new
+    tensor where :data:`DELIVERS` says so (no ``clone``; under ``library`` on one rank no
+    ``copy_`` either, and ``all_gather_gemm`` does not copy its input; more ranks:
+    ``gemm_all_reduce`` and ``gemm_reduce_scatter`` no ``copy_``, their collective or kernel
+    writing the tensor), else copy it out of the op's buffer. Op buffers poisoned after each
+    call, fresh inputs per call, float64 references, results that do not alias, ``out=`` an
+    operand (the kernels must not write it while they read it), the torch ops of a hit counted."""
     from torch.overrides import TorchFunctionMode
 
     from iris_fw import callpath
@@ -411,6 +425,10 @@ def _library_delivers(ctx):
     fns = {"gemm_all_scatter": ops.gemm_all_scatter, "all_gather_gemm": ops.all_gather_gemm,
            "gemm_reduce_scatter": ops.gemm_reduce_scatter, "gemm_all_reduce": ops.gemm_all_reduce}
     for pattern, fn in fns.items():
+        if scheduler == "warp_specialized" and ctx.registries.pattern.get(pattern).pieces.gluon is None:
+            continue
+        delivers = pattern in DELIVERS[scheduler]
+        what = f"ops.{pattern} {scheduler}"
         ref = ctx.registries.pattern.get(pattern).reference
         shapes, alias = ALIAS_SHAPES[pattern]
         results = []
@@ -420,31 +438,33 @@ def _library_delivers(ctx):
             mine = tuple(t.to(ctx.device) for t in inputs[ctx.rank])
             if call == 2:  # out=: poisoned, filled and returned
                 out = torch.full(tuple(mine[alias].shape), float("nan"), device=ctx.device)
-                got = fn(*mine, scheduler="library", out=out)
+                got = fn(*mine, scheduler=scheduler, out=out)
                 assert got is out
             else:
-                got = fn(*mine, scheduler="library")
+                got = fn(*mine, scheduler=scheduler)
             op = callpath.state(ctx).ops.values()[-1].__self__
-            assert op.scheduler.name == "library" and op.delivers_into, pattern
+            assert op.scheduler.name == scheduler and op.delivers_into == delivers, (what, op.delivers_into)
             for t in op.buffers.values():  # the op's own buffers are not the result
                 if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
                     t.fill_(float("nan"))
             ctx.synchronize()
             want = ref(ctx.rank, w, inputs)
-            _check(got, want, torch.float32, f"ops.{pattern} library call {call} W={w}")
+            _check(got, want, torch.float32, f"{what} call {call} W={w}")
             assert not ctx.is_symmetric(got) and got.data_ptr() != op.buffers["out"].data_ptr()
             results.append((got, want))
+            ctx.barrier()  # (peers' kernels write into the buffers poisoned above: the next call first)
         assert len({r[0].data_ptr() for r in results}) == 3, pattern  # no two results alias
         for i, (got, want) in enumerate(results):  # later calls left earlier results alone
-            _check(got, want, torch.float32, f"ops.{pattern} library result {i} after later calls")
-        # a hit's torch ops: no clone of the result; one rank: the product alone (and the new tensor)
+            _check(got, want, torch.float32, f"{what} result {i} after later calls")
+        # a hit's torch ops: no clone of a delivered result; one rank: the product alone (and the new tensor)
         with Count() as count:
-            fn(*mine, scheduler="library")
-        assert "clone" not in count.seen, (pattern, count.seen)
+            fn(*mine, scheduler=scheduler)
+        assert ("clone" not in count.seen) == delivers, (what, count.seen)
         if w > 1 and pattern in ("gemm_all_reduce", "gemm_reduce_scatter"):
-            assert "copy_" not in count.seen, (pattern, count.seen)
-        if w == 1:
-            assert [f for f in count.seen if f in ("clone", "copy_", "matmul")] == ["matmul"], (pattern, count.seen)
+            assert "copy_" not in count.seen, (what, count.seen)
+        if w == 1 and scheduler == "library":
+            assert [f for f in count.seen if f in ("clone", "copy_", "matmul")] == ["matmul"], (what, count.seen)
+        ctx.barrier()
         # out= sharing an operand's memory: right values (the product is not written while read)
         for which in sorted({alias} | ({0} if w == 1 and pattern != "gemm_all_scatter" else set())):
             g = [torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * r) for r in range(w)]
@@ -454,17 +474,20 @@ def _library_delivers(ctx):
             inputs = [tuple(torch.randn(s, generator=g[r]) for s in dims) for r in range(w)]
             want = ref(ctx.rank, w, inputs)
             mine = tuple(t.to(ctx.device) for t in inputs[ctx.rank])
-            got = fn(*mine, scheduler="library", out=mine[which])
+            got = fn(*mine, scheduler=scheduler, out=mine[which])
             ctx.synchronize()
             assert got is mine[which]
-            _check(got, want, torch.float32, f"ops.{pattern} library out= operand {which}, W={w}")
+            _check(got, want, torch.float32, f"{what} out= operand {which}, W={w}")
+            ctx.barrier()
     ctx.barrier()
 
 
-def test_library_functional_calls_deliver_without_a_copy(iris_pool):
+@pytest.mark.parametrize("scheduler", ["library", "fused_sequential", "producer_consumer",
+                                       cpu_extended("warp_specialized")])
+def test_functional_calls_deliver_without_a_copy(iris_pool, scheduler):
     """One rank (a plain GEMM into out= or the new tensor) and two ranks."""
     for w in (1, 2):
-        iris_pool(w).run(_library_delivers)
+        iris_pool(w).run(_delivers, scheduler)
 
 
 def _local_matmul(ctx):

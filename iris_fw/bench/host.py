@@ -3,7 +3,8 @@
 Enqueue-only host time — the loop of calls is timed without synchronizing inside it — of every
 ``iris_fw.ccl`` all-reduce algorithm (on a heap tensor, and ``auto`` on a plain tensor),
 ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``ops.gemm_all_reduce``,
-``ops.flash_decode`` and every taxonomy op through ``iris_fw.ops.*``, beside the references of
+``ops.flash_decode`` and every taxonomy op through ``iris_fw.ops.*`` (``auto``, and the one-kernel
+``fused_sequential`` schedule of ``gemm_all_reduce`` and ``all_gather_gemm``), beside the references of
 issue "One call path": torch ``add_`` on 8 KiB (for the collectives), ``torch.matmul`` of each
 op's local shape (for the ops) and a bare prepared launch (:class:`~iris_fw.kernel_launcher.PreparedLaunch`
 of a one-argument kernel: the floor of any launch). Every case runs :data:`ROUNDS` rounds of
@@ -101,6 +102,15 @@ def _cases(ctx) -> tuple[dict, dict]:
     cases[f"ops.gemm_reduce_scatter {m * w}x{k} @ {k}x{nn}"] = (
         lambda a2=torch.randn(m * w, k, device=dev, dtype=dtype): ops.gemm_reduce_scatter(a2, b, ctx=ctx))
     cases[f"ops.all_gather_gemm {m}x{k} (per rank) @ {k}x{nn}"] = lambda: ops.all_gather_gemm(a, b, ctx=ctx)
+    # one kernel per call: the fused schedule, its result written straight into the new tensor
+    # or out= (Plan.result_arg; all_gather_gemm also copies its shard into the heap)
+    fused = "fused_sequential"
+    cases[f"ops.gemm_all_reduce {m}x{nn}, K {k} per rank, {fused}"] = (
+        lambda: ops.gemm_all_reduce(a, b, scheduler=fused, ctx=ctx))
+    cases[f"ops.gemm_all_reduce {m}x{nn}, K {k} per rank, {fused}, out="] = (
+        lambda: ops.gemm_all_reduce(a, b, scheduler=fused, out=out, ctx=ctx))
+    cases[f"ops.all_gather_gemm {m}x{k} (per rank) @ {k}x{nn}, {fused}"] = (
+        lambda: ops.all_gather_gemm(a, b, scheduler=fused, ctx=ctx))
     for name in cases:
         if name.startswith("ops."):
             refs[name] = mm

@@ -125,8 +125,9 @@ class Op:
         self.result_in_workspace = (_shares_storage(first.result, self.buffers)
                                     or (isinstance(first.result, torch.Tensor) and ctx.is_symmetric(first.result)))
         #: whether a call can write its result straight into a given tensor (the plan's last
-        #: step is this rank's ``finish_into``, run by the base scheduler's ``run``, or the
-        #: library form's ``library_into``: :meth:`~iris_fw.engine.scheduler.Scheduler.delivers_into`)
+        #: step is this rank's ``finish_into``, or only this rank's kernels write the result,
+        #: ``result_arg``, both run by the base scheduler's ``run``; or the library form's
+        #: ``library_into``: :meth:`~iris_fw.engine.scheduler.Scheduler.delivers_into`)
         self.delivers_into = self.result_meta is not None and self.scheduler.delivers_into(first)
         self.workspace = self.scheduler.workspace(ctx, first, self.comm_sms)
         self.workspace.name = f"{self.pattern.name}/{self.scheduler.name}"  # labels its kernels in traces
@@ -193,10 +194,11 @@ class Op:
 
     def functional(self, out, *inputs: Any):
         """What an ``iris_fw.ops.<name>(..., out=out)`` call runs on its cached op (the call path
-        found it by the inputs' fingerprint). Where the op's last step is this rank's own
-        (:attr:`delivers_into`) it writes the result straight into ``out`` (checked; contiguous)
-        or a new tensor (a plan's ``finish_into`` / ``library_into`` must not write ``out`` while
-        something of the call still reads an input that shares its memory). Otherwise the
+        found it by the inputs' fingerprint). Where only this rank writes the result
+        (:attr:`delivers_into`) it writes it straight into ``out`` (checked; contiguous) or a
+        new tensor (a plan's ``finish_into`` / ``library_into`` must not write ``out`` while
+        something of the call still reads an input that shares its memory; kernels writing a
+        replaced ``result_arg`` do not take such an ``out``). Otherwise the
         kernels write the op's result buffer, and when that buffer is in the op's workspace —
         which peers may write and the next call overwrites — it is copied into ``out`` or a new
         tensor; a result outside any workspace is returned as it is.

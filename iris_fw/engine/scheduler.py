@@ -63,11 +63,16 @@ class Workspace:
     launchers: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     name: str = ""
+    #: during a call into a given tensor (:meth:`Scheduler.run`): the change every launch of the
+    #: call makes to its arguments (the plan's :attr:`~iris_fw.engine.contract.Plan.result_arg`
+    #: replaced; :func:`fire`); None otherwise
+    into: Any = None
 
 
 class Scheduler:
     """Base of schedulers. Subclasses set ``name``, ``description``, ``uses_stash`` and implement
-    :meth:`grids` and :meth:`launch`.
+    :meth:`grids` and :meth:`launch`. A subclass that launches kernels other than through
+    :func:`fire` (every launch helper of this module does) sets ``replaces_result = False``.
 
     The barrier policy is the scheduler's: the kernel that communicates carries ``ENTRY``
     (every rank's inputs are ready, outputs free to overwrite) and ``EXIT`` (every delivery is
@@ -81,6 +86,9 @@ class Scheduler:
     #: (``Plan.steps > 1``; per-program step barriers). Other schedules run them after their
     #: kernels, in :func:`launch_steps` (a ``"steps"`` kernel role).
     multi_step = False
+    #: whether every kernel of the schedule launches through :func:`fire`, so that a call into a
+    #: given tensor can replace a plan's :attr:`~iris_fw.engine.contract.Plan.result_arg`
+    replaces_result = True
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -107,25 +115,43 @@ class Scheduler:
         raise NotImplementedError
 
     def delivers_into(self, plan: Plan) -> bool:
-        """Whether :meth:`run` with ``into`` writes ``plan``'s result straight into ``into``
-        (this rank's last step is :attr:`Plan.finish_into`, run by this base ``run``; a
-        scheduler that overrides ``run`` says for itself)."""
-        return plan.finish_into is not None and type(self).run is Scheduler.run
+        """Whether :meth:`run` with ``into`` writes ``plan``'s result straight into ``into``:
+        this rank's last step is :attr:`Plan.finish_into`, or only this rank's kernels write the
+        result (:attr:`Plan.result_arg`) and they launch through :func:`fire` — both run by
+        this base ``run``; a scheduler that overrides ``run`` says for itself."""
+        if type(self).run is not Scheduler.run:
+            return False
+        return plan.finish_into is not None or (plan.result_arg is not None and self.replaces_result)
 
     def run(self, ctx, plan: Plan, ws: Workspace, into=None):
         """Enqueue one call (its kernels, later steps, ``finish``); returns the result. ``into``
-        (a contiguous tensor of the result's shape and dtype; only for a plan with
-        :attr:`Plan.finish_into`, on a scheduler that keeps this method): ``finish_into(into)``
-        runs in place of ``finish`` and ``into`` is returned. The plan's ``stage_in`` (if any)
-        runs first."""
+        (a contiguous tensor of the result's shape and dtype, where :meth:`delivers_into`):
+        ``finish_into(into)`` runs in place of ``finish``, or the kernels run with the plan's
+        :attr:`~Plan.result_arg` replaced by ``into`` (unless ``into`` shares memory with
+        another argument, which the kernels still read: then they write the result and it is
+        copied); ``into`` is returned. The plan's ``stage_in`` (if any) runs first."""
         if plan.stage_in is not None:
             plan.stage_in()
+        change = None
+        if into is not None and plan.finish_into is None:
+            change = result_change(plan, into)
+        if change is not None:
+            ws.into = change
+            try:
+                self.launch(ctx, plan, ws)
+                if plan.steps > 1 and not self.multi_step:
+                    launch_steps(ctx, plan, ws)
+            finally:
+                ws.into = None
+            return into
         self.launch(ctx, plan, ws)
         if plan.steps > 1 and not self.multi_step:
             launch_steps(ctx, plan, ws)
         if into is not None:
-            plan.finish_into(into)
-            return into
+            if plan.finish_into is not None:
+                plan.finish_into(into)
+                return into
+            return into.copy_(plan.result)
         if plan.finish is not None:
             plan.finish()
         return plan.result
@@ -242,6 +268,47 @@ class SideStream:
         calls.wait(main, self._join)
 
 
+def _storage(value):
+    """The storage pointer of a tensor argument (a TMA descriptor's tensor's), else None."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().data_ptr()
+    base = getattr(value, "base", None)
+    return base.untyped_storage().data_ptr() if isinstance(base, torch.Tensor) else None
+
+
+def result_change(plan: Plan, into: torch.Tensor):
+    """The change (:meth:`~iris_fw.kernel_launcher.PreparedLaunch.launch_with`) that makes a
+    call's kernels write its result into ``into`` — the plan's :attr:`~Plan.result_arg`
+    replaced: the field's runtime argument, or its element of ``rest``
+    (:func:`~iris_fw.engine.contract.split_args`) — or None where ``into`` shares memory with
+    another argument (an input the kernels still read while they write the result). Worked
+    out once per plan (:attr:`Plan.memo`)."""
+    seen = plan.memo.get("result_at")
+    if seen is None:
+        args = plan.args
+        fields = type(args)._fields
+        f = fields.index(plan.result_arg)
+        top = getattr(type(args), "TOP", 0)
+        reads = frozenset(p for name, v in zip(fields, args) if name != plan.result_arg
+                          for p in (_storage(v),) if p is not None)
+        seen = plan.memo["result_at"] = ((2, f - top) if f >= top else f, reads)
+    at, reads = seen
+    if into.untyped_storage().data_ptr() in reads:
+        return None
+    return ((at, into),)
+
+
+def fire(call, ws: Workspace, stream=None) -> None:
+    """Launch a plan's prepared launch ``call`` (on ``stream``, a ``torch.cuda.Stream``; None:
+    the current one) — with the result replaced during a call into a given tensor
+    (:attr:`Workspace.into`). Every kernel launch of a schedule goes through here."""
+    into = ws.into
+    if into is None:
+        call(stream)
+    else:
+        call.launch_with(into, stream)
+
+
 def side_stream(ctx, ws: Workspace) -> SideStream | None:
     """The workspace's :class:`SideStream` (created on the first call); None on the CPU."""
     if ctx.device.type != "cuda":
@@ -316,7 +383,7 @@ def launch_producer(ctx, plan: Plan, ws: Workspace, *, role: str = "producer", s
         call = _prepare(ctx, plan, ws, key, role, _producer_kernel,
                         dict(NPROG=ws.grids[role], COMM_FIRST=plan.comm_first, SYNC=sync, ENTRY=entry, EXIT=exit),
                         ws.state[role], ws.flags, plan.num_items, ctx.rank, ctx.world_size, ctx.heap_bases)
-    call(stream)
+    fire(call, ws, stream)
 
 
 def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", sync: bool, queue: bool,
@@ -344,7 +411,7 @@ def launch_consumer(ctx, plan: Plan, ws: Workspace, *, role: str = "consumer", s
                              FIXED=bool(fixed_flag), ENTRY=entry, EXIT=exit, HELP=helps is not None, OWNERS=nowners),
                         ws.state[role], ws.flags, plan.num_tiles, plan.num_items, fixed_flag, ctx.rank,
                         ctx.world_size, ctx.heap_bases, owners)
-    call(stream)
+    fire(call, ws, stream)
 
 
 def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: bool = True,
@@ -356,7 +423,7 @@ def launch_fused(ctx, plan: Plan, ws: Workspace, *, role: str = "fused", entry: 
         call = _prepare(ctx, plan, ws, key, role, _fused_kernel,
                         dict(NPROG=ws.grids[role], ENTRY=entry, EXIT=exit, COMM_FIRST=plan.comm_first),
                         ws.state[role], ws.flags, plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases)
-    call()
+    fire(call, ws)
 
 
 def launch_steps(ctx, plan: Plan, ws: Workspace) -> None:
@@ -367,7 +434,7 @@ def launch_steps(ctx, plan: Plan, ws: Workspace) -> None:
     if call is None:
         call = _prepare(ctx, plan, ws, key, "steps", _steps_kernel, dict(NPROG=ws.grids["steps"], EXIT=True),
                         ws.state["steps"], ws.flags, plan.num_tiles, ctx.rank, ctx.world_size, ctx.heap_bases)
-    call()
+    fire(call, ws)
 
 
 def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: str = "specialized",
@@ -381,4 +448,4 @@ def launch_specialized(ctx, plan: Plan, ws: Workspace, *, producers: int, role: 
                              EXIT=exit),
                         ws.state[role], ws.flags, plan.num_tiles, plan.num_items, ctx.rank, ctx.world_size,
                         ctx.heap_bases)
-    call()
+    fire(call, ws)

@@ -893,17 +893,26 @@ class PreparedLaunch:
                         (type(value) is int and value == held)
                         or (value is prepared and value.is_cuda and value.data_ptr() == held))):
                     continue
-            try:
-                same = pos is not None and _item(value, spec, align, desc) == item
-            except _Unsupported:
-                same = False
-            if not same:
+            if pos is None:
                 return None
+            if type(value) is _Tensor and item[0] is _Tensor:  # (a new output: _item inlined)
+                ptr = value.data_ptr()
+                if value.dtype != item[1] or (len(item) == 3 and (not ptr & 15) != item[2]):
+                    return None
+                if value.is_cuda:
+                    value = ptr
+            else:
+                try:
+                    if _item(value, spec, align, desc) != item:
+                        return None
+                except _Unsupported:
+                    return None
+                # a device tensor as its pointer, as the prepared ones (:func:`_pointers`); a
+                # tensor elsewhere stays one, for the driver's launcher to refuse
+                if isinstance(value, _Tensor) and value.is_cuda:
+                    value = value.data_ptr()
             if rebuilt is None:
                 rebuilt = list(final)
-            # a device tensor as its pointer, as the prepared ones (:func:`_pointers`); a tensor
-            # elsewhere stays one, for the driver's launcher to refuse
-            value = value.data_ptr() if isinstance(value, _Tensor) and value.is_cuda else value
             rebuilt[pos] = value if j is None else _with_element(rebuilt[pos], j, value)
         return final if rebuilt is None else tuple(rebuilt)
 

@@ -134,10 +134,12 @@ for step in $STEPS; do
     bench)
         need_mps
         bench=${parts[0]%%@*}; nprocs=${NPROCS:-2}   # bench:NAME@N,ARGS: N ranks for this one
-        [ "$bench" != "${parts[0]}" ] && nprocs=${parts[0]#*@}
-        timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n $nprocs --out "$OUT/bench-$bench" "$bench" \
-            "${parts[@]:1}" > "$OUT/bench-$bench.log" 2>&1
-        grep -v "^\[rank" "$OUT/bench-$bench.log" | grep -v "^|" | tail -30 ;;
+        out=bench-$bench
+        # (@N: its own files, so that bench:host@1 and bench:host@2 in one STEPS keep both)
+        [ "$bench" != "${parts[0]}" ] && nprocs=${parts[0]#*@} && out=bench-$bench-n$nprocs
+        timeout ${BENCH_TIMEOUT:-300} python3 -m iris_fw.bench -n $nprocs --out "$OUT/$out" "$bench" \
+            "${parts[@]:1}" > "$OUT/$out.log" 2>&1
+        grep -v "^\[rank" "$OUT/$out.log" | grep -v "^|" | tail -30 ;;
     py)       # py:SCRIPT,ARGS...  a plain python3 program under MPS
         need_mps
         log="$OUT/py-$(basename "${parts[0]}" .py)-$t0.log"

@@ -143,10 +143,11 @@ class Plan:
     contiguous tensor of the result's shape and dtype instead of ``result`` — set where the
     result's last writer is this rank's ``finish`` (no peer writes it), so that a functional
     ``iris_fw.ops`` call delivers into a new tensor or ``out`` without a copy
-    (:meth:`Scheduler.run` with ``into``). ``result_arg`` (optional): the field of ``args``
-    holding ``result`` where only this rank's kernels write it (no peer stores into it): a
-    functional call's kernels then launch with that field replaced by the new tensor or
-    ``out`` and write the result there, no copy (:func:`~iris_fw.engine.scheduler.result_change`).
+    (:meth:`Scheduler.run` with ``into``). ``result_arg`` (optional, without ``finish``): the
+    field of ``args`` holding ``result`` where only this rank's kernels write it (no peer
+    stores into it): a functional call's kernels then launch with that field replaced by the
+    new tensor or ``out`` and write the result there, no copy
+    (:func:`~iris_fw.engine.scheduler.result_change`).
     ``copies`` (optional, communicate-first): the chunks ``fetch`` delivers, as :class:`Copy`
     steps in order. ``steps``: passes over the tiles (see "Multi-step patterns" above; 1 for a
     one-pass pattern). ``memo``: what a scheduler derives from the plan once (its launchers and

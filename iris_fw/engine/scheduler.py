@@ -121,7 +121,8 @@ class Scheduler:
         this base ``run``; a scheduler that overrides ``run`` says for itself."""
         if type(self).run is not Scheduler.run:
             return False
-        return plan.finish_into is not None or (plan.result_arg is not None and self.replaces_result)
+        return plan.finish_into is not None or (plan.result_arg is not None and plan.finish is None
+                                                and self.replaces_result)
 
     def run(self, ctx, plan: Plan, ws: Workspace, into=None):
         """Enqueue one call (its kernels, later steps, ``finish``); returns the result. ``into``
@@ -133,7 +134,7 @@ class Scheduler:
         if plan.stage_in is not None:
             plan.stage_in()
         change = None
-        if into is not None and plan.finish_into is None:
+        if into is not None and plan.result_arg is not None and plan.finish is None:
             change = result_change(plan, into)
         if change is not None:
             ws.into = change

@@ -48,7 +48,7 @@ class CallCache:
     every rank keeps and drops the same entries; a dropped call is validated across ranks again
     when it comes back."""
 
-    __slots__ = ("capacity", "lru", "_entries")
+    __slots__ = ("capacity", "lru", "_entries", "_recent")
 
     def __init__(self, capacity: int, lru: bool = True):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -56,6 +56,9 @@ class CallCache:
         self.capacity = capacity
         self.lru = lru
         self._entries: OrderedDict = OrderedDict()
+        #: the entry made most recently used (the last one): a hit on it again — a loop of one
+        #: call — reorders nothing
+        self._recent = None
 
     def get(self, key, default=None):
         """The entry under ``key`` (made most recently used), else ``default``. ``key`` None, or
@@ -69,8 +72,9 @@ class CallCache:
             return default
         if entry is None:
             return default
-        if self.lru:
+        if self.lru and entry is not self._recent:
             entries.move_to_end(key)
+            self._recent = entry
         return entry
 
     def put(self, key, entry):
@@ -82,6 +86,7 @@ class CallCache:
             except TypeError:  # unhashable (an argument the full checks reported): not kept
                 return entry
             entries.move_to_end(key)
+            self._recent = entry
             while len(entries) > self.capacity:
                 entries.popitem(last=False)
         return entry
@@ -106,6 +111,7 @@ class CallCache:
     def clear(self) -> None:
         """Drop every entry (local; every rank does it at the same point)."""
         self._entries.clear()
+        self._recent = None
 
 
 class CallPaths:
@@ -243,8 +249,9 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
         entry, key = None, None
     if entry is None:
         entry = cache.put(key, prepare(on))
-    elif cache.lru:
+    elif cache.lru and entry is not cache._recent:  # (a loop of one call: already the last)
         entries.move_to_end(key)
+        cache._recent = entry
     try:
         return entry(*args)
     except BaseException as exc:

@@ -140,6 +140,19 @@ def test_call_cache_is_bounded_and_keeps_the_most_recent():
     assert cache.get(None) is None and cache.get([1]) is None and cache.put([1], 5) == 5 and len(cache) == 2
     with pytest.raises(ValueError, match="capacity"):
         callpath.CallCache(0)
+    # hits through the call path keep the order (a hit on the last entry again reorders nothing)
+    ctx = type("Ctx", (), {"_closed": False})()
+    cache = callpath.CallCache(3)
+    for k in "abcb":
+        callpath.call(ctx, cache, k, lambda _, k=k: (lambda: k.upper()), None, "test")
+    assert list(cache) == ["a", "c", "b"]
+    for k in "bba":
+        assert callpath.call(ctx, cache, k, None, None, "test") == k.upper()
+    assert list(cache) == ["c", "b", "a"]
+    cache.put("d", lambda: "D")  # the least recently used (c) goes
+    assert list(cache) == ["b", "a", "d"] and cache.get("a")() == "A" and list(cache) == ["b", "d", "a"]
+    cache.clear()
+    assert len(cache) == 0 and cache.get("a") is None
 
 
 def _graph_out(ctx):

@@ -14,7 +14,7 @@ import triton.language as tl
 
 import iris_fw
 
-from helpers import fresh_seed
+from helpers import fresh_seed, on_worlds
 from iris_fw import device as dv
 
 SEMS = ["relaxed", "acquire", "release", "acq_rel"]
@@ -155,5 +155,6 @@ def _orders():
 
 @pytest.mark.parametrize("sem,scope", list(_orders()))
 @pytest.mark.parametrize("op", list(DTYPES))
+@on_worlds(1, 3)  # (CPU ranks: 3 contends from every rank as 2 does, from one more; 2 under -m extended)
 def test_atomic_contention(world, op, sem, scope):
     world.run(_run_atomic, op, sem, scope)

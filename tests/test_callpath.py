@@ -7,7 +7,7 @@ call cache."""
 import pytest
 import torch
 
-from helpers import assert_peers_fail_at_once, boom, peer_fails
+from helpers import assert_peers_fail_at_once, boom, cpu_extended, peer_fails
 import iris_fw
 from iris_fw import callpath, ccl, ops
 from iris_fw import flash_decode as fd_module
@@ -68,7 +68,7 @@ def _peer_fails(ctx, name, where):
 
 @pytest.mark.parametrize("where", ["plan", "argument"])
 @pytest.mark.parametrize("name", CALLS)
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [cpu_extended(2), 3])  # (CPU ranks: 3, two peers of the failed rank; 2 extended)
 def test_a_host_failure_on_one_rank_fails_every_peer_at_once(iris_pool, world_size, name, where):
     assert_peers_fail_at_once(iris_pool(world_size).run(_peer_fails, name, where))
 

@@ -6,6 +6,11 @@ order them), then checks every result: integers, max and min exactly; float sums
 within a few ulps of the output dtype times the magnitude; every rank's all-reduce result
 bitwise equal. Sizes are ragged; world sizes 1-4 (3 catches power-of-two assumptions). On GPUs
 the sizes grow and every collective is also replayed from a CUDA graph with fresh inputs.
+
+On CPU ranks the collectives other than all_reduce run at world sizes 1 and 3 by default, and
+the chunked and many-tile ring cases at 3 (2 under ``-m extended``: no kernel has a branch on the
+world size that 2 takes and 3 does not); test_all_reduce_dtypes_and_ops keeps 2, the one world
+size where every op runs.
 """
 
 import time
@@ -15,7 +20,7 @@ import torch
 
 import iris_fw
 
-from helpers import capture_graph, fresh_seed
+from helpers import capture_graph, cpu_extended, fresh_seed, on_worlds
 from iris_fw import CallMismatch, PeerFailure, WaitTimeout
 from iris_fw.engine.contract import CollectiveMismatch
 
@@ -167,10 +172,11 @@ def _chunked_rank(ctx, algorithm, dtype):
 
 
 @pytest.mark.parametrize("algorithm", ALL_REDUCE)
-def test_all_reduce_chunks(iris_pool, algorithm):
-    """Messages longer than the workspace's largest capacity class go in chunks."""
-    for w in (2, 3):
-        iris_pool(w).run(_chunked_rank, algorithm, torch.bfloat16)
+@pytest.mark.parametrize("world_size", [cpu_extended(2), 3])
+def test_all_reduce_chunks(iris_pool, world_size, algorithm):
+    """Messages longer than the workspace's largest capacity class go in chunks. (CPU ranks: 3
+    by default, 2 under ``-m extended``.)"""
+    iris_pool(world_size).run(_chunked_rank, algorithm, torch.bfloat16)
 
 
 def _chunked_shapes_rank(ctx):
@@ -248,10 +254,11 @@ def test_fresh_and_recurring_inputs(iris_pool):
     iris_pool(2).run(_fresh_and_recurring_rank)
 
 
-def test_chunks_of_multidimensional_tensors(iris_pool):
-    """Chunk offsets count elements of the flattened tensors, whatever their shape."""
-    for w in (2, 3):
-        iris_pool(w).run(_chunked_shapes_rank)
+@pytest.mark.parametrize("world_size", [cpu_extended(2), 3])
+def test_chunks_of_multidimensional_tensors(iris_pool, world_size):
+    """Chunk offsets count elements of the flattened tensors, whatever their shape. (CPU ranks: 3
+    by default, 2 under ``-m extended``.)"""
+    iris_pool(world_size).run(_chunked_shapes_rank)
 
 
 def _many_tiles_rank(ctx, algorithm):
@@ -274,10 +281,12 @@ def _many_tiles_rank(ctx, algorithm):
                f"{algorithm} many tiles call {i}", _scale(data[i], "sum"))
 
 
-@pytest.mark.parametrize("algorithm,w", [("ring", 2), ("ring", 3), ("one_shot", 2), ("two_shot", 2)])
+@pytest.mark.parametrize("algorithm,w", [cpu_extended("ring", 2, id="ring-2"), ("ring", 3), ("one_shot", 2),
+                                         ("two_shot", 2)])
 def test_all_reduce_many_tiles_per_program(iris_pool, algorithm, w):
     """Regression (2x H200, ring's first call wrong): the ring's per-step flags held only the
-    call's epoch, which a program's first tile already satisfied for its later tiles."""
+    call's epoch, which a program's first tile already satisfied for its later tiles. (CPU
+    ranks: the ring at 3 by default, at 2 under ``-m extended``.)"""
     iris_pool(w).run(_many_tiles_rank, algorithm)
 
 
@@ -307,6 +316,7 @@ def _all_gather_rank(ctx, algorithm, heap_input):
 
 
 @pytest.mark.parametrize("algorithm,heap_input", [("push", False), ("pull", False), ("pull", True)])
+@on_worlds(1, 3)
 def test_all_gather(world, algorithm, heap_input):
     """Push and pull, a staged and an in-place (heap) input, bit-exact."""
     world.run(_all_gather_rank, algorithm, heap_input)
@@ -329,6 +339,7 @@ def _reduce_scatter_rank(ctx):
             _check(o, want, dtype, op, ctx.world_size, f"reduce_scatter {dtype} {op} call {k}", _scale(data[k], op)[part])
 
 
+@on_worlds(1, 3)
 def test_reduce_scatter(world):
     world.run(_reduce_scatter_rank)
 
@@ -357,6 +368,7 @@ def _all_to_all_rank(ctx, even):
 
 
 @pytest.mark.parametrize("even", [True, False], ids=["equal", "ragged"])
+@on_worlds(1, 3)
 def test_all_to_all_single(world, even):
     world.run(_all_to_all_rank, even)
 
@@ -395,6 +407,7 @@ def _rooted_rank(ctx):
         assert torch.equal(mine.cpu(), data[r]), f"scatter {dtype}"
 
 
+@on_worlds(1, 3)
 def test_rooted(world):
     """broadcast, reduce, gather, scatter from/to the last rank."""
     world.run(_rooted_rank)
@@ -428,6 +441,7 @@ def _barrier_rank(ctx):
     assert work.is_completed()
 
 
+@on_worlds(1, 3)
 def test_barrier(world):
     world.run(_barrier_rank)
 
@@ -705,5 +719,6 @@ def _prepared_rank(ctx):
         ccl.prepared("all_gather_into_tensor", outs[0], inp, op="sum", ctx=ctx)
 
 
+@on_worlds(1, 3)
 def test_prepared(world):
     world.run(_prepared_rank)

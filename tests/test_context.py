@@ -1,5 +1,6 @@
 """Context: factories, broadcast, the allocator (reuse, alignment, symmetry, OOM, divergence
-report) and clear errors for bad input."""
+report) and clear errors for bad input. On CPU ranks the pooled cases run at world sizes 1 and 3
+by default, 2 under ``-m extended`` (3 covers what 2 would: a rank other than 0 and 1 too)."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import triton
 import triton.language as tl
 
 import iris_fw
-from helpers import fresh_seed
+from helpers import fresh_seed, on_worlds
 from iris_fw import device as dv
 from iris_fw.heap import ALIGN, SymmetricHeap
 from iris_fw.interpreter import interpreting
@@ -50,6 +51,7 @@ def _factories(ctx):
     assert ctx.empty(0).numel() == 0
 
 
+@on_worlds(1, 3)
 def test_factories(world):
     world.run(_factories)
 
@@ -75,6 +77,7 @@ def _broadcast(ctx):
             ctx.broadcast(torch.zeros(me + 1, device=ctx.device), src=0)
 
 
+@on_worlds(1, 3)
 def test_broadcast(world):
     world.run(_broadcast)
 
@@ -154,6 +157,7 @@ def _symmetry_and_reuse(ctx):
     ctx.barrier()
 
 
+@on_worlds(1, 3)
 def test_allocator_symmetry_reuse_and_divergence(world):
     world.run(_symmetry_and_reuse)
 
@@ -187,6 +191,7 @@ def _divergence_reports(ctx):
     dbg.close()  # idempotent
 
 
+@on_worlds(1, 3)
 def test_divergence_is_reported(world):
     world.run(_divergence_reports)
 
@@ -219,6 +224,7 @@ def _bad_inputs(ctx):
         ctx.randint(5, 5, (3,))
 
 
+@on_worlds(1, 3)
 def test_bad_inputs(world):
     world.run(_bad_inputs)
 

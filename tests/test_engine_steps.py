@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from helpers import cpu_extended, fresh_seed
+from helpers import cpu_extended, fresh_seed, on_worlds
 from iris_fw import device as dv
 from iris_fw import tilecomm as tc
 from iris_fw.engine.contract import Pattern, Pieces, Plan, check_tensor
@@ -140,12 +140,14 @@ def _steps_rank(ctx, calls, scheduler="fused_sequential"):
     del op, x, results
 
 
+@on_worlds(1, 3)  # (CPU ranks: 2 under -m extended; the step barrier loops over the ranks)
 def test_two_step_pattern(world):
     world.run(_steps_rank, 3)
 
 
 @pytest.mark.parametrize("scheduler", ["bulk_sync", "wg_specialized", cpu_extended("producer_consumer")])
-def test_steps_after_one_step_schedules(iris_pool, scheduler):
-    """Schedules without in-kernel step barriers run the later steps in a kernel of their own."""
-    for w in (2, 3):
-        iris_pool(w).run(_steps_rank, 3, scheduler)
+@pytest.mark.parametrize("world_size", [cpu_extended(2), 3])
+def test_steps_after_one_step_schedules(iris_pool, world_size, scheduler):
+    """Schedules without in-kernel step barriers run the later steps in a kernel of their own.
+    (CPU ranks: 3 by default, 2 under ``-m extended``.)"""
+    iris_pool(world_size).run(_steps_rank, 3, scheduler)

@@ -77,10 +77,10 @@ def test_fused(world, algorithm):
 @pytest.mark.parametrize("scheduler,algorithm", [cpu_extended("bulk_sync", "two_shot", id="bulk_sync-two_shot"),
                                                  ("producer_consumer", "one_shot"),
                                                  cpu_extended("wg_specialized", "two_shot", id="wg_specialized-two_shot")])
-def test_unfused_schedules(iris_pool, scheduler, algorithm):
+@pytest.mark.parametrize("world_size", [cpu_extended(2), 3])  # (CPU ranks: 2 extended; test_fused runs 2)
+def test_unfused_schedules(iris_pool, world_size, scheduler, algorithm):
     """Step 1 in a kernel of its own after the schedule's kernels."""
-    for w in (2, 3):
-        iris_pool(w).run(_run, scheduler, algorithm, kinds=("ragged",))
+    iris_pool(world_size).run(_run, scheduler, algorithm, kinds=("ragged",))
 
 
 @pytest.mark.extended
@@ -168,10 +168,11 @@ def _library_delivers(ctx):
     ctx.barrier()
 
 
-def test_library_functional_call_delivers_without_a_copy(iris_pool):
-    """One rank (no all-reduce) and two and three ranks (all-reduced from the op's buffer)."""
-    for w in (1, 2, 3):
-        iris_pool(w).run(_library_delivers)
+@pytest.mark.parametrize("world_size", [1, cpu_extended(2), 3])
+def test_library_functional_call_delivers_without_a_copy(iris_pool, world_size):
+    """One rank (no all-reduce) and two and three ranks (all-reduced from the op's buffer; CPU
+    ranks: 2 under ``-m extended``, the same path as 3)."""
+    iris_pool(world_size).run(_library_delivers)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])

@@ -91,9 +91,15 @@ def _run_primitive(ctx, op, dtype, masked):
 
 
 #: On CPU ranks world sizes 1 and 3 move one dtype of each width in 1, 2 and 8 bytes through
-#: masked calls by default (world size 2 runs every dtype, masked and not); the rest run under
-#: ``-m extended``. On GPUs every case runs.
+#: masked calls by default; world size 2 moves the 4-byte ones (int32 and float32: an integer and
+#: a float ``other``) through masked calls and an unmasked call of every width (int8, bfloat16,
+#: int32, int64). The device code branches on the element's width, and on float-ness only for a
+#: masked load's ``other``: int16 and float16 take bfloat16's 2-byte path and int8's / int32's
+#: integer ``other``, an unmasked float32 call int32's path. They and the rest run under
+#: ``-m extended``; on GPUs every case runs.
 _CPU_SPARSE = {torch.int8, torch.bfloat16, torch.int64}
+_CPU_W2_MASKED = {torch.int32, torch.float32}
+_CPU_W2_UNMASKED = {torch.int8, torch.bfloat16, torch.int32, torch.int64}
 
 
 def _primitive_cases():
@@ -102,7 +108,8 @@ def _primitive_cases():
             for masked in (False, True):
                 for w in (1, 2, 3, 4):
                     name = f"w{w}-{op}-{str(dtype).replace('torch.', '')}-{'masked' if masked else 'unmasked'}"
-                    default = w == 2 or (w in (1, 3) and masked and dtype in _CPU_SPARSE)
+                    default = ((w in (1, 3) and masked and dtype in _CPU_SPARSE)
+                               or (w == 2 and dtype in (_CPU_W2_MASKED if masked else _CPU_W2_UNMASKED)))
                     marks = [] if default or not iris_fw.interpreting() else [pytest.mark.extended]
                     yield pytest.param(w, op, dtype, masked, id=name, marks=marks)
 

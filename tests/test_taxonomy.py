@@ -92,31 +92,56 @@ def _run(ctx, pattern, scheduler, dtype, kinds=("ragged", "aligned"), comm_sms=N
 
 #: The (pattern, scheduler) pairs the default CPU run keeps at W = 3 (each pattern and each
 #: scheduler at least once: the splits that are not powers of two are the pattern's, whatever the
-#: schedule); W = 1 and 2 run every pair.
+#: schedule); at W = 1 the same pairs run with aligned shapes (but fused_sequential's: test_engine's).
 _CPU_W3 = {("gemm_all_scatter", "bulk_sync"), ("all_gather_gemm", "producer_consumer"),
            ("gemm_reduce_scatter", "wg_specialized"), ("all_gather_gemm", "fused_sequential")}
+#: The pairs the default CPU run keeps at W = 1 and 2 with ragged shapes: each pattern and each
+#: scheduler once more, none of them a pair of ``_CPU_W3`` or of ``_ENGINE_REPLAYS``.
+_CPU_W12 = {("gemm_all_scatter", "wg_specialized"), ("all_gather_gemm", "bulk_sync"),
+            ("gemm_reduce_scatter", "producer_consumer")}
+
+#: The pairs tests/test_engine.py's replay sweep runs by default on CPU ranks (its ``_CPU_REPLAYS``
+#: and fused_sequential with every pattern) at W = 2, and at W = 1 under fused_sequential: ragged
+#: and aligned shapes of these SHAPES, fresh inputs per call, poisoned buffers, every result
+#: against the pattern's float64 reference — what a case here checks, so those cases run here
+#: under ``-m extended`` on CPU ranks.
+_ENGINE_REPLAYS = {("gemm_all_scatter", "producer_consumer"), ("all_gather_gemm", "wg_specialized"),
+                   ("all_gather_gemm", "copy_engine"), ("gemm_reduce_scatter", "bulk_sync")} | \
+    {(p, "fused_sequential") for p in PATTERNS}
 
 
-def _cpu_cut(size: int, kind: str, pair: tuple | None = None) -> bool:
-    """Whether a case runs under ``-m extended`` on CPU ranks: the aligned shapes of W = 2 and 3,
-    and at W = 3 the (pattern, scheduler) pairs outside ``_CPU_W3``. The ragged shapes carry the
-    splits that are not powers of two (W = 3) and the edge tiles; the aligned shapes run at W = 1
-    (the default run's time on CI's two cores). W = 4 is extended as everywhere
-    (:func:`helpers.world_params`)."""
-    if not iris_fw.interpreting() or size < 2:
+def _cpu_cut(size: int, kind: str, pair: tuple, sweep: bool = True) -> bool:
+    """Whether a case runs under ``-m extended`` on CPU ranks (the default run's time on CI's two
+    cores): the aligned shapes of W = 2 and 3, and at W = 2 the pairs test_engine replays there
+    (``_ENGINE_REPLAYS``). In the scheduler x pattern ``sweep``, the default run keeps at W = 3
+    the pairs of ``_CPU_W3`` (ragged), at W = 2 those of ``_CPU_W12`` (ragged; test_engine replays
+    six more there), at W = 1 those of ``_CPU_W3`` aligned and of ``_CPU_W12`` ragged (test_engine
+    replays fused_sequential there, both shapes): every pair runs by default on several ranks
+    with ragged shapes (the splits that are not powers of two at W = 3, the edge tiles), every
+    scheduler and pattern on one rank, ragged and aligned, and at W = 3. W = 4 is extended as
+    everywhere (:func:`helpers.world_params`)."""
+    if not iris_fw.interpreting():
         return False
-    return kind == "aligned" or (size == 3 and pair is not None and pair not in _CPU_W3)
+    if (size >= 2 and kind == "aligned") or (size == 2 and pair in _ENGINE_REPLAYS):
+        return True
+    if not sweep:
+        return False
+    if size == 1:
+        return pair not in (_CPU_W3 if kind == "aligned" else _CPU_W12) or pair[1] == "fused_sequential"
+    return pair not in _CPU_W12 if size == 2 else size == 3 and pair not in _CPU_W3
 
 
-def _world_kinds(pairs=((None, None),)):
+def _world_kinds(pairs=((None, None),), runs=None):
     """``(world, kind[, pattern, scheduler])`` parameters over world sizes 1-4, ragged and aligned
-    shapes (and ``pairs`` of pattern and scheduler), marked by :func:`_cpu_cut`."""
+    shapes (and ``pairs`` of pattern and scheduler, the sweep; else ``runs``: the one pair the
+    test runs), marked by :func:`_cpu_cut`."""
     out = []
     for w in world_params(1, 2, 3):
         size, marks = (w, ()) if isinstance(w, int) else (w.values[0], w.marks)
         for kind in ("ragged", "aligned"):
             for pair in pairs:
-                extra = (pytest.mark.extended,) if _cpu_cut(size, kind, None if pair[0] is None else pair) else ()
+                cut = _cpu_cut(size, kind, pair) if pair[0] is not None else _cpu_cut(size, kind, runs, sweep=False)
+                extra = (pytest.mark.extended,) if cut else ()
                 values = (size, kind) if pair[0] is None else (size, kind, *pair)
                 name = "-".join([f"w{size}", kind, *([] if pair[0] is None else pair)])
                 out.append(pytest.param(*values, marks=(*marks, *extra), id=name))
@@ -183,13 +208,16 @@ def _declines(ctx, pattern, scheduler, message):
     assert message in str(info.value), str(info.value)
 
 
-@pytest.mark.parametrize("world,kind", _world_kinds(), indirect=["world"])
+@pytest.mark.parametrize("world,kind", _world_kinds(runs=("all_gather_gemm", "copy_engine")), indirect=["world"])
 def test_copy_engine_all_gather_gemm(world, kind):
-    """The copy-engine scheduler (communicate-first patterns with copies only)."""
+    """The copy-engine scheduler (communicate-first patterns with copies only). (CPU ranks: W = 2
+    under ``-m extended``: test_engine replays it there.)"""
     world.run(_run, "all_gather_gemm", "copy_engine", torch.bfloat16, kinds=(kind,))
 
 
-@on_worlds(1, 2)  # (the dtypes do not depend on the world size; W = 3 under -m extended on CPU ranks)
+# (the dtypes do not depend on the world size. CPU ranks: W = 3 under -m extended, and W = 1, where auto
+# picks the library form — torch's product on CPU ranks, as test_library_functional_calls_deliver_without_a_copy runs it)
+@on_worlds(2)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_dtypes_auto_scheduler(world, pattern, dtype):
@@ -202,8 +230,19 @@ def _split_extremes(ctx, pattern, scheduler):
         _run(ctx, pattern, scheduler, torch.bfloat16, kinds=("ragged",), comm_sms=comm, calls=1)
 
 
-@pytest.mark.parametrize("scheduler", ["producer_consumer", "wg_specialized"])
-@pytest.mark.parametrize("pattern", PATTERNS)
+def _split_pairs():
+    """Each pattern once and each scheduler with an SM split at least once on CPU ranks by default
+    (the split is the scheduler's; the patterns' tiles are the same under both); the other pairs
+    under ``-m extended`` there, every pair on GPUs."""
+    keep = {("gemm_all_scatter", "producer_consumer"), ("all_gather_gemm", "wg_specialized"),
+            ("gemm_reduce_scatter", "producer_consumer")}
+    for pattern in PATTERNS:
+        for scheduler in ("producer_consumer", "wg_specialized"):
+            yield (pattern, scheduler) if (pattern, scheduler) in keep else \
+                cpu_extended(pattern, scheduler, id=f"{pattern}-{scheduler}")
+
+
+@pytest.mark.parametrize("pattern,scheduler", list(_split_pairs()))
 def test_sm_split_extremes(iris_pool, pattern, scheduler):
     iris_pool(2).run(_split_extremes, pattern, scheduler)
 

@@ -216,7 +216,7 @@ def test_copy_engine_all_gather_gemm(world, kind):
 
 
 # (the dtypes do not depend on the world size. CPU ranks: W = 3 under -m extended, and W = 1, where auto
-# picks the library form — torch's product on CPU ranks, as test_library_functional_calls_deliver_without_a_copy runs it)
+# picks the library form — torch's product on CPU ranks, as test_functional_calls_deliver_without_a_copy[library] runs it)
 @on_worlds(2)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("pattern", PATTERNS)

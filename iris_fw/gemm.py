@@ -241,12 +241,16 @@ def _measured_rows(device_name: str) -> tuple:
     device's tile order's."""
     rows = tuning.load("gemm")["devices"].get(device_name, [])  # measured rows only: no defaults
     xcds = _tile_orders().get(device_name, NO_TILE_ORDER).xcds
-    out = []
-    for max_m, config in rows:
-        config = tuning.fields(config)  # without the note of what chose the row
-        bounds = RowBounds(max_m, **{key: config.pop(key) for key in ROW_BOUNDS + ROW_FLAGS if key in config})
-        out.append((bounds, GemmConfig(**{"xcds": xcds, **config})))
-    return tuple(out)
+    return tuple(parse_row(max_m, config, xcds) for max_m, config in rows)
+
+
+def parse_row(max_m: int | None, config: dict, xcds: int = 1) -> tuple:
+    """A measured row ``[max_m, config]`` of ``iris_fw/tuning/gemm.json`` as ``(RowBounds,
+    GemmConfig)``: the config's :data:`ROW_BOUNDS` and :data:`ROW_FLAGS` go to the bounds, its
+    notes (what chose the row) are dropped; ``xcds``: the tile order's, unless the row has its own."""
+    config = tuning.fields(config)
+    bounds = RowBounds(max_m, **{key: config.pop(key) for key in ROW_BOUNDS + ROW_FLAGS if key in config})
+    return bounds, GemmConfig(**{"xcds": xcds, **config})
 
 
 class TileOrder(NamedTuple):

@@ -3,6 +3,7 @@ primitives, the abort word (one lost producer costs one wait bound, a host error
 stops the others' waits at once), and symmetry checks that see allocation order and dtype.
 Rank deaths, exits and stops under the three launchers: tests/test_faults.py."""
 
+import re
 import time
 
 import pytest
@@ -105,7 +106,12 @@ def _lost_producer(ctx):
     finally:
         ctx.wait_timeout = old
     assert plan.num_tiles >= 8, plan.num_tiles
-    assert "1 wait(s) timed out" in str(info.value), str(info.value)
+    # one program's wait timed out and the others gave up at once: on CPU ranks (programs one
+    # after another) exactly one; on a GPU the programs spinning at the same moment may reach
+    # the bound together (seen under MPS with 8 SMs each: 4), never one per tile
+    timed_out = int(re.search(r"(\d+) wait\(s\) timed out", str(info.value)).group(1))
+    most = 1 if ctx.device.type == "cpu" else plan.num_tiles - 1
+    assert 1 <= timed_out <= most, str(info.value)
     assert many < 3 * one + 2, f"{plan.num_tiles} tiles took {many:.1f} s; one wait bound {one:.1f} s"
     del op, plan
     ctx.barrier()

@@ -17,7 +17,7 @@ from helpers import cpu_extended
 from iris_fw import devinfo, gemm
 from iris_fw import gemm_tiles as tiles
 from iris_fw.errors import ArgumentError
-from iris_fw.gemm import CPU_CONFIG, GemmConfig, matmul
+from iris_fw.gemm import CPU_CONFIG, GemmConfig, matmul, parse_row
 
 #: Tolerance relative to the largest |reference| (the result is rounded once to its dtype).
 ULPS = {torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9, torch.float32: 1e-5}
@@ -572,9 +572,10 @@ def test_tune_script_smoke(tmp_path):
     assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "gemm_tuning_rows.json").read_text())
     (device_rows,) = rows.values()
-    for max_m, config in device_rows:  # the table's row format, bounds and note in the config
+    for max_m, config in device_rows:  # the table's row format (bounds, flags and note in the config)
         assert isinstance(max_m, int)
-        GemmConfig(**{k: v for k, v in config.items() if k not in ("max_n", "max_k", "measured")})
+        bounds, cfg = parse_row(max_m, config)  # what the table's loader makes of it
+        assert bounds.max_m == max_m and isinstance(cfg, GemmConfig)
     records = [json.loads(line) for line in (tmp_path / "gemm_tune.jsonl").read_text().splitlines()]
     assert records and all(not r["wrong"] for r in records), records
 

@@ -762,9 +762,16 @@ def _replaced(args: tuple, changes) -> tuple:
     for i, value in changes:
         if type(i) is tuple:
             i, j = i
+            _check_element(full[i], i, j)
             value = _with_element(full[i], j, value)
         full[i] = value
     return tuple(full)
+
+
+def _check_element(t, i: int, j: int) -> None:
+    """Raise unless ``t`` (runtime argument ``i``) is a tuple with an element ``j``."""
+    if not isinstance(t, tuple) or not 0 <= j < len(t):
+        raise IndexError(f"launch_with: argument {i} is not a tuple with an element {j}")
 
 
 def _with_element(t: tuple, j: int, value) -> tuple:
@@ -820,7 +827,7 @@ class PreparedLaunch:
 
     def __init__(self, launcher: KernelLauncher, args: tuple):
         self.launcher, self.args, self._ready = launcher, args, None
-        self._items = None  # {runtime index: (specialization item, index in the kernel args)}, made on use
+        self._items = None  # {change index (i or (i, j)): what _rebuilt keeps of it (_slot)}, made on use
 
     def __call__(self, stream=None) -> None:
         """Launch on ``stream`` (a ``torch.cuda.Stream``; None: the current stream)."""
@@ -927,8 +934,7 @@ class PreparedLaunch:
         spec, align = flags[i]
         prepared = self.args[i]
         if j is not None:
-            if not isinstance(prepared, tuple) or not 0 <= j < len(prepared):
-                raise IndexError(f"launch_with: argument {i} is not a tuple with an element {j}")
+            _check_element(prepared, i, j)
             prepared, spec, align = prepared[j], True, True
         return _item(prepared, spec, align, desc), self._final_index(i), i, j, spec, align
 

@@ -142,8 +142,8 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, *, ctx: Context | No
     """``all_gather(a_shard[M/W, K]) @ b[K, N/W]``: returns ``C[M, N/W]`` — in ``out`` (``[M, N/W]``)
     when given, else a new tensor.
 
-    **No copy of the result** (a non-contiguous ``out``, or one sharing memory with ``b``, gets
-    one): under ``scheduler="library"`` (``auto``'s pick on one rank) the gathered ``A`` is
+    **No copy of the result** (a non-contiguous ``out``, or one sharing memory with ``b`` or
+    with a buffer of the op, gets one): under ``scheduler="library"`` (``auto``'s pick on one rank) the gathered ``A`` is
     multiplied straight into that tensor, and on one rank the shard is multiplied where it is
     (no copy of the input either); under a kernel schedule the GEMM kernels write it, launched
     with their output replaced (only this rank writes its ``C``). **Copies its input** under a

@@ -11,6 +11,7 @@ from iris_fw.hookspecs import hookimpl
 
 class BulkSync(Scheduler):
     name = "bulk_sync"
+    replaces_result = True  # (every kernel through the launch helpers: engine.scheduler.fire)
     description = "all compute, then all communication (or all fetches, then all compute); stream-ordered"
     uses_stash = True
 

@@ -61,6 +61,7 @@ class _StreamWriter:
 
 class CopyEngine(Scheduler):
     name = "copy_engine"
+    replaces_result = True  # (every kernel through the launch helpers: engine.scheduler.fire)
     description = ("communicate-first: the copy engine fetches chunks on a side stream, one kernel on every SM "
                    "computes as they arrive (per-chunk flags)")
     uses_stash = True  # patterns allocate their staging buffers

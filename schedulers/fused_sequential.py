@@ -11,6 +11,7 @@ from iris_fw.hookspecs import hookimpl
 
 class FusedSequential(Scheduler):
     name = "fused_sequential"
+    replaces_result = True  # (every kernel through the launch helpers: engine.scheduler.fire)
     description = "one persistent kernel: compute a tile, send it from registers, next tile"
     uses_stash = False
     multi_step = True

@@ -20,6 +20,7 @@ from iris_fw.hookspecs import hookimpl
 
 class ProducerConsumer(Scheduler):
     name = "producer_consumer"
+    replaces_result = True  # (every kernel through the launch helpers: engine.scheduler.fire)
     description = "compute kernel + communication kernel on two streams, per-tile release/acquire flags"
     uses_stash = True
 

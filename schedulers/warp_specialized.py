@@ -199,6 +199,7 @@ def pointer_args(args):
 
 class WarpSpecialized(Scheduler):
     name = "warp_specialized"
+    replaces_result = True  # (every kernel through the launch helpers: engine.scheduler.fire)
     description = ("one kernel, each program split into warp groups: communication warps fetch (or send) while "
                    "compute warps compute (Gluon warp_specialize; CPU: the two roles in turn)")
     uses_stash = True

@@ -10,6 +10,7 @@ from iris_fw.hookspecs import hookimpl
 
 class WgSpecialized(Scheduler):
     name = "wg_specialized"
+    replaces_result = True  # (every kernel through the launch helpers: engine.scheduler.fire)
     description = "one kernel: producer programs compute (or fetch) and release, the others acquire and send"
     uses_stash = True
 

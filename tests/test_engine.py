@@ -282,3 +282,41 @@ def _late_workspace(ctx):
 
 def test_a_late_workspace_is_zeroed_before_peers_announce_into_it(iris_pool):
     iris_pool(2).run(_late_workspace)
+
+
+def test_result_replaced_only_where_every_kernel_can_take_it():
+    """A plan's ``result_arg`` is delivered into a given tensor by a scheduler whose kernels all
+    launch through ``fire`` (``replaces_result``), never by one that launches otherwise (its
+    kernels would write the op's buffer and leave the tensor unwritten) or for a plan with a
+    host ``finish``; the replacement is the field's place in ``(top0, top1, rest)``, and none
+    where the tensor shares memory with any other argument, inside a tuple too."""
+    from typing import NamedTuple
+
+    from iris_fw.engine.contract import Plan
+    from iris_fw.engine.scheduler import Scheduler, result_change
+
+    class Args(NamedTuple):
+        a: object
+        pair: object
+        c: object
+        n: int
+        TOP = 1
+
+    a, inner, c = torch.zeros(8), torch.zeros(8), torch.zeros(8)
+    plan = Plan(pattern="p", pieces=None, args=Args(a, (inner, 3), c, 8), cfg=None, num_tiles=1, num_warps=4,
+                num_stages=1, comm_bytes=0, flops=0, result=c, result_arg="c")
+
+    class Own(Scheduler):  # launches its kernels itself
+        pass
+
+    class Helpers(Scheduler):
+        replaces_result = True
+
+    assert not Own().delivers_into(plan) and Helpers().delivers_into(plan)
+    fresh = torch.empty(8)
+    assert result_change(plan, fresh) == (((2, 1), fresh),)  # c: rest[1] (a is the one top field)
+    for alias in (a[2:], inner.view(2, 4), c):  # an input, one inside a tuple, the result buffer itself
+        expected = None if alias.untyped_storage().data_ptr() != c.untyped_storage().data_ptr() else (((2, 1), alias),)
+        assert result_change(plan, alias) == expected
+    plan.finish = lambda: None
+    assert not Helpers().delivers_into(plan)

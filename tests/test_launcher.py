@@ -23,6 +23,9 @@ from triton._C.libtriton import native_specialize_impl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import iris_fw
+from iris_fw import gluon_tiles  # noqa: F401  (Gluon imported now, under the interpreter switch: the fake
+#                                 binder below would import it lazily under TRITON_INTERPRET=0, which its
+#                                 module-level code asserts against when this file runs alone)
 from iris_fw.device import DeviceHeaps
 from iris_fw import kernel_launcher as lmod
 from iris_fw.kernel_launcher import KernelLauncher, bound_args_template, make_key_fn, spec_key

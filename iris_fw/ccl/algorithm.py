@@ -201,9 +201,9 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
             key = src.data_ptr()
             launch_one = prepared.get(key)
             if launch_one is not None:
-                if dst is src and launch_one.args[1] is src:
-                    # in place on the tensor it was prepared on (at this address: the key), as
-                    # an engine's all-reduce: the prepared launch as it is
+                if dst is src and launch_one.args[0] is src and launch_one.args[1] is src:
+                    # in place on the tensor it was prepared in place on (then at this address:
+                    # the key), as an engine's all-reduce: the prepared launch as it is
                     launch_one()
                 else:  # (its own output again: nothing replaced)
                     launch_one.launch_with(((1, dst),))

@@ -71,8 +71,8 @@ class Workspace:
 
 class Scheduler:
     """Base of schedulers. Subclasses set ``name``, ``description``, ``uses_stash`` and implement
-    :meth:`grids` and :meth:`launch`. A subclass that launches kernels other than through
-    :func:`fire` (every launch helper of this module does) sets ``replaces_result = False``.
+    :meth:`grids` and :meth:`launch`. A subclass whose kernels all launch through :func:`fire`
+    (every launch helper of this module does) sets ``replaces_result = True``.
 
     The barrier policy is the scheduler's: the kernel that communicates carries ``ENTRY``
     (every rank's inputs are ready, outputs free to overwrite) and ``EXIT`` (every delivery is
@@ -87,8 +87,9 @@ class Scheduler:
     #: kernels, in :func:`launch_steps` (a ``"steps"`` kernel role).
     multi_step = False
     #: whether every kernel of the schedule launches through :func:`fire`, so that a call into a
-    #: given tensor can replace a plan's :attr:`~iris_fw.engine.contract.Plan.result_arg`
-    replaces_result = True
+    #: given tensor can replace a plan's :attr:`~iris_fw.engine.contract.Plan.result_arg` (a
+    #: kernel launched otherwise would write the op's buffer and leave the tensor unwritten)
+    replaces_result = False
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -134,7 +135,7 @@ class Scheduler:
         if plan.stage_in is not None:
             plan.stage_in()
         change = None
-        if into is not None and plan.result_arg is not None and plan.finish is None:
+        if into is not None and plan.result_arg is not None and plan.finish is None and self.replaces_result:
             change = result_change(plan, into)
         if change is not None:
             ws.into = change
@@ -148,14 +149,12 @@ class Scheduler:
         self.launch(ctx, plan, ws)
         if plan.steps > 1 and not self.multi_step:
             launch_steps(ctx, plan, ws)
-        if into is not None:
-            if plan.finish_into is not None:
-                plan.finish_into(into)
-                return into
-            return into.copy_(plan.result)
+        if into is not None and plan.finish_into is not None:
+            plan.finish_into(into)
+            return into
         if plan.finish is not None:
             plan.finish()
-        return plan.result
+        return plan.result if into is None else into.copy_(plan.result)
 
     @staticmethod
     def split(ctx, plan: Plan, comm_sms: int | None) -> tuple[int, int]:
@@ -269,12 +268,18 @@ class SideStream:
         calls.wait(main, self._join)
 
 
-def _storage(value):
-    """The storage pointer of a tensor argument (a TMA descriptor's tensor's), else None."""
+def _storages(value):
+    """The storage pointers of a plan argument: a tensor's, a TMA descriptor's tensor's, those
+    in a tuple (at any depth); none for anything else."""
     if isinstance(value, torch.Tensor):
-        return value.untyped_storage().data_ptr()
-    base = getattr(value, "base", None)
-    return base.untyped_storage().data_ptr() if isinstance(base, torch.Tensor) else None
+        yield value.untyped_storage().data_ptr()
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _storages(item)
+    else:
+        base = getattr(value, "base", None)
+        if isinstance(base, torch.Tensor):
+            yield base.untyped_storage().data_ptr()
 
 
 def result_change(plan: Plan, into: torch.Tensor):
@@ -290,8 +295,7 @@ def result_change(plan: Plan, into: torch.Tensor):
         fields = type(args)._fields
         f = fields.index(plan.result_arg)
         top = getattr(type(args), "TOP", 0)
-        reads = frozenset(p for name, v in zip(fields, args) if name != plan.result_arg
-                          for p in (_storage(v),) if p is not None)
+        reads = frozenset(p for name, v in zip(fields, args) if name != plan.result_arg for p in _storages(v))
         seen = plan.memo["result_at"] = ((2, f - top) if f >= top else f, reads)
     at, reads = seen
     if into.untyped_storage().data_ptr() in reads:

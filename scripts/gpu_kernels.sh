@@ -142,8 +142,12 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
         # time, DRAM bytes and throughput, grid and occupancy of the last round's kernels
         if command -v ncu > /dev/null; then
             for s in ${FDNCU_TOKENS:-4096 16384}; do
-                timeout $(limit 60) ncu --csv --launch-skip ${FDNCU_SKIP:-0} --metrics \
-                    gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_shared_mem \
+                # FDNCU_ARGS: what ncu collects instead of these metrics (e.g. "--section
+                # WarpStateStats --section SpeedOfLight": the stall reasons)
+                timeout $(limit 60) ncu --csv --launch-skip ${FDNCU_SKIP:-0} ${FDNCU_ARGS:---metrics \
+gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
+launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,\
+launch__occupancy_limit_shared_mem} \
                     python3 scripts/probe_fd_small_batch.py $s "${FDNCU_ROW:-}" > "$OUT/fdncu_$s.csv" 2>&1
                 echo "ncu B 1 x $s: rc $?" | tee -a "$SUMMARY"
                 grep -E "max \|fd|FlashDecode" "$OUT/fdncu_$s.csv" | tee -a "$SUMMARY"

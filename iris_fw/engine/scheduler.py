@@ -136,19 +136,15 @@ class Scheduler:
             plan.stage_in()
         change = None
         if into is not None and plan.result_arg is not None and plan.finish is None and self.replaces_result:
-            change = result_change(plan, into)
+            change = ws.into = result_change(plan, into)
+        try:
+            self.launch(ctx, plan, ws)
+            if plan.steps > 1 and not self.multi_step:
+                launch_steps(ctx, plan, ws)
+        finally:
+            ws.into = None
         if change is not None:
-            ws.into = change
-            try:
-                self.launch(ctx, plan, ws)
-                if plan.steps > 1 and not self.multi_step:
-                    launch_steps(ctx, plan, ws)
-            finally:
-                ws.into = None
             return into
-        self.launch(ctx, plan, ws)
-        if plan.steps > 1 and not self.multi_step:
-            launch_steps(ctx, plan, ws)
         if into is not None and plan.finish_into is not None:
             plan.finish_into(into)
             return into

@@ -695,21 +695,19 @@ def _prepared_rank(ctx):
         gather(torch.empty_like(inp), outs[0])
     # inside a trace session (the traced variant), prepared inside one (the plain variant on the
     # first call after it), and the plain one again after it: right every time
-    with ctx.trace(None):
-        traced = ccl.prepared("all_reduce", t, ctx=ctx)
-        for call in (reduce, traced):
+    def in_place(calls, what):
+        for call in calls:
             t.copy_(srcs[0])
             call()
             ctx.synchronize()
-            _check(t, _reference(data[0], "sum", dtype), dtype, "sum", w, "prepared all_reduce traced",
+            _check(t, _reference(data[0], "sum", dtype), dtype, "sum", w, f"prepared all_reduce {what}",
                    _scale(data[0], "sum"))
+
+    with ctx.trace(None):
+        traced = ccl.prepared("all_reduce", t, ctx=ctx)
+        in_place((reduce, traced), "traced")
     assert traced.entry is None
-    for call in (traced, reduce):
-        t.copy_(srcs[0])
-        call()
-        ctx.synchronize()
-        _check(t, _reference(data[0], "sum", dtype), dtype, "sum", w, "prepared all_reduce after tracing",
-               _scale(data[0], "sum"))
+    in_place((traced, reduce), "after tracing")
     assert traced.entry is reduce.entry
     with pytest.raises(ArgumentError, match="collective must be one of"):
         ccl.prepared("all_to_all_single", t, t, ctx=ctx)

@@ -200,13 +200,8 @@ def chunked_run(launch, args: tuple, numel: int, cap_elems: int, tail: tuple):
             # replaces the prepared one for the call (PreparedLaunch.launch_with)
             key = src.data_ptr()
             launch_one = prepared.get(key)
-            if launch_one is not None:
-                if dst is src and launch_one.args[0] is src and launch_one.args[1] is src:
-                    # in place on the tensor it was prepared in place on (then at this address:
-                    # the key), as an engine's all-reduce: the prepared launch as it is
-                    launch_one()
-                else:  # (its own output again: nothing replaced)
-                    launch_one.launch_with(((1, dst),))
+            if launch_one is not None:  # (its own output again: nothing replaced)
+                launch_one.launch_with(((1, dst),))
                 return
             if prepared and key not in seen:
                 # an input met for the first time (e.g. a functional op's new result, all-reduced in

@@ -137,7 +137,7 @@ SAMPLE_ADDRESS = 1 << 40
 #: Fields a row's ``by_units`` entries may override (the split count and the tile, not the
 #: query-head tiling that decides the unit count).
 UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits",
-                  "swap_ab", "max_registers")
+                  "swap_ab", "max_registers", "combine_unroll")
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,15 @@ class Tuning:
     #: so that ``programs_per_sm`` programs fit an SM's register file; 0: the compiler's choice
     #: (AMD: always)
     max_registers: int = 0
+    #: splits whose partials the unit's combine loads at once (a power of two; at least the
+    #: split count: every load in flight together), the groups one after another
+    #: (:func:`~iris_fw.flash_decode_kernels._combine_splits`)
+    combine_unroll: int = 8
 
     def __post_init__(self):
+        if isinstance(self.combine_unroll, bool) or not isinstance(self.combine_unroll, int) or (
+                self.combine_unroll < 1 or self.combine_unroll & (self.combine_unroll - 1)):
+            raise ValueError(f"flash_decode tuning: combine_unroll is a power of two >= 1, got {self.combine_unroll!r}")
         if not isinstance(self.swap_ab, bool):
             raise ValueError(f"flash_decode tuning: swap_ab is true or false, got {self.swap_ab!r}")
         if isinstance(self.max_registers, bool) or not isinstance(self.max_registers, int) or not (
@@ -460,15 +467,18 @@ class FlashDecode:
         self.tune = tune
         g = call.q_heads // call.kv_heads
         self.rows = min(max(MIN_DOT, triton.next_power_of_2(g)), max(MIN_DOT, tune.max_rows))
+        #: the rows of a unit's combined tiles and of a split's scratch: its query heads (the
+        #: products pad them to :attr:`rows`)
+        self.combine_rows = min(self.rows, triton.next_power_of_2(g))
         self.units = call.batch * call.kv_heads * triton.cdiv(g, self.rows)
         self._split(tune.for_units(self.units))  # the split count and tile for this many units
         self.qk_scale = call.sm_scale * LOG2E
         self._fit_residency()
         self.pack = call.batch * call.q_heads * (call.v_head_dim + 1)
         f32 = torch.float32
-        self.partials = torch.empty(max(1, self.units * self.n_split * self.rows * call.v_head_dim), dtype=f32,
-                                    device=dev)
-        self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.rows), dtype=f32, device=dev)
+        self.partials = torch.empty(max(1, self.units * self.n_split * self.combine_rows * call.v_head_dim),
+                                    dtype=f32, device=dev)
+        self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.combine_rows), dtype=f32, device=dev)
         self.unit_counters = torch.zeros(max(1, self.units), dtype=torch.int64, device=dev)
         self.mine = None  # the local partial (packed), made on first use (or by the algorithm)
         self.algorithm.setup(self)
@@ -486,13 +496,15 @@ class FlashDecode:
         slots = devinfo.num_sms(self.group.ctx.device) * tune.programs_per_sm
         self.n_split = max(1, min(tune.max_splits, slots * tune.items_per_program // max(self.units, 1)))
         self.nprog = max(1, min(self.units * self.n_split, slots))
+        max_splits = triton.next_power_of_2(min(tune.max_splits, slots * tune.items_per_program))
         #: the attention kernel's constexprs and launch options (an algorithm's variants add theirs)
         self.constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim,
                                ROWS=self.rows, BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
                                BDV=max(MIN_DOT, triton.next_power_of_2(call.v_head_dim)), BLOCK_N=tune.block_n,
-                               MAX_SPLITS=triton.next_power_of_2(min(tune.max_splits, slots * tune.items_per_program)),
-                               HAS_LENS=call.has_lens, PAGE=call.page_size, EXACT=call.dtype == torch.float32,
-                               SWAP_AB=bool(tune.swap_ab))
+                               MAX_SPLITS=max_splits, HAS_LENS=call.has_lens, PAGE=call.page_size,
+                               EXACT=call.dtype == torch.float32, SWAP_AB=bool(tune.swap_ab),
+                               CROWS=self.combine_rows,
+                               COMBINE_UNROLL=min(tune.combine_unroll, max_splits))
         self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         if tune.max_registers and not torch.version.hip:  # (Triton's AMD backend has no maxnreg)
             self.options["maxnreg"] = tune.max_registers

@@ -19,15 +19,11 @@ from . import gemm_tiles as tiles
 from . import tilecomm as tc
 from . import trace as tr
 
-__all__ = ["COMBINE_UNROLL", "LOG2E"]
+__all__ = ["LOG2E"]
 
 #: log2(e): scores are kept in base 2 (``qk_scale`` includes it).
 LOG2E = 1.4426950408889634
 _LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must be a constexpr)
-#: Splits whose partials the splits' combine loads at once (:func:`_combine_splits`: an unrolled
-#: group, the groups one after another).
-COMBINE_UNROLL = 8
-_COMBINE_UNROLL = tl.constexpr(COMBINE_UNROLL)
 
 
 # ---- device functions -------------------------------------------------------------------------------
@@ -172,16 +168,16 @@ def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_
 
 
 @triton.jit
-def _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, DV: tl.constexpr, ROWS: tl.constexpr,
-                BDV: tl.constexpr):
-    """:func:`_combine_splits`'s step: splits ``first … first + COMBINE_UNROLL - 1`` (those
-    below ``count``) added, in order, to ``total`` (``[ROWS]``: their weights ``2^(lse -
-    base)``) and ``acc`` (``[ROWS, BDV]``: their weighted outputs). Unrolled: the group's
-    loads do not depend on each other, so they are all in flight at once. A split past
-    ``count`` adds exact zeros (weight 0, output 0)."""
+def _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, UNROLL: tl.constexpr, DV: tl.constexpr,
+                ROWS: tl.constexpr, BDV: tl.constexpr):
+    """:func:`_combine_splits`'s step: splits ``first … first + UNROLL - 1`` (those below
+    ``count``) added, in order, to ``total`` (``[ROWS]``: their weights ``2^(lse - base)``) and
+    ``acc`` (``[ROWS, BDV]``: their weighted outputs). Unrolled: the group's loads do not depend
+    on each other, so they are all in flight at once. A split past ``count`` adds exact zeros
+    (weight 0, output 0)."""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
-    for j in tl.static_range(_COMBINE_UNROLL):
+    for j in tl.static_range(UNROLL):
         i = first + j
         live = (rows * 0 + i) < count  # [ROWS]: split i exists (a tensor also where i and count are ints)
         x = tl.load(lse_ptr + i * ROWS + rows, mask=rmask & live, other=float("-inf"), cache_modifier=".cg")
@@ -194,19 +190,20 @@ def _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, DV
 
 
 @triton.jit
-def _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS: tl.constexpr, DV: tl.constexpr,
-                    ROWS: tl.constexpr, BDV: tl.constexpr):
+def _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS: tl.constexpr, UNROLL: tl.constexpr,
+                    DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
     """Combine the ``count`` (<= ``MAX_SPLITS``, a power of two) partials of one unit — its
     splits, written by programs of this launch: split ``i``'s normalized outputs at ``o_ptr + i
     * ROWS * DV`` (``[ROWS, DV]``, rows ``DV`` apart) and base-2 log-sum-exps at ``lse_ptr + i *
     ROWS`` (``[ROWS]``; ``-inf``: no tokens). Returns what :func:`_combine_slots` returns for
     them (``(o [ROWS, BDV], lse [ROWS] in base 2)`` in fp32), bitwise: the same operations in
     split order. Without its serial loads: the maximum comes from one ``[MAX_SPLITS, ROWS]``
-    load of every log-sum-exp, and the weighted sum runs in unrolled groups of
-    :data:`COMBINE_UNROLL` splits whose loads are in flight at once — not two loops of one
-    split's dependent loads after another from L2 (run 28: 33 splits took 2.2x the time of
-    16). (The count stays a runtime value: a constexpr split count compiles the kernel anew
-    per batch size, and unrolled fully took 29 s for 64 splits to compile for sm_90 here.)"""
+    load of every log-sum-exp, and the weighted sum runs in unrolled groups of ``UNROLL`` (a
+    power of two; the tuning row's ``combine_unroll``) splits whose loads are in flight at once
+    — not two loops of one split's dependent loads after another from L2 (run 28: 33 splits
+    took 2.2x the time of 16); ``UNROLL == MAX_SPLITS``: one group, every load at once. (The
+    count stays a runtime value: a constexpr split count compiles the kernel anew per batch
+    size, and unrolled fully took 29 s for 64 splits to compile for sm_90 here.)"""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
     rmask = rows < rows_valid
@@ -218,10 +215,55 @@ def _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS: tl.constexpr,
     base = tl.where(top == float("-inf"), 0.0, top)
     total = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
-    for first in range(0, count, _COMBINE_UNROLL):
-        total, acc = _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, DV, ROWS, BDV)
+    for first in range(0, count, UNROLL):
+        total, acc = _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, UNROLL, DV, ROWS, BDV)
     safe = tl.where(total > 0, total, 1.0)
     return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
+
+
+@triton.jit
+def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank, world_size, heap_bases,
+                  pack, lse_at, trace, t0, HQ: tl.constexpr, DV: tl.constexpr, R: tl.constexpr, BDV: tl.constexpr,
+                  FUSED: tl.constexpr, TRACE: tl.constexpr):
+    """Deliver unit ``u``'s combined partial — ``o [R, BDV]`` (normalized) and ``lse2 [R]``
+    (base 2) of its ``rows_valid`` query heads from ``h0`` of sequence ``b``, ``R`` rows a
+    tile: ``FUSED``, pushed to every rank's receive buffer ``buf`` (the packed layout), the
+    unit's slot arrived, the peers' partials waited for (while ``live``: after one timed-out
+    wait no more waiting) and combined into ``out``; else stored into ``mine``, this rank's
+    packed partial. Traced from ``t0`` (the splits' combine before it): ``reduce``, and
+    ``FUSED`` a ``push``, the ``arrivals`` wait and the ranks' ``reduce``. Returns ``live``."""
+    rows = tl.arange(0, R)
+    cols = tl.arange(0, BDV)
+    omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
+    o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
+    lse_off = lse_at + b * HQ + h0 + rows
+    lse = lse2 / _LOG2E
+    if FUSED:
+        if TRACE:
+            tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
+            t0 = tr.record_start(trace, TRACE)
+        tc.tile_store_all(buf + rank * pack + o_off, o, rank, world_size, heap_bases, mask=omask)
+        tc.tile_store_all(buf + rank * pack + lse_off, lse, rank, world_size, heap_bases, mask=rows < rows_valid)
+        tc.arrive(slots + u * world_size, epoch, rank, world_size, heap_bases)
+        if TRACE:  # the unit's rows of o and lse, fp32, to every other rank
+            tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
+                           tr.as_i64(rows_valid) * (DV + 1) * 4 * (world_size - 1), u)
+            t0 = tr.record_start(trace, TRACE)
+        if live:  # after one timed-out wait, no more waiting: one missing peer costs one timeout
+            live = tc.wait_arrivals(slots + u * world_size, epoch, rank, world_size, heap_bases)
+        if TRACE:
+            tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
+            t0 = tr.record_start(trace, TRACE)
+        if live:
+            o, lse2 = _combine_slots(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack, world_size,
+                                     rows_valid, _LOG2E, DV, R, BDV)
+            tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
+    else:
+        tl.store(mine + o_off, o, mask=omask)
+        tl.store(mine + lse_off, lse, mask=rows < rows_valid)
+    if TRACE:
+        tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
+    return live
 
 
 # ---- kernels ----------------------------------------------------------------------------------------
@@ -238,7 +280,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
                          MAX_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr,
-                         EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0, SWAP_AB: tl.constexpr = False):
+                         EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0, SWAP_AB: tl.constexpr = False,
+                         CROWS: tl.constexpr = 16, COMBINE_UNROLL: tl.constexpr = 8):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
@@ -253,10 +296,11 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     M side: Hopper's ``wgmma``, fewer registers), else :func:`_split_attention` (the tuning row's
     ``swap_ab``).
     ``n_split``: splits per unit, at most ``MAX_SPLITS`` (a power of two: the bound of the
-    splits' combine, :func:`_combine_splits`). Local scratch: ``partials`` fp32 ``[units,
-    n_split, ROWS, DV]``,
-    ``partial_lse`` fp32 ``[units, n_split, ROWS]``, ``unit_counters`` int64 ``[units]`` (zero
-    between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
+    splits' combine, :func:`_combine_splits`, which loads ``COMBINE_UNROLL`` splits' partials at
+    once). ``CROWS``: the rows of a unit's combined tiles — its query heads, not the ``ROWS``
+    padded for the products (``min(ROWS, next_power_of_2(HQ // HKV))``). Local scratch:
+    ``partials`` fp32 ``[units, n_split, CROWS, DV]``, ``partial_lse`` fp32 ``[units, n_split,
+    CROWS]``, ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
     then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
     ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
     ``[units, world_size]``, ``epochs`` int64 ``[programs]``.
@@ -278,12 +322,17 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     if FUSED:
         epoch = tc.program_epoch(epochs)
         buf = recv + (epoch % 2) * world_size * pack
+    else:
+        epoch = 0
+        buf = recv  # None
     if TRACE:
         started = tr.record_start(trace, TRACE)
     live = 1
     for item in range(pid, units * n_split, nprog):
         if TRACE:
             t0 = tr.record_start(trace, TRACE)
+        else:
+            t0 = 0
         u = item // n_split
         s = item % n_split
         b = u // (HKV * HB)  # as _unit (inlined: the interpreter pays per nested call)
@@ -316,59 +365,32 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                 stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         # this split's partial, normalized, and its base-2 log-sum-exp
         safe = tl.where(l > 0, l, 1.0)
-        omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
         o = acc / safe[:, None]
         lse2 = tl.where(l > 0, m + tl.log2(safe), float("-inf"))
-        if n_split > 1:
+        if n_split > 1:  # (CROWS rows a slot: rows past rows_valid <= CROWS are not stored)
             slot = u * n_split + s
-            tl.store(partials + slot * ROWS * DV + rows[:, None] * DV + cols[None, :], o, mask=omask)
-            tl.store(partial_lse + slot * ROWS + rows, lse2, mask=rows < rows_valid)
+            tl.store(partials + slot * CROWS * DV + rows[:, None] * DV + cols[None, :], o,
+                     mask=(rows[:, None] < rows_valid) & (cols[None, :] < DV))
+            tl.store(partial_lse + slot * CROWS + rows, lse2, mask=rows < rows_valid)
         if TRACE:
             tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
             t0 = tr.record_start(trace, TRACE)
         # one split: its partial is the unit's (the values the combine of one split gives) — no
         # scratch, no counter, no combine; else the unit's last split to get here combines them
-        # (every thread's stores before the release)
-        last = n_split == 1
+        # (every thread's stores before the release) in tiles of the unit's CROWS heads
         if n_split > 1:
             tl.debug_barrier()
             done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
             tl.debug_barrier()
-            last = done == n_split - 1
-        if last:
-            if n_split > 1:
+            if done == n_split - 1:
                 tl.store(unit_counters + u, 0)
-                o, lse2 = _combine_splits(partials + u * n_split * ROWS * DV, partial_lse + u * n_split * ROWS,
-                                          n_split, rows_valid, MAX_SPLITS, DV, ROWS, BDV)
-            o_off = (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :]
-            lse_off = lse_at + b * HQ + h0 + rows
-            lse = lse2 / _LOG2E
-            if FUSED:
-                if TRACE:
-                    tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
-                    t0 = tr.record_start(trace, TRACE)
-                tc.tile_store_all(buf + rank * pack + o_off, o, rank, world_size, heap_bases, mask=omask)
-                tc.tile_store_all(buf + rank * pack + lse_off, lse, rank, world_size, heap_bases,
-                                  mask=rows < rows_valid)
-                tc.arrive(slots + u * world_size, epoch, rank, world_size, heap_bases)
-                if TRACE:  # the unit's rows of o and lse, fp32, to every other rank
-                    tr.record_move(trace, TRACE, t0, tr.PUSH, tr.only_peer(rank, world_size),
-                                   tr.as_i64(rows_valid) * (DV + 1) * 4 * (world_size - 1), u)
-                    t0 = tr.record_start(trace, TRACE)
-                if live:  # after one timed-out wait, no more waiting: one missing peer costs one timeout
-                    live = tc.wait_arrivals(slots + u * world_size, epoch, rank, world_size, heap_bases)
-                if TRACE:
-                    tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
-                    t0 = tr.record_start(trace, TRACE)
-                if live:
-                    o, lse2 = _combine_slots(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack,
-                                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
-                    tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
-            else:
-                tl.store(mine + o_off, o, mask=omask)
-                tl.store(mine + lse_off, lse, mask=rows < rows_valid)
-            if TRACE:
-                tr.record_end(trace, TRACE, t0, tr.REDUCE, tr.COMPUTE, u)
+                oc, lc = _combine_splits(partials + u * n_split * CROWS * DV, partial_lse + u * n_split * CROWS,
+                                         n_split, rows_valid, MAX_SPLITS, COMBINE_UNROLL, DV, CROWS, BDV)
+                live = _deliver_unit(oc, lc, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank,
+                                     world_size, heap_bases, pack, lse_at, trace, t0, HQ, DV, CROWS, BDV, FUSED, TRACE)
+        else:
+            live = _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank, world_size,
+                                 heap_bases, pack, lse_at, trace, t0, HQ, DV, ROWS, BDV, FUSED, TRACE)
     if TRACE:
         if FUSED:
             tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)

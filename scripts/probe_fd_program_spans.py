@@ -4,7 +4,10 @@ heads, D 128, bf16, on one rank. Nsight Compute (run 52) found the SMs idle for 
 kernel's cycles (cuDNN's SDPA: 20 %); this shows when each program starts, reads its split and
 ends, and how long each unit's last split combines the partials.
 
-    python3 scripts/probe_fd_program_spans.py [S]
+    python3 scripts/probe_fd_program_spans.py [S [ROW]]
+
+``ROW``: JSON fields replacing the tuning row's for this call (as scripts/probe_fd_small_batch.py,
+e.g. ``'{"combine_unroll": 16}'``), else the table's row.
 
 Prints, over the programs of one traced call (after an untraced one): the kernel's window (first start to last
 end), each program's start after the window opens, its attention time and its end before the
@@ -14,8 +17,10 @@ program span / the window. Times from the device clock the trace records (µs).
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+from dataclasses import replace
 
 import iris_fw
 import torch
@@ -36,10 +41,13 @@ def main() -> int:
     k = torch.randn(1, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
     v = torch.randn(1, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
     with iris_fw.init(heap_size=1 << 26, bootstrap="single") as ctx:
-        plain = fd.flash_decode(q, k, v, scheduler="bulk_sync", ctx=ctx).clone()
-        print(fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx), flush=True)
+        plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
+        if len(sys.argv) > 2 and sys.argv[2]:  # the row's fields replaced (for this many units)
+            plan = fd.FlashDecode(plan.group, plan.call, replace(plan.tune, by_units=(), **json.loads(sys.argv[2])))
+        plain = plan(q, k, v).clone()
+        print(plan, plan.constexprs, flush=True)
         with ctx.trace(None, label="fd spans") as session:  # one call: every event is its
-            got = fd.flash_decode(q, k, v, scheduler="bulk_sync", ctx=ctx)
+            got = plan(q, k, v)
             ctx.synchronize()
         assert torch.equal(plain, got), "traced result differs"
         events = [e for e in session.trace["traceEvents"] if e.get("ph") == "X"

@@ -25,6 +25,7 @@ written from those measured).
 
     python3 scripts/tune_flash_decode.py --out $OUT
     python3 scripts/tune_flash_decode.py --points 1x4096 1x16384 1x65536 16x4096 --out $OUT
+    python3 scripts/tune_flash_decode.py --grid combine --batches 1 2 --out $OUT   # the combine's unroll
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
 """
 
@@ -62,6 +63,7 @@ class Candidate(NamedTuple):
     max_splits: int
     swap_ab: bool = False
     max_registers: int = 0
+    combine_unroll: int = 8
 
 
 def light(cap: int) -> list[Candidate]:
@@ -97,6 +99,21 @@ SMALL_GRID = ([Candidate(4, bn, 4, st, 2, cap) for bn in (32, 64) for st in (2, 
               + light(64)
               + [Candidate(4, 64, 4, 2, pps, cap, True) for pps in (1, 2) for cap in (16, 32)]
               + [Candidate(4, 64, 8, 3, 1, 16, True), Candidate(4, 128, 8, 2, 1, 16, True)])
+#: ``--grid combine``: the unit combine's loads in flight at once (``combine_unroll``; at least the
+#: split count: all of them) at these split caps, on the current row's tile and on 2 programs per
+#: SM of 4 warps (more splits cost less where their combine is one round of loads).
+COMBINE_UNROLLS, COMBINE_CAPS = (8, 16, 32, 64), (8, 16, 32, 64)
+
+
+def combine_grid(base: "fd.Tuning") -> list[Candidate]:
+    """The candidates of ``--grid combine`` around the current row ``base``."""
+    same = [Candidate(base.items_per_program, base.block_n, base.num_warps, base.num_stages, base.programs_per_sm,
+                      cap, base.swap_ab, base.max_registers, u)
+            for cap in COMBINE_CAPS for u in COMBINE_UNROLLS if u <= cap]
+    return same + [Candidate(4, bn, 4, 3, 2, cap, False, 0, u) for bn in (32, 64) for cap in (16, 32)
+                   for u in (8, cap)]
+
+
 #: Threads compiling a point's candidates at once.
 COMPILE_THREADS = 8
 
@@ -111,6 +128,9 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds: points not started by then are skipped (the row comes from those measured)")
+    p.add_argument("--grid", choices=("full", "combine"), default="full",
+                   help="full: the batch's whole grid; combine: the unit combine's unroll and split caps "
+                        "around the current row (combine_grid)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
@@ -121,7 +141,8 @@ def label(t: fd.Tuning) -> str:
     pps = "" if t.programs_per_sm == 1 else f"_p{t.programs_per_sm}"
     swap = "_swap" if t.swap_ab else ""
     regs = f"_r{t.max_registers}" if t.max_registers else ""
-    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}"
+    unroll = "" if t.combine_unroll == 8 else f"_u{t.combine_unroll}"
+    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
 
 
 def compile_all(plans, log) -> None:
@@ -161,16 +182,20 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     plans = {"current " + label(base): current}
     if opts.quick:
         grid = [Candidate(3, 16, 4, base.num_stages, 1, MAX_SPLITS), Candidate(1, 16, 4, base.num_stages, 1, 2),
-                Candidate(4, 16, 4, base.num_stages, 2, 8), Candidate(1, 16, 4, base.num_stages, 3, 4, True, 168)]
+                Candidate(4, 16, 4, base.num_stages, 2, 8), Candidate(1, 16, 4, base.num_stages, 3, 4, True, 168),
+                Candidate(1, 16, 4, base.num_stages, 1, 4, False, 0, 2)]
+    elif opts.grid == "combine":
+        grid = combine_grid(base)
     else:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
     candidates = []
     seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
-             current.nprog)}
+             current.nprog, current.constexprs["COMBINE_UNROLL"])}
     for cand in grid:
         tune = fd.Tuning(**cand._asdict(), max_rows=base.max_rows)
         p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
-        same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.max_registers, p.n_split, p.nprog)
+        same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.max_registers, p.n_split, p.nprog,
+                p.constexprs["COMBINE_UNROLL"])
         if same not in seen:  # (another candidate makes this very plan)
             seen.add(same)
             candidates.append(p)
@@ -250,7 +275,7 @@ def table_row(rows: list[dict], fits=None) -> list:
             by_units.append([units, diff])
     if by_units:
         base["by_units"] = by_units
-    for key, default in (("swap_ab", False), ("max_registers", 0)):  # (the row says only what differs)
+    for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8)):  # (only what differs)
         if base.get(key) == default:
             del base[key]
     return [128, base]

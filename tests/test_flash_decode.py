@@ -693,7 +693,8 @@ def _by_units_rank(ctx):
         assert torch.allclose(lse1.cpu(), lse.cpu(), atol=1e-5)
     with pytest.raises(ValueError, match="by_units"):
         fd.Tuning(**{**base.__dict__, "by_units": [[4, {"max_rows": 32}]]})
-    for bad in ({"swap_ab": 1}, {"max_registers": 8}, {"max_registers": 256}, {"max_registers": True}):
+    for bad in ({"swap_ab": 1}, {"max_registers": 8}, {"max_registers": 256}, {"max_registers": True},
+                {"combine_unroll": 12}, {"combine_unroll": 0}, {"combine_unroll": True}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             fd.Tuning(**{**base.__dict__, **bad})
     return more.n_split
@@ -705,13 +706,13 @@ def test_tuning_by_units(iris_pool):
 
 @triton.jit
 def _both_combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, MAX_SPLITS: tl.constexpr,
-                          DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
+                          UNROLL: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
     """Both combines of ``count`` partials (``o [count, ROWS, DV]``, ``lse [count, ROWS]``) into
     ``out [2, ROWS, BDV]``, ``out_lse [2, ROWS]``: the runtime loop's, then the splits'."""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
     a, la = _combine_slots(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, DV, ROWS, BDV)
-    b, lb = _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS, DV, ROWS, BDV)
+    b, lb = _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS, UNROLL, DV, ROWS, BDV)
     at = rows[:, None] * BDV + cols[None, :]
     tl.store(out + at, a)
     tl.store(out + ROWS * BDV + at, b)
@@ -719,10 +720,11 @@ def _both_combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, MAX_S
     tl.store(out_lse + ROWS + rows, lb)
 
 
-def _combines_rank(ctx, count, rows_valid):
+def _combines_rank(ctx, count, rows_valid, rows, unroll):
     """Both combines of a unit's splits on the same partials: the splits' (:func:`_combine_splits`:
-    one vector load, unrolled groups) and the runtime loop (:func:`_combine_slots`)."""
-    rows, dv = 16, 24
+    one vector load, unrolled groups of ``unroll``) and the runtime loop (:func:`_combine_slots`),
+    tiles of ``rows`` heads."""
+    dv = 24
     g = torch.Generator().manual_seed(count * 31 + rows_valid)
     o = torch.randn(count, rows, dv, generator=g)
     lse = torch.randn(count, rows, generator=g) * 8
@@ -731,7 +733,7 @@ def _combines_rank(ctx, count, rows_valid):
     out = torch.empty(2, rows, 32, device=ctx.device)
     out_lse = torch.empty(2, rows, device=ctx.device)
     _both_combines_kernel[(1,)](o.to(ctx.device), lse.to(ctx.device), out, out_lse, count, rows_valid,
-                       MAX_SPLITS=triton.next_power_of_2(count), DV=dv, ROWS=rows, BDV=32)
+                       MAX_SPLITS=triton.next_power_of_2(count), UNROLL=unroll, DV=dv, ROWS=rows, BDV=32)
     ctx.synchronize()
     out, out_lse = out.cpu(), out_lse.cpu()
     return (torch.equal(out[0, :rows_valid], out[1, :rows_valid]),
@@ -739,12 +741,14 @@ def _combines_rank(ctx, count, rows_valid):
             bool(torch.isfinite(out[1, :rows_valid]).all()))
 
 
-@pytest.mark.parametrize("count,rows_valid", [(1, 16), (3, 5), (8, 16), (11, 9)])
-def test_split_combine_is_the_loop_bitwise(iris_pool, count, rows_valid):
+@pytest.mark.parametrize("count,rows_valid,rows,unroll", [(1, 16, 16, 8), (3, 5, 16, 2), (8, 16, 16, 8),
+                                                          (11, 9, 16, 8), (11, 4, 4, 16), (16, 3, 4, 16)])
+def test_split_combine_is_the_loop_bitwise(iris_pool, count, rows_valid, rows, unroll):
     """The splits' combine gives bitwise what the runtime loop over the slots gives (the same
-    operations in split order), with a partial last group, heads past ``rows_valid``, splits and
-    heads without tokens."""
-    assert iris_pool(1).run(_combines_rank, count, rows_valid)[0] == (True, True, True)
+    operations in split order), with a partial last group, every split in one group (``unroll``
+    at least the count: the tuning row's ``combine_unroll``), tiles of the unit's heads only,
+    heads past ``rows_valid``, splits and heads without tokens."""
+    assert iris_pool(1).run(_combines_rank, count, rows_valid, rows, unroll)[0] == (True, True, True)
 
 
 def test_resident_programs_arithmetic():

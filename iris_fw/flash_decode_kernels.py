@@ -168,25 +168,24 @@ def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_
 
 
 @triton.jit
-def _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, UNROLL: tl.constexpr, DV: tl.constexpr,
+def _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rows_valid, UNROLL: tl.constexpr, DV: tl.constexpr,
                 ROWS: tl.constexpr, BDV: tl.constexpr):
     """:func:`_combine_splits`'s step: splits ``first … first + UNROLL - 1`` (those below
-    ``count``) added, in order, to ``total`` (``[ROWS]``: their weights ``2^(lse - base)``) and
-    ``acc`` (``[ROWS, BDV]``: their weighted outputs). Unrolled: the group's loads do not depend
-    on each other, so they are all in flight at once. A split past ``count`` adds exact zeros
-    (weight 0, output 0)."""
+    ``count``) added to ``total`` (``[ROWS]``: their weights ``2^(lse - base)``) and ``acc``
+    (``[ROWS, BDV]``: their weighted outputs). The group is one ``[UNROLL, ROWS, BDV]`` tile:
+    its loads are all in flight at once, its weights computed and broadcast once (not a layout
+    conversion through shared memory after each split's load, which made each split a round
+    trip to L2: run 55's SASS), and the split axis summed once. A split past ``count`` adds
+    exact zeros (weight 0, output 0)."""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
-    for j in tl.static_range(UNROLL):
-        i = first + j
-        live = (rows * 0 + i) < count  # [ROWS]: split i exists (a tensor also where i and count are ints)
-        x = tl.load(lse_ptr + i * ROWS + rows, mask=rmask & live, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(o_ptr + i * ROWS * DV + rows[:, None] * DV + cols[None, :], mask=omask & live[:, None],
-                    other=0.0, cache_modifier=".cg")
-        w = tl.exp2(x - base)
-        total += w
-        acc += w[:, None] * o
-    return total, acc
+    split = first + tl.arange(0, UNROLL)
+    live = (split[:, None] < count) & (rows[None, :] < rows_valid)  # [UNROLL, ROWS]
+    x = tl.load(lse_ptr + split[:, None] * ROWS + rows[None, :], mask=live, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(o_ptr + split[:, None, None] * (ROWS * DV) + rows[None, :, None] * DV + cols[None, None, :],
+                mask=live[:, :, None] & (cols[None, None, :] < DV), other=0.0, cache_modifier=".cg")
+    w = tl.exp2(x - base[None, :])  # [UNROLL, ROWS]
+    return total + tl.sum(w, axis=0), acc + tl.sum(w[:, :, None] * o, axis=0)
 
 
 @triton.jit
@@ -196,18 +195,14 @@ def _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS: tl.constexpr,
     splits, written by programs of this launch: split ``i``'s normalized outputs at ``o_ptr + i
     * ROWS * DV`` (``[ROWS, DV]``, rows ``DV`` apart) and base-2 log-sum-exps at ``lse_ptr + i *
     ROWS`` (``[ROWS]``; ``-inf``: no tokens). Returns what :func:`_combine_slots` returns for
-    them (``(o [ROWS, BDV], lse [ROWS] in base 2)`` in fp32), bitwise: the same operations in
-    split order. Without its serial loads: the maximum comes from one ``[MAX_SPLITS, ROWS]``
-    load of every log-sum-exp, and the weighted sum runs in unrolled groups of ``UNROLL`` (a
-    power of two; the tuning row's ``combine_unroll``) splits whose loads are in flight at once
-    — not two loops of one split's dependent loads after another from L2 (run 28: 33 splits
-    took 2.2x the time of 16); ``UNROLL == MAX_SPLITS``: one group, every load at once. (The
-    count stays a runtime value: a constexpr split count compiles the kernel anew per batch
-    size, and unrolled fully took 29 s for 64 splits to compile for sm_90 here.)"""
+    them (``(o [ROWS, BDV], lse [ROWS] in base 2)`` in fp32; the sums over the splits in a
+    tree's order, not the loop's: equal to rounding). The maximum comes from one ``[MAX_SPLITS,
+    ROWS]`` load of every log-sum-exp; the weighted sum runs in groups of ``UNROLL`` (a power
+    of two; the tuning row's ``combine_unroll``) splits, each group one tile whose loads are in
+    flight at once (:func:`_add_splits`); ``UNROLL == MAX_SPLITS``: one group. (The count
+    stays a runtime value: a constexpr split count compiles the kernel anew per batch size.)"""
     rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, BDV)
     rmask = rows < rows_valid
-    omask = rmask[:, None] & (cols[None, :] < DV)
     splits = tl.arange(0, MAX_SPLITS)
     every = tl.load(lse_ptr + splits[:, None] * ROWS + rows[None, :], mask=(splits[:, None] < count) & rmask[None, :],
                     other=float("-inf"), cache_modifier=".cg")  # [MAX_SPLITS, ROWS]
@@ -216,7 +211,7 @@ def _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS: tl.constexpr,
     total = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
     for first in range(0, count, UNROLL):
-        total, acc = _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rmask, omask, UNROLL, DV, ROWS, BDV)
+        total, acc = _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rows_valid, UNROLL, DV, ROWS, BDV)
     safe = tl.where(total > 0, total, 1.0)
     return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
 

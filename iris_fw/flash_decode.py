@@ -166,7 +166,7 @@ class Tuning:
     max_registers: int = 0
     #: splits whose partials the unit's combine loads at once (a power of two; at least the
     #: split count: every load in flight together), the groups one after another
-    #: (:func:`~iris_fw.flash_decode_kernels._combine_splits`)
+    #: (:func:`~iris_fw.flash_decode_kernels._combine_partials`)
     combine_unroll: int = 8
 
     def __post_init__(self):

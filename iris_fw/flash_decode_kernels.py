@@ -19,11 +19,15 @@ from . import gemm_tiles as tiles
 from . import tilecomm as tc
 from . import trace as tr
 
-__all__ = ["LOG2E"]
+__all__ = ["LOG2E", "SLOT_GROUP"]
 
 #: log2(e): scores are kept in base 2 (``qk_scale`` includes it).
 LOG2E = 1.4426950408889634
 _LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must be a constexpr)
+#: Ranks' slots whose partials the combine across ranks loads as one tile (:func:`_combine_partials`;
+#: more ranks: groups one after another).
+SLOT_GROUP = 4
+_SLOT_GROUP = tl.constexpr(SLOT_GROUP)
 
 
 # ---- device functions -------------------------------------------------------------------------------
@@ -137,81 +141,56 @@ def _split_attention_swapped(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid
 
 
 @triton.jit
-def _combine_slots(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_TO_LOG2: tl.constexpr, DV: tl.constexpr,
-                   ROWS: tl.constexpr, BDV: tl.constexpr):
-    """Combine ``count`` partials of ``rows_valid`` heads, in slot order (so every rank computes
-    bitwise the same): slot ``i``'s normalized outputs at ``o_ptr + i * o_stride`` (``[ROWS, DV]``,
-    rows ``DV`` apart) and log-sum-exps at ``lse_ptr + i * lse_stride`` (``[ROWS]``; times
-    ``LSE_TO_LOG2`` in base 2; ``-inf``: no tokens). Returns ``(o [ROWS, BDV], lse [ROWS] in
-    base 2)`` in fp32; heads without any token get ``o = 0``, ``lse = -inf``. Loads go to L2
-    (``.cg``): the partials were written by other programs or ranks."""
+def _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_valid, LSE_TO_LOG2: tl.constexpr,
+                    GROUP: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
+    """Partials ``first … first + GROUP - 1`` (those below ``count``) of
+    :func:`_combine_partials` as one tile: ``(lse [GROUP, ROWS]`` in base 2, ``-inf`` past
+    ``count`` or ``rows_valid``; ``o [GROUP, ROWS, BDV]``, 0 there``)``. One tile, so its loads
+    are all in flight at once. Loads go to L2 (``.cg``): other programs or ranks wrote them."""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
-    rmask = rows < rows_valid
-    omask = rmask[:, None] & (cols[None, :] < DV)
-    top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    for i in range(0, count):
-        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
-        top = tl.maximum(top, x * LSE_TO_LOG2)
-    base = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
-    for i in range(0, count):
-        x = tl.load(lse_ptr + i * lse_stride + rows, mask=rmask, other=float("-inf"), cache_modifier=".cg")
-        w = tl.exp2(x * LSE_TO_LOG2 - base)
-        o = tl.load(o_ptr + i * o_stride + rows[:, None] * DV + cols[None, :], mask=omask, other=0.0,
-                    cache_modifier=".cg")
-        total += w
-        acc += w[:, None] * o
-    safe = tl.where(total > 0, total, 1.0)
-    return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
-
-
-@triton.jit
-def _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rows_valid, UNROLL: tl.constexpr, DV: tl.constexpr,
-                ROWS: tl.constexpr, BDV: tl.constexpr):
-    """:func:`_combine_splits`'s step: splits ``first … first + UNROLL - 1`` (those below
-    ``count``) added to ``total`` (``[ROWS]``: their weights ``2^(lse - base)``) and ``acc``
-    (``[ROWS, BDV]``: their weighted outputs). The group is one ``[UNROLL, ROWS, BDV]`` tile:
-    its loads are all in flight at once, its weights computed and broadcast once (not a layout
-    conversion through shared memory after each split's load, which made each split a round
-    trip to L2: run 55's SASS), and the split axis summed once. A split past ``count`` adds
-    exact zeros (weight 0, output 0)."""
-    rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, BDV)
-    split = first + tl.arange(0, UNROLL)
-    live = (split[:, None] < count) & (rows[None, :] < rows_valid)  # [UNROLL, ROWS]
-    x = tl.load(lse_ptr + split[:, None] * ROWS + rows[None, :], mask=live, other=float("-inf"), cache_modifier=".cg")
-    o = tl.load(o_ptr + split[:, None, None] * (ROWS * DV) + rows[None, :, None] * DV + cols[None, None, :],
+    i = first + tl.arange(0, GROUP)
+    live = (i[:, None] < count) & (rows[None, :] < rows_valid)  # [GROUP, ROWS]
+    x = tl.load(lse_ptr + i[:, None] * lse_stride + rows[None, :], mask=live, other=float("-inf"),
+                cache_modifier=".cg")
+    o = tl.load(o_ptr + i[:, None, None] * o_stride + rows[None, :, None] * DV + cols[None, None, :],
                 mask=live[:, :, None] & (cols[None, None, :] < DV), other=0.0, cache_modifier=".cg")
-    w = tl.exp2(x - base[None, :])  # [UNROLL, ROWS]
-    return total + tl.sum(w, axis=0), acc + tl.sum(w[:, :, None] * o, axis=0)
+    return x * LSE_TO_LOG2, o
 
 
 @triton.jit
-def _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS: tl.constexpr, UNROLL: tl.constexpr,
-                    DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
-    """Combine the ``count`` (<= ``MAX_SPLITS``, a power of two) partials of one unit — its
-    splits, written by programs of this launch: split ``i``'s normalized outputs at ``o_ptr + i
-    * ROWS * DV`` (``[ROWS, DV]``, rows ``DV`` apart) and base-2 log-sum-exps at ``lse_ptr + i *
-    ROWS`` (``[ROWS]``; ``-inf``: no tokens). Returns what :func:`_combine_slots` returns for
-    them (``(o [ROWS, BDV], lse [ROWS] in base 2)`` in fp32; the sums over the splits in a
-    tree's order, not the loop's: equal to rounding). The maximum comes from one ``[MAX_SPLITS,
-    ROWS]`` load of every log-sum-exp; the weighted sum runs in groups of ``UNROLL`` (a power
-    of two; the tuning row's ``combine_unroll``) splits, each group one tile whose loads are in
-    flight at once (:func:`_add_splits`); ``UNROLL == MAX_SPLITS``: one group. (The count
-    stays a runtime value: a constexpr split count compiles the kernel anew per batch size.)"""
-    rows = tl.arange(0, ROWS)
-    rmask = rows < rows_valid
-    splits = tl.arange(0, MAX_SPLITS)
-    every = tl.load(lse_ptr + splits[:, None] * ROWS + rows[None, :], mask=(splits[:, None] < count) & rmask[None, :],
-                    other=float("-inf"), cache_modifier=".cg")  # [MAX_SPLITS, ROWS]
-    top = tl.max(every, axis=0)
+def _combine_partials(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_TO_LOG2: tl.constexpr,
+                      TOP_GROUP: tl.constexpr, GROUP: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr,
+                      BDV: tl.constexpr):
+    """Combine ``count`` partials of ``rows_valid`` heads — a unit's splits (written by programs
+    of this launch) or the ranks' slots: partial ``i``'s normalized outputs at ``o_ptr + i *
+    o_stride`` (``[ROWS, DV]``, rows ``DV`` apart) and log-sum-exps at ``lse_ptr + i *
+    lse_stride`` (``[ROWS]``; times ``LSE_TO_LOG2`` in base 2; ``-inf``: no tokens). Returns
+    ``(o [ROWS, BDV], lse [ROWS] in base 2)`` in fp32; heads without any token get ``o = 0``,
+    ``lse = -inf``. Deterministic (every rank combining the same slots gets bitwise the same);
+    the sums run over the partials in a fixed tree's order.
+
+    Two passes over groups of partials, each group one tile (:func:`_partials_group`: its loads
+    in flight together; ``TOP_GROUP`` and ``GROUP`` powers of two): the log-sum-exps' maximum in
+    groups of ``TOP_GROUP``, then the weights ``2^(lse - max)`` and the weighted outputs in groups
+    of ``GROUP``, each group's weights broadcast and its partial axis summed once. (Run 55's SASS
+    of the loop this replaces: each partial's weight went through shared memory between two
+    barriers, one L2 round trip a partial — 3.6-4.1 us for a unit's 16 splits.) The count stays a
+    runtime value: a constexpr count compiles a kernel per batch size or world size."""
+    top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    for first in range(0, count, TOP_GROUP):
+        x, _ = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_valid, LSE_TO_LOG2, TOP_GROUP,
+                               DV, ROWS, BDV)  # (the o tile unused: the compiler drops its loads)
+        top = tl.maximum(top, tl.max(x, axis=0))
     base = tl.where(top == float("-inf"), 0.0, top)
     total = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
-    for first in range(0, count, UNROLL):
-        total, acc = _add_splits(o_ptr, lse_ptr, first, count, base, total, acc, rows_valid, UNROLL, DV, ROWS, BDV)
+    for first in range(0, count, GROUP):
+        x, o = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_valid, LSE_TO_LOG2, GROUP, DV,
+                               ROWS, BDV)
+        w = tl.exp2(x - base[None, :])  # [GROUP, ROWS]; 0 past count and rows_valid
+        total += tl.sum(w, axis=0)
+        acc += tl.sum(w[:, :, None] * o, axis=0)
     safe = tl.where(total > 0, total, 1.0)
     return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
 
@@ -250,8 +229,8 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
             tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
             t0 = tr.record_start(trace, TRACE)
         if live:
-            o, lse2 = _combine_slots(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack, world_size,
-                                     rows_valid, _LOG2E, DV, R, BDV)
+            o, lse2 = _combine_partials(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack, world_size,
+                                        rows_valid, _LOG2E, _SLOT_GROUP, _SLOT_GROUP, DV, R, BDV)
             tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
     else:
         tl.store(mine + o_off, o, mask=omask)
@@ -290,13 +269,14 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     ``SWAP_AB``: the split's attention as :func:`_split_attention_swapped` (tokens on the MMA's
     M side: Hopper's ``wgmma``, fewer registers), else :func:`_split_attention` (the tuning row's
     ``swap_ab``).
-    ``n_split``: splits per unit, at most ``MAX_SPLITS`` (a power of two: the bound of the
-    splits' combine, :func:`_combine_splits`, which loads ``COMBINE_UNROLL`` splits' partials at
-    once). ``CROWS``: the rows of a unit's combined tiles — its query heads, not the ``ROWS``
-    padded for the products (``min(ROWS, next_power_of_2(HQ // HKV))``). Local scratch:
-    ``partials`` fp32 ``[units, n_split, CROWS, DV]``, ``partial_lse`` fp32 ``[units, n_split,
-    CROWS]``, ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]``
-    then natural-log ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
+    ``n_split``: splits per unit, at most ``MAX_SPLITS`` (a power of two: the splits' combine,
+    :func:`_combine_partials`, takes their maximum from one tile and loads ``COMBINE_UNROLL``
+    splits' partials at once). ``CROWS``: the rows of a unit's combined tiles — its query heads,
+    not the ``ROWS`` padded for the products (``min(ROWS, next_power_of_2(HQ // HKV))``). Local
+    scratch: ``partials`` fp32 ``[units, n_split, CROWS, DV]``, ``partial_lse`` fp32 ``[units,
+    n_split, CROWS]``, ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's
+    partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]`` then natural-log
+    ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
     ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
     ``[units, world_size]``, ``epochs`` int64 ``[programs]``.
 
@@ -379,8 +359,9 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             tl.debug_barrier()
             if done == n_split - 1:
                 tl.store(unit_counters + u, 0)
-                oc, lc = _combine_splits(partials + u * n_split * CROWS * DV, partial_lse + u * n_split * CROWS,
-                                         n_split, rows_valid, MAX_SPLITS, COMBINE_UNROLL, DV, CROWS, BDV)
+                oc, lc = _combine_partials(partials + u * n_split * CROWS * DV, partial_lse + u * n_split * CROWS,
+                                           CROWS * DV, CROWS, n_split, rows_valid, 1.0, MAX_SPLITS, COMBINE_UNROLL,
+                                           DV, CROWS, BDV)
                 live = _deliver_unit(oc, lc, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank,
                                      world_size, heap_bases, pack, lse_at, trace, t0, HQ, DV, CROWS, BDV, FUSED, TRACE)
         else:
@@ -405,8 +386,8 @@ def _combine_kernel(gathered, out, batch, world_size, HQ: tl.constexpr, HKV: tl.
     pack = batch * HQ * (DV + 1)
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
-    o, lse2 = _combine_slots(gathered + (b * HQ + h0) * DV, gathered + batch * HQ * DV + b * HQ + h0, pack,
-                             pack, world_size, rows_valid, _LOG2E, DV, ROWS, BDV)
+    o, lse2 = _combine_partials(gathered + (b * HQ + h0) * DV, gathered + batch * HQ * DV + b * HQ + h0, pack,
+                                pack, world_size, rows_valid, _LOG2E, _SLOT_GROUP, _SLOT_GROUP, DV, ROWS, BDV)
     omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
     tl.store(out + (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :], o.to(out.dtype.element_ty), mask=omask)
     if TRACE:

@@ -30,7 +30,7 @@ from iris_fw.flash_decode import (DecodeAlgorithm, FlashDecode, combine_partials
 from iris_fw.hookspecs import hookimpl
 from iris_fw.registry import load_registries, plugin_manager
 from iris_fw.engine.contract import CollectiveMismatch
-from iris_fw.flash_decode_kernels import _combine_slots, _combine_splits
+from iris_fw.flash_decode_kernels import LOG2E, SLOT_GROUP, _combine_partials
 
 EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
 SCHEDULERS = ("fused", "bulk_sync")
@@ -711,14 +711,18 @@ def test_tuning_by_units(iris_pool):
 
 
 @triton.jit
-def _both_combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, MAX_SPLITS: tl.constexpr,
-                          UNROLL: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
-    """Both combines of ``count`` partials (``o [count, ROWS, DV]``, ``lse [count, ROWS]``) into
-    ``out [2, ROWS, BDV]``, ``out_lse [2, ROWS]``: the runtime loop's, then the splits'."""
+def _combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, TOP_GROUP: tl.constexpr, GROUP: tl.constexpr,
+                     DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
+    """Two combines of ``count`` partials (``o [count, ROWS, DV]``, base-2 ``lse [count, ROWS]``)
+    into ``out [2, ROWS, BDV]``, ``out_lse [2, ROWS]``: as a unit's splits (``TOP_GROUP`` /
+    ``GROUP`` partials a tile), then as ranks' slots (the kernels' slot group, strides of a
+    packed partial: ``o`` rows then every ``lse``, read as natural-log)."""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
-    a, la = _combine_slots(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, DV, ROWS, BDV)
-    b, lb = _combine_splits(o_ptr, lse_ptr, count, rows_valid, MAX_SPLITS, UNROLL, DV, ROWS, BDV)
+    a, la = _combine_partials(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, TOP_GROUP, GROUP, DV, ROWS,
+                              BDV)
+    b, lb = _combine_partials(o_ptr, lse_ptr + count * ROWS, ROWS * DV, ROWS, count, rows_valid, LOG2E, SLOT_GROUP,
+                              SLOT_GROUP, DV, ROWS, BDV)
     at = rows[:, None] * BDV + cols[None, :]
     tl.store(out + at, a)
     tl.store(out + ROWS * BDV + at, b)
@@ -726,28 +730,28 @@ def _both_combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, MAX_S
     tl.store(out_lse + ROWS + rows, lb)
 
 
-def _combines_rank(ctx, count, rows_valid, rows, unroll):
-    """Both combines of a unit's splits on the same partials — the splits' (:func:`_combine_splits`:
-    one vector load of the log-sum-exps, groups of ``unroll`` splits as one tile each) and the
-    runtime loop over slots (:func:`_combine_slots`), tiles of ``rows`` heads — against the
-    float64 combine: the largest errors of each, over the first ``rows_valid`` heads."""
+def _combines_rank(ctx, count, rows_valid, rows, top_group, group):
+    """:func:`_combine_partials` as a unit's splits and as the ranks' slots, on the same partials,
+    against the float64 combine: the largest errors of each over the first ``rows_valid`` heads
+    (heads without tokens checked exactly: ``o`` 0, ``lse`` -inf)."""
     dv = 24
     g = torch.Generator().manual_seed(count * 31 + rows_valid + fresh_seed(ctx))
     o = torch.randn(count, rows, dv, generator=g)
     lse = torch.randn(count, rows, generator=g) * 8
     lse[::3, 1] = float("-inf")  # splits without tokens
     lse[:, 2] = float("-inf")  # a head without any
+    lse_both = torch.cat([lse, lse / LOG2E])  # base 2, then the same in natural-log units
     out = torch.full((2, rows, 32), float("nan"), device=ctx.device)
     out_lse = torch.full((2, rows), float("nan"), device=ctx.device)
-    _both_combines_kernel[(1,)](o.to(ctx.device), lse.to(ctx.device), out, out_lse, count, rows_valid,
-                       MAX_SPLITS=triton.next_power_of_2(count), UNROLL=unroll, DV=dv, ROWS=rows, BDV=32)
+    _combines_kernel[(1,)](o.to(ctx.device), lse_both.to(ctx.device), out, out_lse, count, rows_valid,
+                           TOP_GROUP=top_group, GROUP=group, DV=dv, ROWS=rows, BDV=32)
     ctx.synchronize()
     out, out_lse = out.cpu()[:, :rows_valid].double(), out_lse.cpu()[:, :rows_valid].double()
     lse64 = lse[:, :rows_valid].double()
-    weights = torch.softmax(torch.where(lse64.isinf().all(0), 0.0, lse64) * math.log(2), dim=0) * ~lse64.isinf()
+    empty = lse64.isinf().all(0)  # heads without tokens: o = 0, lse = -inf
+    weights = torch.softmax(torch.where(empty, 0.0, lse64) * math.log(2), dim=0) * ~lse64.isinf()
     want = torch.einsum("sh,shd->hd", weights, o[:, :rows_valid].double())
     want_lse = torch.logsumexp(lse64 * math.log(2), dim=0) / math.log(2)  # base 2
-    empty = lse64.isinf().all(0)  # heads without tokens: o = 0, lse = -inf
     assert torch.equal(out[:, empty, :dv], torch.zeros_like(out[:, empty, :dv])), out[:, empty]
     assert bool((out_lse[:, empty] == float("-inf")).all()), out_lse[:, empty]
     full = ~empty
@@ -755,14 +759,15 @@ def _combines_rank(ctx, count, rows_valid, rows, unroll):
         float((out_lse[i, full] - want_lse[full]).abs().max()) for i in (0, 1))
 
 
-@pytest.mark.parametrize("count,rows_valid,rows,unroll", [(1, 16, 16, 8), (3, 5, 16, 2), (8, 16, 16, 8),
-                                                          (11, 9, 16, 8), (11, 4, 4, 16), (16, 3, 4, 16)])
-def test_split_combine_against_float64(iris_pool, count, rows_valid, rows, unroll):
-    """The splits' combine and the slots' loop are within fp32 rounding of the float64 combine,
-    with a partial last group, every split in one group (``unroll`` at least the count: the
-    tuning row's ``combine_unroll``), tiles of the unit's heads only, heads past ``rows_valid``,
-    splits and heads without tokens (these exactly 0 and ``-inf``)."""
-    errors = iris_pool(1).run(_combines_rank, count, rows_valid, rows, unroll)[0]
+@pytest.mark.parametrize("count,rows_valid,rows,top_group,group", [
+    (1, 16, 16, 1, 8), (3, 5, 16, 4, 2), (8, 16, 16, 8, 8), (11, 9, 16, 16, 8), (11, 4, 4, 16, 16), (16, 3, 4, 4, 16)])
+def test_combine_partials_against_float64(iris_pool, count, rows_valid, rows, top_group, group):
+    """The combine of partials (a unit's splits, the ranks' slots) is within fp32 rounding of
+    the float64 combine: groups smaller and larger than the count and a partial last group (the
+    tuning row's ``combine_unroll``; ``TOP_GROUP`` the split bound), tiles of the unit's heads
+    only, heads past ``rows_valid``, natural-log slots, partials and heads without tokens (these
+    exactly 0 and ``-inf``)."""
+    errors = iris_pool(1).run(_combines_rank, count, rows_valid, rows, top_group, group)[0]
     assert max(errors[:2]) < 1e-5 and max(errors[2:]) < 1e-5, errors
 
 

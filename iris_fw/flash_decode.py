@@ -164,8 +164,9 @@ class Tuning:
     #: so that ``programs_per_sm`` programs fit an SM's register file; 0: the compiler's choice
     #: (AMD: always)
     max_registers: int = 0
-    #: splits whose partials the unit's combine loads at once (a power of two; at least the
-    #: split count: every load in flight together), the groups one after another
+    #: splits whose partials the unit's combine loads as one tile (a power of two; the plan
+    #: takes at most the split count's; at least the split count: every load in flight
+    #: together), the groups one after another
     #: (:func:`~iris_fw.flash_decode_kernels._combine_partials`)
     combine_unroll: int = 8
 
@@ -504,7 +505,7 @@ class FlashDecode:
                                MAX_SPLITS=max_splits, HAS_LENS=call.has_lens, PAGE=call.page_size,
                                EXACT=call.dtype == torch.float32, SWAP_AB=bool(tune.swap_ab),
                                CROWS=self.combine_rows,
-                               COMBINE_UNROLL=min(tune.combine_unroll, max_splits))
+                               COMBINE_UNROLL=min(tune.combine_unroll, triton.next_power_of_2(self.n_split)))
         self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         if tune.max_registers and not torch.version.hip:  # (Triton's AMD backend has no maxnreg)
             self.options["maxnreg"] = tune.max_registers

@@ -30,7 +30,7 @@ from iris_fw.flash_decode import (DecodeAlgorithm, FlashDecode, combine_partials
 from iris_fw.hookspecs import hookimpl
 from iris_fw.registry import load_registries, plugin_manager
 from iris_fw.engine.contract import CollectiveMismatch
-from iris_fw.flash_decode_kernels import LOG2E, SLOT_GROUP, _combine_partials
+from iris_fw.flash_decode_kernels import _LOG2E, _SLOT_GROUP, LOG2E, _combine_partials
 
 EPS = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -10}
 SCHEDULERS = ("fused", "bulk_sync")
@@ -721,8 +721,8 @@ def _combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, TOP_GROUP:
     cols = tl.arange(0, BDV)
     a, la = _combine_partials(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, TOP_GROUP, GROUP, DV, ROWS,
                               BDV)
-    b, lb = _combine_partials(o_ptr, lse_ptr + count * ROWS, ROWS * DV, ROWS, count, rows_valid, LOG2E, SLOT_GROUP,
-                              SLOT_GROUP, DV, ROWS, BDV)
+    b, lb = _combine_partials(o_ptr, lse_ptr + count * ROWS, ROWS * DV, ROWS, count, rows_valid, _LOG2E, _SLOT_GROUP,
+                              _SLOT_GROUP, DV, ROWS, BDV)  # (a kernel reads globals only as constexprs)
     at = rows[:, None] * BDV + cols[None, :]
     tl.store(out + at, a)
     tl.store(out + ROWS * BDV + at, b)

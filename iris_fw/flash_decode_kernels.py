@@ -160,7 +160,7 @@ def _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_val
 
 @triton.jit
 def _combine_partials(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, LSE_TO_LOG2: tl.constexpr,
-                      TOP_GROUP: tl.constexpr, GROUP: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr,
+                      MAX_COUNT: tl.constexpr, GROUP: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr,
                       BDV: tl.constexpr):
     """Combine ``count`` partials of ``rows_valid`` heads — a unit's splits (written by programs
     of this launch) or the ranks' slots: partial ``i``'s normalized outputs at ``o_ptr + i *
@@ -170,30 +170,46 @@ def _combine_partials(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, L
     ``lse = -inf``. Deterministic (every rank combining the same slots gets bitwise the same);
     the sums run over the partials in a fixed tree's order.
 
-    Two passes over groups of partials, each group one tile (:func:`_partials_group`: its loads
-    in flight together; ``TOP_GROUP`` and ``GROUP`` powers of two): the log-sum-exps' maximum in
-    groups of ``TOP_GROUP``, then the weights ``2^(lse - max)`` and the weighted outputs in groups
-    of ``GROUP``, each group's weights broadcast once and the partial axis summed after the last
-    group. (Run 55's SASS
-    of the loop this replaces: each partial's weight went through shared memory between two
-    barriers, one L2 round trip a partial — 3.6-4.1 us for a unit's 16 splits.) The count stays a
-    runtime value: a constexpr count compiles a kernel per batch size or world size."""
-    top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    for first in range(0, count, TOP_GROUP):
-        x, _ = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_valid, LSE_TO_LOG2, TOP_GROUP,
-                               DV, ROWS, BDV)  # (the o tile unused: the compiler drops its loads)
-        top = tl.maximum(top, tl.max(x, axis=0))
-    base = tl.where(top == float("-inf"), 0.0, top)
-    totals = tl.zeros([GROUP, ROWS], dtype=tl.float32)
-    accs = tl.zeros([GROUP, ROWS, BDV], dtype=tl.float32)
-    for first in range(0, count, GROUP):
-        x, o = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_valid, LSE_TO_LOG2, GROUP, DV,
+    The partials come in groups of ``GROUP`` (a power of two), each group one tile
+    (:func:`_partials_group`: its loads in flight together, its weights broadcast once, the
+    partial axis summed after the last group). ``MAX_COUNT`` (a power of two; 0: unbounded) is a
+    bound on ``count``: where one group holds that many, one pass over the one tile (the
+    maximum from the tile itself); else two passes — the log-sum-exps' maximum first (one
+    ``[MAX_COUNT, ROWS]`` tile, or groups of ``GROUP`` unbounded), then the weights ``2^(lse -
+    max)`` and the weighted outputs. (Run 55's SASS of the loop this replaces: each partial's
+    weight went through shared memory between two barriers, one L2 round trip a partial —
+    3.6-4.1 us for a unit's 16 splits.) The count stays a runtime value: a constexpr count
+    compiles a kernel per batch size or world size."""
+    if MAX_COUNT > 0 and GROUP >= MAX_COUNT:  # one tile holds every partial: one pass
+        x, o = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, 0, count, rows_valid, LSE_TO_LOG2, GROUP, DV,
                                ROWS, BDV)
+        top = tl.max(x, axis=0)
+        base = tl.where(top == float("-inf"), 0.0, top)
         w = tl.exp2(x - base[None, :])  # [GROUP, ROWS]; 0 past count and rows_valid
-        totals += w
-        accs += w[:, :, None] * o
-    total = tl.sum(totals, axis=0)  # (the partial axis summed once, after every group)
-    acc = tl.sum(accs, axis=0)
+        total = tl.sum(w, axis=0)
+        acc = tl.sum(w[:, :, None] * o, axis=0)
+    else:
+        top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        if MAX_COUNT > 0:  # every log-sum-exp in one tile
+            every, _ = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, 0, count, rows_valid, LSE_TO_LOG2,
+                                       MAX_COUNT, DV, ROWS, BDV)  # (the o tile unused: the compiler drops its loads)
+            top = tl.max(every, axis=0)
+        else:
+            for first in range(0, count, GROUP):
+                some, _ = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_valid,
+                                          LSE_TO_LOG2, GROUP, DV, ROWS, BDV)
+                top = tl.maximum(top, tl.max(some, axis=0))
+        base = tl.where(top == float("-inf"), 0.0, top)
+        totals = tl.zeros([GROUP, ROWS], dtype=tl.float32)
+        accs = tl.zeros([GROUP, ROWS, BDV], dtype=tl.float32)
+        for first in range(0, count, GROUP):
+            x, o = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, first, count, rows_valid, LSE_TO_LOG2, GROUP,
+                                   DV, ROWS, BDV)
+            w = tl.exp2(x - base[None, :])
+            totals += w
+            accs += w[:, :, None] * o
+        total = tl.sum(totals, axis=0)  # (the partial axis summed once, after every group)
+        acc = tl.sum(accs, axis=0)
     safe = tl.where(total > 0, total, 1.0)
     return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
 
@@ -233,7 +249,7 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
             t0 = tr.record_start(trace, TRACE)
         if live:
             o, lse2 = _combine_partials(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack, world_size,
-                                        rows_valid, _LOG2E, _SLOT_GROUP, _SLOT_GROUP, DV, R, BDV)
+                                        rows_valid, _LOG2E, 0, _SLOT_GROUP, DV, R, BDV)
             tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
     else:
         tl.store(mine + o_off, o, mask=omask)
@@ -390,7 +406,7 @@ def _combine_kernel(gathered, out, batch, world_size, HQ: tl.constexpr, HKV: tl.
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
     o, lse2 = _combine_partials(gathered + (b * HQ + h0) * DV, gathered + batch * HQ * DV + b * HQ + h0, pack,
-                                pack, world_size, rows_valid, _LOG2E, _SLOT_GROUP, _SLOT_GROUP, DV, ROWS, BDV)
+                                pack, world_size, rows_valid, _LOG2E, 0, _SLOT_GROUP, DV, ROWS, BDV)
     omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
     tl.store(out + (b * HQ + h0) * DV + rows[:, None] * DV + cols[None, :], o.to(out.dtype.element_ty), mask=omask)
     if TRACE:

@@ -711,17 +711,17 @@ def test_tuning_by_units(iris_pool):
 
 
 @triton.jit
-def _combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, TOP_GROUP: tl.constexpr, GROUP: tl.constexpr,
+def _combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, MAX_COUNT: tl.constexpr, GROUP: tl.constexpr,
                      DV: tl.constexpr, ROWS: tl.constexpr, BDV: tl.constexpr):
     """Two combines of ``count`` partials (``o [count, ROWS, DV]``, base-2 ``lse [count, ROWS]``)
-    into ``out [2, ROWS, BDV]``, ``out_lse [2, ROWS]``: as a unit's splits (``TOP_GROUP`` /
-    ``GROUP`` partials a tile), then as ranks' slots (the kernels' slot group, strides of a
-    packed partial: ``o`` rows then every ``lse``, read as natural-log)."""
+    into ``out [2, ROWS, BDV]``, ``out_lse [2, ROWS]``: as a unit's splits (at most
+    ``MAX_COUNT``, ``GROUP`` partials a tile), then as ranks' slots (unbounded, the kernels' slot
+    group, natural-log ``lse`` after the base-2 ones)."""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
-    a, la = _combine_partials(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, TOP_GROUP, GROUP, DV, ROWS,
+    a, la = _combine_partials(o_ptr, lse_ptr, ROWS * DV, ROWS, count, rows_valid, 1.0, MAX_COUNT, GROUP, DV, ROWS,
                               BDV)
-    b, lb = _combine_partials(o_ptr, lse_ptr + count * ROWS, ROWS * DV, ROWS, count, rows_valid, _LOG2E, _SLOT_GROUP,
+    b, lb = _combine_partials(o_ptr, lse_ptr + count * ROWS, ROWS * DV, ROWS, count, rows_valid, _LOG2E, 0,
                               _SLOT_GROUP, DV, ROWS, BDV)  # (a kernel reads globals only as constexprs)
     at = rows[:, None] * BDV + cols[None, :]
     tl.store(out + at, a)
@@ -730,7 +730,7 @@ def _combines_kernel(o_ptr, lse_ptr, out, out_lse, count, rows_valid, TOP_GROUP:
     tl.store(out_lse + ROWS + rows, lb)
 
 
-def _combines_rank(ctx, count, rows_valid, rows, top_group, group):
+def _combines_rank(ctx, count, rows_valid, rows, max_count, group):
     """:func:`_combine_partials` as a unit's splits and as the ranks' slots, on the same partials,
     against the float64 combine: the largest errors of each over the first ``rows_valid`` heads
     (heads without tokens checked exactly: ``o`` 0, ``lse`` -inf)."""
@@ -744,7 +744,7 @@ def _combines_rank(ctx, count, rows_valid, rows, top_group, group):
     out = torch.full((2, rows, 32), float("nan"), device=ctx.device)
     out_lse = torch.full((2, rows), float("nan"), device=ctx.device)
     _combines_kernel[(1,)](o.to(ctx.device), lse_both.to(ctx.device), out, out_lse, count, rows_valid,
-                           TOP_GROUP=top_group, GROUP=group, DV=dv, ROWS=rows, BDV=32)
+                           MAX_COUNT=max_count, GROUP=group, DV=dv, ROWS=rows, BDV=32)
     ctx.synchronize()
     out, out_lse = out.cpu()[:, :rows_valid].double(), out_lse.cpu()[:, :rows_valid].double()
     lse64 = lse[:, :rows_valid].double()
@@ -759,15 +759,17 @@ def _combines_rank(ctx, count, rows_valid, rows, top_group, group):
         float((out_lse[i, full] - want_lse[full]).abs().max()) for i in (0, 1))
 
 
-@pytest.mark.parametrize("count,rows_valid,rows,top_group,group", [
-    (1, 16, 16, 1, 8), (3, 5, 16, 4, 2), (8, 16, 16, 8, 8), (11, 9, 16, 16, 8), (11, 4, 4, 16, 16), (16, 3, 4, 4, 16)])
-def test_combine_partials_against_float64(iris_pool, count, rows_valid, rows, top_group, group):
+@pytest.mark.parametrize("count,rows_valid,rows,max_count,group", [
+    (1, 16, 16, 1, 8), (3, 5, 16, 4, 2), (8, 16, 16, 8, 8), (11, 9, 16, 16, 8), (11, 4, 4, 16, 16), (16, 3, 4, 16, 4),
+    (5, 3, 4, 0, 2)])
+def test_combine_partials_against_float64(iris_pool, count, rows_valid, rows, max_count, group):
     """The combine of partials (a unit's splits, the ranks' slots) is within fp32 rounding of
-    the float64 combine: groups smaller and larger than the count and a partial last group (the
-    tuning row's ``combine_unroll``; ``TOP_GROUP`` the split bound), tiles of the unit's heads
-    only, heads past ``rows_valid``, natural-log slots, partials and heads without tokens (these
-    exactly 0 and ``-inf``)."""
-    errors = iris_pool(1).run(_combines_rank, count, rows_valid, rows, top_group, group)[0]
+    the float64 combine: one pass (a group holds ``max_count``), two passes with the maximum from
+    one tile or (``max_count`` 0, unbounded: as the slots) in groups, a partial last group (the
+    tuning row's ``combine_unroll``), tiles of the unit's heads only, heads past
+    ``rows_valid``, natural-log slots, partials and heads without tokens (these exactly 0 and
+    ``-inf``)."""
+    errors = iris_pool(1).run(_combines_rank, count, rows_valid, rows, max_count, group)[0]
     assert max(errors[:2]) < 1e-5 and max(errors[2:]) < 1e-5, errors
 
 

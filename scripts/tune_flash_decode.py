@@ -189,13 +189,14 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     else:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
     candidates = []
+    combine = ("MAX_SPLITS", "COMBINE_UNROLL")  # (the split bound decides the combine's passes)
     seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
-             current.nprog, current.constexprs["COMBINE_UNROLL"])}
+             current.nprog, *(current.constexprs[k] for k in combine))}
     for cand in grid:
         tune = fd.Tuning(**cand._asdict(), max_rows=base.max_rows)
         p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
         same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.max_registers, p.n_split, p.nprog,
-                p.constexprs["COMBINE_UNROLL"])
+                *(p.constexprs[k] for k in combine))
         if same not in seen:  # (another candidate makes this very plan)
             seen.add(same)
             candidates.append(p)

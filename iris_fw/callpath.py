@@ -19,6 +19,17 @@ A call goes::
   once and raise :class:`~iris_fw.PeerFailure` naming this rank, instead of waiting for the
   timeout. A rejection found by the agreement is raised by every rank alike and aborts nothing.
 
+**Replay** (:class:`Replay`): a call that may be replayed (an ``iris_fw.ops`` call with
+``out=``, a collective, a flash-decode call with ``out=``: every effect on the device, the result
+one of its arguments) and comes back with every tensor at the same address, the same strides and
+the same TF32 switch captures itself as a CUDA graph on its third such call (:data:`CAPTURE_AFTER`
+eager calls first), on a side stream, and is one graph launch from then on — in place of its
+prepared launches and their Python. A call that is not like that, or anything that would make
+the eager call differ — a trace session, Triton launch hooks, the caller's own graph capture, a
+capture that fails — runs eagerly. The graphs live with the cached call (dropped with it, and
+when the job re-arms after an abort); per-call state is on the device, so a replay does what
+the call does. ``IRIS_FW_GRAPH_REPLAY=0`` (or ``state(ctx).replay = False``) turns it off.
+
 Caches: one :class:`CallCache` per op — the context's ``ops`` cache of :class:`~iris_fw.engine.op.Op`
 objects (``IRIS_FW_OP_CACHE_SIZE``), and per :mod:`iris_fw.ccl` group its ``calls`` (collectives
 and flash-decode, :data:`MAX_CACHED_CALLS`). They hang off the context (:func:`state`) without
@@ -27,16 +38,29 @@ the context importing this module; the context clears them when it re-arms or cl
 
 from __future__ import annotations
 
+import enum
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable
+
+import torch
 
 from . import env
 from .errors import ArgumentError
 
-__all__ = ["EXTENSION", "MAX_CACHED_CALLS", "CallCache", "CallPaths", "call", "fail", "plan_call", "state"]
+__all__ = ["CAPTURE_AFTER", "EXTENSION", "MAX_CACHED_CALLS", "MAX_GRAPHS", "CallCache", "CallPaths", "Replay", "call",
+           "fail", "plan_call", "state"]
 
 #: Prepared calls a ccl group keeps (least recently used dropped; validated again when called again).
 MAX_CACHED_CALLS = 1024
+#: Eager calls with the same addresses before the next is captured as a CUDA graph (:class:`Replay`):
+#: the first compiles and resolves the launches, the second shows the addresses repeat.
+CAPTURE_AFTER = 2
+#: Graphs one cached call keeps (one per set of addresses: ping-pong buffers take two); beyond
+#: it, calls on other addresses run eagerly.
+MAX_GRAPHS = 4
+#: Sets of addresses a cached call counts before it forgets them (calls that never repeat).
+MAX_SEEN = 64
 #: The key under which a context holds its :class:`CallPaths` (``ctx.extensions``).
 EXTENSION = "iris_fw.callpath"
 
@@ -48,7 +72,7 @@ class CallCache:
     every rank keeps and drops the same entries; a dropped call is validated across ranks again
     when it comes back."""
 
-    __slots__ = ("capacity", "lru", "_entries", "_recent")
+    __slots__ = ("capacity", "lru", "_entries", "_recent", "_replays")
 
     def __init__(self, capacity: int, lru: bool = True):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -59,6 +83,9 @@ class CallCache:
         #: the entry made most recently used (the last one): a hit on it again — a loop of one
         #: call — reorders nothing
         self._recent = None
+        #: the :class:`Replay` of an entry's calls, by key (made at its first call that may be
+        #: replayed; dropped with the entry)
+        self._replays: dict = {}
 
     def get(self, key, default=None):
         """The entry under ``key`` (made most recently used), else ``default``. ``key`` None, or
@@ -87,8 +114,9 @@ class CallCache:
                 return entry
             entries.move_to_end(key)
             self._recent = entry
+            self._replays.pop(key, None)
             while len(entries) > self.capacity:
-                entries.popitem(last=False)
+                self._replays.pop(entries.popitem(last=False)[0], None)
         return entry
 
     __setitem__ = put
@@ -112,16 +140,131 @@ class CallCache:
         """Drop every entry (local; every rank does it at the same point)."""
         self._entries.clear()
         self._recent = None
+        self._replays.clear()
+
+
+# ---- replay ----------------------------------------------------------------------------------------
+
+
+_PLAIN = (bool, int, float, str, enum.Enum, torch.dtype)
+
+
+def _address_key(args) -> tuple | None:
+    """What a captured call bakes in of its arguments: each tensor's address, shape, strides and
+    dtype, plain values as they are (tuples and lists of them, element by element); None where
+    an argument is anything else (an object whose contents the call may read on the host)."""
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append((a.data_ptr(), a.shape, a.stride(), a.dtype))
+        elif a is None or isinstance(a, _PLAIN):
+            parts.append(a)
+        elif isinstance(a, (tuple, list)):
+            inner = _address_key(a)
+            if inner is None:
+                return None
+            parts.append(inner)
+        else:
+            return None
+    return tuple(parts)
+
+
+def _launch_hooks() -> bool:
+    """Whether Triton's launch hooks or the like are set (each launch must then run)."""
+    import triton
+
+    rt = triton.knobs.runtime
+    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return rt.add_stages_inspection_hook is not None
+
+
+class Replay:
+    """The CUDA graphs of a cached call's entry ``fn`` (module docstring, "Replay"; kept beside
+    the entry in its :class:`CallCache`): ``graphs`` maps the call's address key
+    (:func:`_address_key`, with the device and the TF32 switch) to ``(graph, at)`` — the
+    captured call, and which argument it returned (None: nothing). :meth:`run` replays where it
+    can (while ``paths.replay``: the context's :class:`CallPaths`), else calls ``fn``."""
+
+    __slots__ = ("fn", "paths", "graphs", "seen", "off")
+
+    def __init__(self, fn, paths: "CallPaths"):
+        self.fn = fn
+        self.paths = paths
+        self.graphs: dict = {}
+        self.seen: dict = {}
+        #: a capture of this call failed, or its result was not one of its arguments: eager for good
+        self.off = False
+
+    def run(self, ctx, args):
+        """The call on ``args``: replayed where captured for these addresses, captured on the
+        :data:`CAPTURE_AFTER` + 1-th call with them, else run eagerly."""
+        if self.off or not self.paths.replay or ctx.tracer is not None or torch.cuda.is_current_stream_capturing() \
+                or _launch_hooks():
+            return self.fn(*args)
+        key = _address_key(args)
+        if key is None:
+            return self.fn(*args)
+        key = (torch.cuda.current_device(), torch.backends.cuda.matmul.allow_tf32, key)
+        found = self.graphs.get(key)
+        if found is not None:
+            graph, at = found
+            graph.replay()
+            return None if at is None else args[at]
+        seen = self.seen
+        count = seen.get(key, 0)
+        if count < CAPTURE_AFTER or len(self.graphs) >= MAX_GRAPHS:
+            if len(seen) >= MAX_SEEN:
+                seen.clear()
+            seen[key] = count + 1
+            return self.fn(*args)
+        del seen[key]
+        return self._capture(key, args)
+
+    def _capture(self, key, args):
+        """Capture the call on ``args`` (on a side stream, thread-local capture mode: nothing
+        runs), keep the graph and replay it — or, where capturing failed or the call returned
+        something other than one of its arguments (a new tensor from the graph's memory), drop
+        it, run the call eagerly and never capture it again."""
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        result, at, failed = None, None, False
+        try:
+            with torch.cuda.stream(side):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    result = self.fn(*args)
+                finally:
+                    with warnings.catch_warnings():  # (torch warns of an empty graph: a call that launched nothing)
+                        warnings.simplefilter("ignore")
+                        graph.capture_end()
+        except Exception:  # (an error the eager call raises again, or one of capturing)
+            failed = True
+        if not failed and result is not None:
+            at = next((i for i, a in enumerate(args) if a is result), None)
+            failed = at is None
+        if failed:
+            self.off = True
+            del graph
+            return self.fn(*args)
+        self.graphs[key] = (graph, at)
+        graph.replay()
+        return result
 
 
 class CallPaths:
     """What the call path keeps per context: ``ops`` (the :class:`CallCache` of
-    ``iris_fw.ops.<name>(...)`` calls) and ``groups`` (the :mod:`iris_fw.ccl` groups by their
-    ranks, ``None`` for the world; each group holds the cache of its collective calls)."""
+    ``iris_fw.ops.<name>(...)`` calls), ``groups`` (the :mod:`iris_fw.ccl` groups by their
+    ranks, ``None`` for the world; each group holds the cache of its collective calls) and
+    ``replay`` (whether calls that may be replayed are: a GPU context, ``IRIS_FW_GRAPH_REPLAY``,
+    not ``IRIS_FW_DEBUG``)."""
 
     def __init__(self, ctx):
         self.ops = CallCache(env.get("IRIS_FW_OP_CACHE_SIZE"))
         self.groups: dict = {}
+        self.replay = ctx.device.type == "cuda" and bool(env.get("IRIS_FW_GRAPH_REPLAY")) and not ctx.debug
 
     def groups_once(self) -> list:
         """Every group once (the world's is also under ``None``)."""
@@ -233,13 +376,18 @@ def settled(ctx, label: str, failure: BaseException | None) -> None:
         raise error
 
 
-def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, label: str, *args):
+def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, label: str, *args,
+         replay: bool = False):
     """One call: the prepared entry under ``key`` in ``cache`` — made by ``prepare(on)`` (which
     goes through :func:`plan_call`; ``on``: what it plans on, e.g. a ccl group) on a miss; ``key``
     None: prepared and not kept — called on ``args``; its result is returned. A host failure in
     the entry aborts the peers (:func:`fail`).
 
-    The hit path is this function: one look-up of the key, the entry called."""
+    ``replay``: True where this call may be replayed as a CUDA graph (:class:`Replay`: every
+    effect on the device, its result one of ``args`` or None), e.g. a functional call with
+    ``out``.
+
+    The hit path is this function: one look-up of the key, the entry called (or replayed)."""
     if ctx._closed:
         ctx._check_open()  # raises: a cached call must not launch over a closed context's heaps
     entries = cache._entries
@@ -253,6 +401,12 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
         entries.move_to_end(key)
         cache._recent = entry
     try:
+        if replay and key is not None:
+            replays = cache._replays
+            found = replays.get(key)
+            if found is None:
+                found = replays[key] = Replay(entry, state(ctx))
+            return found.run(ctx, args)
         return entry(*args)
     except BaseException as exc:
         fail(ctx, label, exc)

@@ -729,7 +729,7 @@ def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, pl
             found = g.calls.put(key, _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table))
         return found
     return cp.call(ctx, g.calls, key, lambda g: _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table),
-                   g, _LABEL, q, k, v, kv_lens, out, block_table)
+                   g, _LABEL, q, k, v, kv_lens, out, block_table, replay=out is not None)
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,

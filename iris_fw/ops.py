@@ -118,7 +118,7 @@ def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms, out):
     return cp.call(ctx, cp.state(ctx).ops, key,
                    lambda _: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config,
                                 comm_sms=comm_sms).functional,
-                   None, "iris_fw.ops." + pattern, out, *inputs)
+                   None, "iris_fw.ops." + pattern, out, *inputs, replay=out is not None)
 
 
 def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",

@@ -219,3 +219,104 @@ def test_out_in_a_cuda_graph_replays_fresh_inputs(iris_pool, on_gpu):
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
     iris_pool(2).run(_graph_out)
+
+
+def _replayed_calls(ctx):
+    """Calls that come back with every tensor at the same address (a decode loop on static
+    buffers) are captured as CUDA graphs on their third such call and replayed after
+    (callpath.Replay): ``gemm_all_reduce`` with ``out=`` (``auto`` and the fused schedule),
+    ``flash_decode`` with ``out=``, ``all_reduce`` in place on a heap and a plain tensor —
+    fresh inputs written into the same tensors and the outputs poisoned before every call, every
+    call's values checked; one graph per cached call and address set; a new ``out`` runs
+    eagerly until it repeats; calls without ``out=`` and calls inside a trace session never
+    replay."""
+    from helpers import fresh_seed
+
+    dev, w = ctx.device, ctx.world_size
+    paths = callpath.state(ctx)
+    assert paths.replay, "graph replay is on by default on GPUs"
+    a = torch.empty(32, 64, device=dev, dtype=torch.bfloat16)
+    b = torch.empty(64, 48, device=dev, dtype=torch.bfloat16)
+    out, fused, out2 = (torch.empty(32, 48, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    q = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.empty(2, 40 + 8 * ctx.rank, 2, 64, device=dev, dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    o = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
+    x = ctx.zeros(3000, dtype=torch.float32)  # a heap tensor
+    y = torch.empty(777, device=dev)  # a plain one
+
+    def gathered(t):
+        return [ctx.broadcast(t.cpu().clone(), src=r) for r in range(w)]
+
+    def step(i, target=out):
+        gen = torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * i + ctx.rank)
+        for t in (a, b, k, v, x, y):
+            t.copy_(torch.randn(t.shape, generator=gen))
+        q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(fresh_seed(ctx) + i)))
+        xs, ys = gathered(x), gathered(y)
+        for t in (target, fused, o):
+            t.fill_(float("nan"))
+        ctx.barrier()
+        got = ops.gemm_all_reduce(a, b, out=target)
+        assert got is target
+        ops.gemm_all_reduce(a, b, out=fused, scheduler="fused_sequential")
+        assert ops.flash_decode(q, k, v, out=o) is o
+        ccl.all_reduce(x)
+        ccl.all_reduce(y)
+        ctx.synchronize()
+        want = sum(gathered((a.double() @ b.double())))
+        for t in (target, fused):
+            torch.testing.assert_close(t.double().cpu(), want, atol=0.25, rtol=0.02, msg=f"call {i}")
+        ref = fd_module.flash_decode_reference(q.cpu(), gathered(k), gathered(v))
+        torch.testing.assert_close(o.double().cpu(), ref, atol=0.03, rtol=0.03, msg=f"call {i}")
+        torch.testing.assert_close(x.cpu().double(), sum(t.double() for t in xs), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(y.cpu().double(), sum(t.double() for t in ys), atol=1e-4, rtol=1e-5)
+
+    def graphs(cache):
+        return sorted(len(r.graphs) for r in cache._replays.values())
+
+    for i in range(6):
+        step(i)
+    world = paths.groups[None].calls
+    assert graphs(paths.ops) == [1, 1], graphs(paths.ops)  # gemm_all_reduce auto and fused, one address set each
+    assert graphs(world) == [1, 1, 1], graphs(world)  # flash_decode and the two all-reduces
+    assert not any(r.off for cache in (paths.ops, world) for r in cache._replays.values())
+    for i in range(6, 10):  # another out: eager twice, then its own graph
+        step(i, out2)
+    assert graphs(paths.ops) == [1, 2], graphs(paths.ops)
+    for i in range(3):  # without out= the call returns a new tensor: never replayed
+        fresh = ops.gemm_all_reduce(a, b)
+        assert fresh is not out and fresh.data_ptr() != out.data_ptr()
+    assert graphs(paths.ops) == [1, 2]
+    with ctx.trace(None, label="replay") as session:  # traced calls run their (traced) kernels
+        step(10)
+    names = {e["args"].get("kernel", "") for e in session.trace["traceEvents"] if e.get("ph") == "X"}
+    assert any("flash_decode" in n for n in names) and any("all_reduce" in n for n in names), sorted(names)
+    step(11)  # and replay again after the session
+    assert graphs(paths.ops) == [1, 2] and graphs(world) == [1, 1, 1]
+    ctx.barrier()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_repeated_calls_replay_as_cuda_graphs(iris_pool, on_gpu, world):
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(world).run(_replayed_calls)
+
+
+def test_address_key_and_replay_switch(iris_pool):
+    """What a captured call bakes in of its arguments (callpath._address_key): tensors by address,
+    shape, strides and dtype, plain values as they are, nothing else (None: never replayed);
+    ``IRIS_FW_GRAPH_REPLAY`` and the context's device decide ``state(ctx).replay``."""
+    t = torch.zeros(4, 6)
+    key = callpath._address_key((t, None, 3, "sum", (t, 1.5)))
+    assert key == callpath._address_key((t, None, 3, "sum", [t, 1.5]))
+    assert key != callpath._address_key((t.t(), None, 3, "sum", (t, 1.5)))  # other strides
+    assert key != callpath._address_key((t[1:], None, 3, "sum", (t, 1.5)))  # another address
+    assert callpath._address_key((t, object())) is None and callpath._address_key(([t, {}],)) is None
+    replay, device, debug = iris_pool(1).run(_replay_switch)[0]
+    assert replay == (device == "cuda" and not debug), (replay, device, debug)
+
+
+def _replay_switch(ctx):
+    return callpath.state(ctx).replay, ctx.device.type, ctx.debug

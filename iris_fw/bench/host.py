@@ -16,6 +16,11 @@ its work finished on the device (``done_us``). Where the round's enqueue time pe
 its first calls' (``queue_bound``), later calls waited for a full launch queue: ``host_us``
 then measures the device more than the call path, and ``first_us`` is the host's figure.
 
+Calls that come back with every tensor at the same address — here every collective, and every
+op with ``out=`` — are replayed as CUDA graphs by the call path (:class:`iris_fw.callpath.Replay`)
+after their first calls; each such case also has a row ``…, eager`` with replay off
+(``callpath.state(ctx).replay``), the call path's launches themselves.
+
 On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
 interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_ROUNDS` × :data:`CPU_CALLS` calls) and
 only show that each call path works; GPU rows are the measurement (docs/performance.md).
@@ -57,9 +62,15 @@ def _bare_kernel(x, BLOCK: tl.constexpr):
     tl.store(x + tl.arange(0, BLOCK), tl.zeros((BLOCK,), dtype=tl.float32))
 
 
+#: Suffix of a case run with the call path's graph replay off.
+EAGER = ", eager"
+
+
 def _cases(ctx) -> tuple[dict, dict]:
     """``{name: fn}`` of every case and ``{name: reference name}``; cases a world size or dtype
-    does not support (every rank raises alike on its first call) are left out, named in ``skipped``."""
+    does not support (every rank raises alike on its first call) are left out, named in ``skipped``.
+    A case whose calls the call path replays (every collective; an op with ``out=``) also runs as
+    ``name + EAGER``, with replay off (GPUs: CPU ranks replay nothing)."""
     from .. import ccl, ops
 
     gpu = ctx.device.type == "cuda"
@@ -128,6 +139,10 @@ def _cases(ctx) -> tuple[dict, dict]:
     name = f"ops.flash_decode B {bsz}, Hq {hq}, Hkv {hkv}, D {d}, {s} tokens per rank"
     cases[name] = lambda: ops.flash_decode(q, kk, vv, out=o, ctx=ctx)
     refs[name] = dec
+    replayed = [n for n in cases if n.startswith("ccl.") or (n.startswith("ops.") and n.endswith("out="))]
+    for name in replayed if gpu else ():  # (CPU ranks replay nothing)
+        cases[name + EAGER] = cases[name]
+        refs[name + EAGER] = refs[name]
     return cases, refs
 
 
@@ -137,11 +152,16 @@ class HostBench:
                    "and a bare prepared launch (issue 'One call path')")
 
     def run(self, ctx, opts):
+        from .. import callpath
+
+        paths = callpath.state(ctx)
+        replay = paths.replay
         gpu = ctx.device.type == "cuda"
         calls, rounds = (CALLS, ROUNDS) if gpu else (CPU_CALLS, CPU_ROUNDS)
         cases, refs = _cases(ctx)
         skipped = {}
         for name in list(cases):  # first call: plans (collective), compiles; unsupported cases leave
+            paths.replay = replay and not name.endswith(EAGER)
             try:
                 cases[name]()
                 ctx.synchronize()
@@ -159,6 +179,7 @@ class HostBench:
             for name in order:
                 fn = cases[name]
                 opts.log(f"  round {r + 1}/{rounds}: {name}")  # a hang names its case
+                paths.replay = replay and not name.endswith(EAGER)
                 ctx.barrier()
                 t0 = time.perf_counter()
                 for _ in range(head):
@@ -169,6 +190,7 @@ class HostBench:
                 per[name].append((time.perf_counter() - t0) / calls * 1e6)
                 ctx.synchronize()
                 device[name].append((time.perf_counter() - t0) / calls * 1e6)
+        paths.replay = replay
         n = len(names)
         medians = [statistics.median(series[name]) for series in (per, device, first) for name in names]
         worst = [max(v) for v in zip(*ctx.bootstrap.all_gather(medians))]

@@ -214,7 +214,7 @@ def _call(ctx, group, key: tuple | None, prepare: Callable, src, dst, async_op: 
     if tracer is not None and key is not None:  # traced kernel variants, prepared (and validated) once per session
         key = key + (("traced", tracer.session),)
         tracer.launched()
-    cp.call(ctx, g.calls, key, prepare, g, "iris_fw.ccl." + name, src, dst)
+    cp.call(ctx, g.calls, key, prepare, g, "iris_fw.ccl." + name, src, dst, replay=True)
     return Work(ctx) if async_op else None
 
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import env
+from . import driver, env
 from .errors import ArgumentError
 
 __all__ = ["CAPTURE_AFTER", "EXTENSION", "MAX_CACHED_CALLS", "MAX_GRAPHS", "CallCache", "CallPaths", "Replay", "call",
@@ -180,12 +180,32 @@ def _launch_hooks() -> bool:
     return rt.add_stages_inspection_hook is not None
 
 
+class _Torch:
+    """torch's CUDA state as a replay reads it per call — whether the current stream is
+    capturing, the current device, the TF32 switch of cuBLAS, the current stream's raw handle —
+    through torch's C functions where it has them (a fraction of the public wrappers' host
+    time), else the public calls."""
+
+    def __init__(self):
+        c = torch._C
+        try:
+            self.capturing, self.device = c._cuda_isCurrentStreamCapturing, c._cuda_getDevice
+            self.tf32, self.stream = c._get_cublas_allow_tf32, c._cuda_getCurrentRawStream
+            self.capturing(), self.device(), self.tf32()
+        except (AttributeError, RuntimeError):  # pragma: no cover - a torch without them
+            self.capturing, self.device = torch.cuda.is_current_stream_capturing, torch.cuda.current_device
+            self.tf32 = lambda: torch.backends.cuda.matmul.allow_tf32
+            self.stream = lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
 class Replay:
     """The CUDA graphs of a cached call's entry ``fn`` (module docstring, "Replay"; kept beside
     the entry in its :class:`CallCache`): ``graphs`` maps the call's address key
-    (:func:`_address_key`, with the device and the TF32 switch) to ``(graph, at)`` — the
-    captured call, and which argument it returned (None: nothing). :meth:`run` replays where it
-    can (while ``paths.replay``: the context's :class:`CallPaths`), else calls ``fn``."""
+    (:func:`_address_key`, with the device and the TF32 switch) to ``(graph, at, graph_exec)``
+    — the captured call, which argument it returned (None: nothing), and its executable graph's
+    raw handle, launched straight through the driver (:func:`iris_fw.driver.calls`; where that
+    is not found, ``graph.replay()``). :meth:`run` replays where it can (while ``paths.replay``:
+    the context's :class:`CallPaths`), else calls ``fn``."""
 
     __slots__ = ("fn", "paths", "graphs", "seen", "off")
 
@@ -200,17 +220,23 @@ class Replay:
     def run(self, ctx, args):
         """The call on ``args``: replayed where captured for these addresses, captured on the
         :data:`CAPTURE_AFTER` + 1-th call with them, else run eagerly."""
-        if self.off or not self.paths.replay or ctx.tracer is not None or torch.cuda.is_current_stream_capturing() \
+        paths = self.paths
+        cuda = paths.torch
+        if self.off or not paths.replay or cuda is None or ctx.tracer is not None or cuda.capturing() \
                 or _launch_hooks():
             return self.fn(*args)
         key = _address_key(args)
         if key is None:
             return self.fn(*args)
-        key = (torch.cuda.current_device(), torch.backends.cuda.matmul.allow_tf32, key)
+        device = cuda.device()
+        key = (device, cuda.tf32(), key)
         found = self.graphs.get(key)
         if found is not None:
-            graph, at = found
-            graph.replay()
+            graph, at, graph_exec = found
+            if graph_exec is None:
+                graph.replay()
+            else:
+                paths.driver.launch_graph(graph_exec, cuda.stream(device))
             return None if at is None else args[at]
         seen = self.seen
         count = seen.get(key, 0)
@@ -249,7 +275,10 @@ class Replay:
             self.off = True
             del graph
             return self.fn(*args)
-        self.graphs[key] = (graph, at)
+        graph_exec = None
+        if self.paths.driver is not None and hasattr(graph, "raw_cuda_graph_exec"):
+            graph_exec = graph.raw_cuda_graph_exec() or None
+        self.graphs[key] = (graph, at, graph_exec)
         graph.replay()
         return result
 
@@ -265,6 +294,9 @@ class CallPaths:
         self.ops = CallCache(env.get("IRIS_FW_OP_CACHE_SIZE"))
         self.groups: dict = {}
         self.replay = ctx.device.type == "cuda" and bool(env.get("IRIS_FW_GRAPH_REPLAY")) and not ctx.debug
+        #: what a replay calls (:class:`_Torch`, :func:`iris_fw.driver.calls`): made where it replays
+        self.torch = _Torch() if self.replay else None
+        self.driver = driver.calls() if self.replay else None
 
     def groups_once(self) -> list:
         """Every group once (the world's is also under ``None``)."""

@@ -245,8 +245,10 @@ def _replayed_calls(ctx):
     x = ctx.zeros(3000, dtype=torch.float32)  # a heap tensor
     y = torch.empty(777, device=dev)  # a plain one
 
-    def gathered(t):
-        return [ctx.broadcast(t.cpu().clone(), src=r) for r in range(w)]
+    def gathered(t):  # every rank's t (k, v: 40 + 8 r tokens on rank r)
+        return [ctx.broadcast(t.cpu().clone() if r == ctx.rank else torch.empty(
+            (t.shape[0], 40 + 8 * r, *t.shape[2:]) if t.dim() == 4 else t.shape, dtype=t.dtype), src=r)
+            for r in range(w)]
 
     def step(i, target=out):
         gen = torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * i + ctx.rank)
@@ -272,8 +274,8 @@ def _replayed_calls(ctx):
         torch.testing.assert_close(x.cpu().double(), sum(t.double() for t in xs), atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(y.cpu().double(), sum(t.double() for t in ys), atol=1e-4, rtol=1e-5)
 
-    def graphs(cache):
-        return sorted(len(r.graphs) for r in cache._replays.values())
+    def graphs(cache):  # (the trace session's own keys: replays with no graph)
+        return sorted(len(r.graphs) for r in cache._replays.values() if r.graphs)
 
     for i in range(6):
         step(i)

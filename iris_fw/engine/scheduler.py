@@ -11,14 +11,13 @@ replayed.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .. import devinfo
+from .. import devinfo, driver
 from ..errors import ArgumentError, IrisError
 from .contract import Plan, split_args
 from ..kernel_launcher import KernelLauncher
@@ -168,50 +167,6 @@ class Scheduler:
             raise ArgumentError(f"comm_sms does not apply to {name} (it does not split the SMs), got {comm_sms!r}")
 
 
-class _EventCalls:
-    """``record(event, stream)`` and ``wait(stream, event)`` on raw handles, straight to the
-    driver (``cuEventRecord`` / ``cuStreamWaitEvent``, or HIP's): no torch object per call.
-    ``None`` from :meth:`load` where the driver library is not found."""
-
-    _loaded: Any = False
-
-    def __init__(self, record, wait, names):
-        self._record, self._wait, self._names = record, wait, names
-
-    @classmethod
-    def load(cls):
-        if cls._loaded is not False:
-            return cls._loaded
-        if torch.version.hip:
-            libs, names = ["libamdhip64.so"], ("hipEventRecord", "hipStreamWaitEvent")
-        else:
-            libs, names = ["libcuda.so.1", "libcuda.so"], ("cuEventRecord", "cuStreamWaitEvent")
-        found = None
-        for name in libs:
-            try:
-                lib = ctypes.CDLL(name)
-            except OSError:
-                continue
-            record, wait = getattr(lib, names[0], None), getattr(lib, names[1], None)
-            if record is not None and wait is not None:
-                record.argtypes, record.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-                wait.argtypes, wait.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint], ctypes.c_int
-                found = cls(record, wait, names)
-                break
-        cls._loaded = found
-        return found
-
-    def record(self, event: int, stream: int) -> None:
-        rc = self._record(event, stream)
-        if rc:
-            raise IrisError(f"{self._names[0]} failed with error {rc}")
-
-    def wait(self, stream: int, event: int) -> None:
-        rc = self._wait(stream, event, 0)
-        if rc:
-            raise IrisError(f"{self._names[1]} failed with error {rc}")
-
-
 def _raw_current_stream():
     try:
         from torch._C import _cuda_getCurrentRawStream
@@ -236,7 +191,7 @@ class SideStream:
         for event in (self._fork_event, self._join_event):
             event.record(self.stream)  # creates the driver event (torch creates it lazily)
         self._fork, self._join = self._fork_event.cuda_event, self._join_event.cuda_event
-        self._calls = _EventCalls.load()
+        self._calls = driver.calls()
         self._current = _raw_current_stream()
 
     def fork(self):

@@ -24,7 +24,9 @@ A call goes::
 one of its arguments) and comes back with every tensor at the same address, the same strides and
 the same TF32 switch captures itself as a CUDA graph on its third such call (:data:`CAPTURE_AFTER`
 eager calls first), on a side stream, and is one graph launch from then on — in place of its
-prepared launches and their Python. A call that is not like that, or anything that would make
+prepared launches and their Python — if its first replays took less host time than its eager
+calls (a call of one launch is often quicker launched as it is; it then stays eager). A call
+that is not like that, or anything that would make
 the eager call differ — a trace session, Triton launch hooks, the caller's own graph capture, a
 capture that fails — runs eagerly. The graphs live with the cached call (dropped with it, and
 when the job re-arms after an abort); per-call state is on the device, so a replay does what
@@ -39,6 +41,7 @@ the context importing this module; the context clears them when it re-arms or cl
 from __future__ import annotations
 
 import enum
+import time
 import warnings
 from collections import OrderedDict
 from typing import Any, Callable
@@ -48,8 +51,8 @@ import torch
 from . import driver, env
 from .errors import ArgumentError
 
-__all__ = ["CAPTURE_AFTER", "EXTENSION", "MAX_CACHED_CALLS", "MAX_GRAPHS", "CallCache", "CallPaths", "Replay", "call",
-           "fail", "plan_call", "state"]
+__all__ = ["CAPTURE_AFTER", "EXTENSION", "MAX_CACHED_CALLS", "MAX_GRAPHS", "REPLAY_TRIALS", "CallCache", "CallPaths",
+           "Replay", "call", "fail", "plan_call", "state"]
 
 #: Prepared calls a ccl group keeps (least recently used dropped; validated again when called again).
 MAX_CACHED_CALLS = 1024
@@ -61,6 +64,9 @@ CAPTURE_AFTER = 2
 MAX_GRAPHS = 4
 #: Sets of addresses a cached call counts before it forgets them (calls that never repeat).
 MAX_SEEN = 64
+#: Replays timed against the call's eager calls before it keeps replaying (a replay quicker on
+#: the host) or runs eagerly for good (0: keep replaying untimed).
+REPLAY_TRIALS = 2
 #: The key under which a context holds its :class:`CallPaths` (``ctx.extensions``).
 EXTENSION = "iris_fw.callpath"
 
@@ -201,11 +207,15 @@ class _Torch:
 class Replay:
     """The CUDA graphs of a cached call's entry ``fn`` (module docstring, "Replay"; kept beside
     the entry in its :class:`CallCache`): ``graphs`` maps the call's address key
-    (:func:`_address_key`, with the device and the TF32 switch) to ``(graph, at, graph_exec)``
-    — the captured call, which argument it returned (None: nothing), and its executable graph's
-    raw handle, launched straight through the driver (:func:`iris_fw.driver.calls`; where that
-    is not found, ``graph.replay()``). :meth:`run` replays where it can (while ``paths.replay``:
-    the context's :class:`CallPaths`), else calls ``fn``."""
+    (:func:`_address_key`, with the device and the TF32 switch) to ``[graph, at, graph_exec,
+    eager_s, replay_s, trials]`` — the captured call, which argument it returned (None:
+    nothing), its executable graph's raw handle (launched straight through the driver,
+    :func:`iris_fw.driver.calls`; None: ``graph.replay()``), the least host time of its eager
+    calls and of its replays so far, and the replays still to time (:data:`REPLAY_TRIALS`).
+    After them the call keeps replaying only if a replay took less host time than an eager
+    call; else it runs eagerly for good (``off``: a one-launch call is quicker launched than a
+    graph). :meth:`run` replays where it can (while ``paths.replay``: the context's
+    :class:`CallPaths`), else calls ``fn``."""
 
     __slots__ = ("fn", "paths", "graphs", "seen", "off")
 
@@ -213,8 +223,10 @@ class Replay:
         self.fn = fn
         self.paths = paths
         self.graphs: dict = {}
+        #: address key -> [eager calls so far, their least host time]
         self.seen: dict = {}
-        #: a capture of this call failed, or its result was not one of its arguments: eager for good
+        #: eager for good: a capture failed, the result was not one of the arguments, or a
+        #: replay took no less host time than an eager call
         self.off = False
 
     def run(self, ctx, args):
@@ -232,23 +244,45 @@ class Replay:
         key = (device, cuda.tf32(), key)
         found = self.graphs.get(key)
         if found is not None:
-            graph, at, graph_exec = found
-            if graph_exec is None:
-                graph.replay()
+            if found[5]:  # a replay still timed against the eager calls
+                return self._trial(found, device, args)
+            if found[2] is None:
+                found[0].replay()
             else:
-                paths.driver.launch_graph(graph_exec, cuda.stream(device))
+                paths.driver.launch_graph(found[2], cuda.stream(device))
+            at = found[1]
             return None if at is None else args[at]
-        seen = self.seen
-        count = seen.get(key, 0)
-        if count < CAPTURE_AFTER or len(self.graphs) >= MAX_GRAPHS:
-            if len(seen) >= MAX_SEEN:
-                seen.clear()
-            seen[key] = count + 1
-            return self.fn(*args)
-        del seen[key]
-        return self._capture(key, args)
+        seen = self.seen.get(key)
+        if seen is None:
+            if len(self.seen) >= MAX_SEEN:
+                self.seen.clear()
+            seen = self.seen[key] = [0, float("inf")]
+        if seen[0] < CAPTURE_AFTER or len(self.graphs) >= MAX_GRAPHS:
+            t0 = time.perf_counter()
+            result = self.fn(*args)
+            seen[1] = min(seen[1], time.perf_counter() - t0)
+            seen[0] += 1
+            return result
+        del self.seen[key]
+        return self._capture(key, seen[1], args)
 
-    def _capture(self, key, args):
+    def _trial(self, found, device, args):
+        """One of the first :data:`REPLAY_TRIALS` replays, timed; after the last, replay for
+        good if a replay took less host time than the eager calls, else eager for good."""
+        t0 = time.perf_counter()
+        if found[2] is None:
+            found[0].replay()
+        else:
+            self.paths.driver.launch_graph(found[2], self.paths.torch.stream(device))
+        found[4] = min(found[4], time.perf_counter() - t0)
+        found[5] -= 1
+        if not found[5] and found[4] >= found[3]:
+            self.off = True
+            self.graphs.clear()
+        at = found[1]
+        return None if at is None else args[at]
+
+    def _capture(self, key, eager_s, args):
         """Capture the call on ``args`` (on a side stream, thread-local capture mode: nothing
         runs), keep the graph and replay it — or, where capturing failed or the call returned
         something other than one of its arguments (a new tensor from the graph's memory), drop
@@ -273,12 +307,13 @@ class Replay:
             failed = at is None
         if failed:
             self.off = True
+            self.graphs.clear()
             del graph
             return self.fn(*args)
         graph_exec = None
         if self.paths.driver is not None and hasattr(graph, "raw_cuda_graph_exec"):
             graph_exec = graph.raw_cuda_graph_exec() or None
-        self.graphs[key] = (graph, at, graph_exec)
+        self.graphs[key] = [graph, at, graph_exec, eager_s, float("inf"), REPLAY_TRIALS]
         graph.replay()
         return result
 

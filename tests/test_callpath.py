@@ -230,11 +230,19 @@ def _replayed_calls(ctx):
     call's values checked; one graph per cached call and address set; a new ``out`` runs
     eagerly until it repeats; calls without ``out=`` and calls inside a trace session never
     replay."""
-    from helpers import fresh_seed
-
     dev, w = ctx.device, ctx.world_size
     paths = callpath.state(ctx)
     assert paths.replay, "graph replay is on by default on GPUs"
+    trials, callpath.REPLAY_TRIALS = callpath.REPLAY_TRIALS, 0  # keep every graph (not only the quicker ones)
+    try:
+        _replay_loop(ctx, paths, dev, w)
+    finally:
+        callpath.REPLAY_TRIALS = trials
+
+
+def _replay_loop(ctx, paths, dev, w):
+    from helpers import fresh_seed
+
     a = torch.empty(32, 64, device=dev, dtype=torch.bfloat16)
     b = torch.empty(64, 48, device=dev, dtype=torch.bfloat16)
     out, fused, out2 = (torch.empty(32, 48, device=dev, dtype=torch.bfloat16) for _ in range(3))

@@ -78,6 +78,12 @@ A copy costs one device op per call (``clone``: an allocation and a copy kernel)
 output per call instead would replace a tensor inside the prepared launches' nested arguments
 (not done yet: docs/performance.md, "one-rank gemm_all_reduce without its result copy", says why).
 
+**Repeated calls replay as CUDA graphs.** A call with ``out=`` that comes back with every tensor
+at the same address (a decode loop on static buffers) is captured on its third such call and
+replayed from then on, one graph launch in place of its launches — where its first replays took
+less host time than its eager calls (:class:`iris_fw.callpath.Replay`; ``IRIS_FW_GRAPH_REPLAY=0``
+turns it off). Calls without ``out=`` return a new tensor each time and are not replayed.
+
 For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with :func:`plan` and call it:
 it returns its own output buffer, overwritten by the next call.
 """

@@ -17,8 +17,9 @@ its first calls' (``queue_bound``), later calls waited for a full launch queue: 
 then measures the device more than the call path, and ``first_us`` is the host's figure.
 
 Calls that come back with every tensor at the same address — here every collective, and every
-op with ``out=`` — are replayed as CUDA graphs by the call path (:class:`iris_fw.callpath.Replay`)
-after their first calls; each such case also has a row ``…, eager`` with replay off
+op with ``out=`` (flash-decode's too) — are replayed as CUDA graphs by the call path
+(:class:`iris_fw.callpath.Replay`) after their first calls, where a replay proved quicker on the
+host than the call's eager launches; each such case also has a row ``…, eager`` with replay off
 (``callpath.state(ctx).replay``), the call path's launches themselves.
 
 On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
@@ -69,7 +70,7 @@ EAGER = ", eager"
 def _cases(ctx) -> tuple[dict, dict]:
     """``{name: fn}`` of every case and ``{name: reference name}``; cases a world size or dtype
     does not support (every rank raises alike on its first call) are left out, named in ``skipped``.
-    A case whose calls the call path replays (every collective; an op with ``out=``) also runs as
+    A case whose calls the call path may replay (every collective; an op with ``out=``) also runs as
     ``name + EAGER``, with replay off (GPUs: CPU ranks replay nothing)."""
     from .. import ccl, ops
 
@@ -139,7 +140,7 @@ def _cases(ctx) -> tuple[dict, dict]:
     name = f"ops.flash_decode B {bsz}, Hq {hq}, Hkv {hkv}, D {d}, {s} tokens per rank"
     cases[name] = lambda: ops.flash_decode(q, kk, vv, out=o, ctx=ctx)
     refs[name] = dec
-    replayed = [n for n in cases if n.startswith("ccl.") or (n.startswith("ops.") and n.endswith("out="))]
+    replayed = [n for n in cases if n.startswith(("ccl.", "ops.flash_decode")) or n.endswith("out=")]
     for name in replayed if gpu else ():  # (CPU ranks replay nothing)
         cases[name + EAGER] = cases[name]
         refs[name + EAGER] = refs[name]

@@ -490,8 +490,10 @@ class FlashDecode:
     def _split(self, tune: Tuning) -> None:
         """Plan the grid for ``tune`` (the row for this many units): the split count, the
         programs, the attention kernel's constexprs (:attr:`constexprs`; ``MAX_SPLITS``, the
-        bound of its splits' combine, from the row and the grid, not the batch: one compile
-        serves every batch size) and launch options (:attr:`options`)."""
+        bound of its splits' combine, from the row and the grid, not the batch; the combine's
+        tile, ``COMBINE_UNROLL``, at most the split count's power of two: batch sizes of one
+        row share a compile unless their split counts' powers of two differ) and launch
+        options (:attr:`options`)."""
         call = self.call
         self.tune = tune
         slots = devinfo.num_sms(self.group.ctx.device) * tune.programs_per_sm

@@ -330,3 +330,104 @@ def test_address_key_and_replay_switch(iris_pool):
 
 def _replay_switch(ctx):
     return callpath.state(ctx).replay, ctx.device.type, ctx.debug
+
+
+class _FakeGraph:
+    """Stands for ``torch.cuda.CUDAGraph`` in :func:`test_replay_decisions` (no GPU): records
+    captures and replays."""
+
+    made = []
+
+    def __init__(self):
+        self.captures, self.replays = 0, 0
+        _FakeGraph.made.append(self)
+
+    def capture_begin(self, capture_error_mode="global"):
+        assert capture_error_mode == "thread_local"
+        self.captures += 1
+
+    def capture_end(self):
+        pass
+
+    def replay(self):
+        self.replays += 1
+
+    def raw_cuda_graph_exec(self):
+        return 4242
+
+
+def test_replay_decisions(monkeypatch):
+    """callpath.Replay's decisions with the CUDA calls stood in for (the GPU test replays real
+    graphs): eager for the first CAPTURE_AFTER calls at one set of addresses, captured at the
+    next, then launched through the driver, returning the argument the call returned; a replay
+    slower than the eager calls turns the call eager for good; so do a result that is not an
+    argument and a failed capture (the call then runs eagerly and its own error, if any,
+    raises); other addresses get their own graph up to MAX_GRAPHS; tracing runs eagerly."""
+    import contextlib
+    import time
+    import types
+
+    monkeypatch.setattr(callpath.torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(callpath.torch.cuda, "Stream", lambda *a, **k: types.SimpleNamespace(wait_stream=lambda s: 0))
+    monkeypatch.setattr(callpath.torch.cuda, "current_stream", lambda *a: None)
+    monkeypatch.setattr(callpath.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    launched = []
+
+    def paths(launch_s=0.0):
+        def launch_graph(graph_exec, stream):
+            time.sleep(launch_s)
+            launched.append(graph_exec)
+        cuda = types.SimpleNamespace(capturing=lambda: False, device=lambda: 0, tf32=lambda: False, stream=lambda i: 7)
+        return types.SimpleNamespace(replay=True, torch=cuda, driver=types.SimpleNamespace(launch_graph=launch_graph))
+
+    ctx = types.SimpleNamespace(tracer=None)
+    out, x = torch.zeros(4), torch.zeros(3)
+    calls = []
+
+    def slow_call(o, t):  # an eager call slower than a replay
+        calls.append(o)
+        time.sleep(0.002)
+        return o
+
+    r = callpath.Replay(slow_call, paths())
+    for _ in range(callpath.CAPTURE_AFTER):
+        assert r.run(ctx, (out, x)) is out
+    assert len(calls) == callpath.CAPTURE_AFTER and not r.graphs
+    assert r.run(ctx, (out, x)) is out  # captured (the call ran once more, under capture) and replayed
+    graph = _FakeGraph.made[-1]
+    assert graph.captures == 1 and graph.replays == 1 and len(calls) == callpath.CAPTURE_AFTER + 1
+    for _ in range(callpath.REPLAY_TRIALS + 3):
+        assert r.run(ctx, (out, x)) is out
+    assert launched == [4242] * (callpath.REPLAY_TRIALS + 3) and not r.off  # the call's Python ran no more
+    assert len(calls) == callpath.CAPTURE_AFTER + 1
+    for i in range(callpath.MAX_GRAPHS + 1):  # other outputs: a graph each, up to MAX_GRAPHS
+        other = torch.zeros(4)
+        for _ in range(callpath.CAPTURE_AFTER + 1):
+            assert r.run(ctx, (other, x)) is other
+    assert len(r.graphs) == callpath.MAX_GRAPHS
+    traced = types.SimpleNamespace(tracer=object())
+    n = len(calls)
+    assert r.run(traced, (out, x)) is out and len(calls) == n + 1  # a trace session: eager
+
+    quick = callpath.Replay(lambda o, t: o, paths(launch_s=0.002))  # a replay slower than the call
+    for _ in range(callpath.CAPTURE_AFTER + 1 + callpath.REPLAY_TRIALS):
+        assert quick.run(ctx, (out, x)) is out
+    assert quick.off and not quick.graphs
+
+    fresh = callpath.Replay(lambda o, t: torch.zeros(4), paths())  # a new tensor each call: never kept
+    for _ in range(callpath.CAPTURE_AFTER + 2):
+        assert fresh.run(ctx, (out, x)) is not out
+    assert fresh.off and not fresh.graphs
+
+    def failing(o, t):
+        if o.sum() > 0:
+            raise ValueError("the call's own error")
+        return None
+
+    broken = callpath.Replay(failing, paths())
+    for _ in range(callpath.CAPTURE_AFTER):
+        assert broken.run(ctx, (out, x)) is None
+    out.fill_(1)
+    with pytest.raises(ValueError, match="own error"):  # failed under capture: eager, which raises
+        broken.run(ctx, (out, x))
+    assert broken.off and not broken.graphs

@@ -30,7 +30,10 @@ that is not like that, or anything that would make
 the eager call differ — a trace session, Triton launch hooks, the caller's own graph capture, a
 capture that fails — runs eagerly. The graphs live with the cached call (dropped with it, and
 when the job re-arms after an abort); per-call state is on the device, so a replay does what
-the call does. ``IRIS_FW_GRAPH_REPLAY=0`` (or ``state(ctx).replay = False``) turns it off.
+the call does. A capture that fails turns replay off for the context. A call nested in a call
+being captured that fails aborts nothing: the capturing call runs again eagerly, and its
+failure aborts the peers as any call's does. ``IRIS_FW_GRAPH_REPLAY=0`` (or
+``state(ctx).replay = False``) turns it off.
 
 Caches: one :class:`CallCache` per op — the context's ``ops`` cache of :class:`~iris_fw.engine.op.Op`
 objects (``IRIS_FW_OP_CACHE_SIZE``), and per :mod:`iris_fw.ccl` group its ``calls`` (collectives
@@ -156,15 +159,20 @@ _PLAIN = (bool, int, float, str, enum.Enum, torch.dtype)
 
 
 def _address_key(args) -> tuple | None:
-    """What a captured call bakes in of its arguments: each tensor's address, shape, strides and
-    dtype, plain values as they are (tuples and lists of them, element by element); None where
-    an argument is anything else (an object whose contents the call may read on the host)."""
+    """What a captured call bakes in of its arguments: each GPU tensor's address, shape, strides
+    and dtype, plain values with their type (``True`` is not ``1``), tuples and lists element by
+    element; None where an argument is anything else — a host tensor or an object whose contents
+    the call may read on the host."""
     parts = []
     for a in args:
         if isinstance(a, torch.Tensor):
+            if not a.is_cuda:
+                return None
             parts.append((a.data_ptr(), a.shape, a.stride(), a.dtype))
-        elif a is None or isinstance(a, _PLAIN):
+        elif a is None:
             parts.append(a)
+        elif isinstance(a, _PLAIN):
+            parts.append((type(a), a))
         elif isinstance(a, (tuple, list)):
             inner = _address_key(a)
             if inner is None:
@@ -176,14 +184,17 @@ def _address_key(args) -> tuple | None:
 
 
 def _launch_hooks() -> bool:
-    """Whether Triton's launch hooks or the like are set (each launch must then run)."""
+    """Whether Triton's launch hooks or the like are set — or its runtime debug mode or an
+    instrumentation mode, which compile other kernels (each launch must then run, as the
+    launcher's own checks send it to Triton's path)."""
     import triton
 
     rt = triton.knobs.runtime
     for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return True
-    return rt.add_stages_inspection_hook is not None
+    return rt.add_stages_inspection_hook is not None or bool(rt.debug) or bool(
+        getattr(triton.knobs.compilation, "instrumentation_mode", ""))
 
 
 class _Torch:
@@ -287,10 +298,14 @@ class Replay:
         runs), keep the graph and replay it — or, where capturing failed or the call returned
         something other than one of its arguments (a new tensor from the graph's memory), drop
         it, run the call eagerly and never capture it again."""
+        paths = self.paths
         graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
+        if paths.side is None:
+            paths.side = torch.cuda.Stream()
+        side = paths.side
         side.wait_stream(torch.cuda.current_stream())
         result, at, failed = None, None, False
+        paths.capturing += 1  # (a call nested in this one that fails does not abort the job: see call)
         try:
             with torch.cuda.stream(side):
                 graph.capture_begin(capture_error_mode="thread_local")
@@ -302,6 +317,11 @@ class Replay:
                         graph.capture_end()
         except Exception:  # (an error the eager call raises again, or one of capturing)
             failed = True
+            # what a failed capture leaves in torch's allocator is torch's to clean up: the
+            # context captures nothing more
+            paths.replay = False
+        finally:
+            paths.capturing -= 1
         if not failed and result is not None:
             at = next((i for i, a in enumerate(args) if a is result), None)
             failed = at is None
@@ -332,6 +352,9 @@ class CallPaths:
         #: what a replay calls (:class:`_Torch`, :func:`iris_fw.driver.calls`): made where it replays
         self.torch = _Torch() if self.replay else None
         self.driver = driver.calls() if self.replay else None
+        #: the stream captures run on (made at the first); captures in progress
+        self.side = None
+        self.capturing = 0
 
     def groups_once(self) -> list:
         """Every group once (the world's is also under ``None``)."""
@@ -476,5 +499,7 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
             return found.run(ctx, args)
         return entry(*args)
     except BaseException as exc:
-        fail(ctx, label, exc)
+        paths = ctx.extensions.get(EXTENSION)
+        if paths is None or not paths.capturing:  # (under a capture: the capturing call runs it again eagerly)
+            fail(ctx, label, exc)
         raise

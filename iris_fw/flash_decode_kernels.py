@@ -224,7 +224,10 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
     unit's slot arrived, the peers' partials waited for (while ``live``: after one timed-out
     wait no more waiting) and combined into ``out``; else stored into ``mine``, this rank's
     packed partial. Traced from ``t0`` (the splits' combine before it): ``reduce``, and
-    ``FUSED`` a ``push``, the ``arrivals`` wait and the ranks' ``reduce``. Returns ``live``."""
+    ``FUSED`` a ``push``, the ``arrivals`` wait and the ranks' ``reduce``. Returns ``live``.
+    (The ranks' combine runs on ``R``-row tiles — the unit's heads where its splits were
+    combined, the products' padded rows where it had one split — so ranks get bitwise the same
+    ``out`` where they planned the same split count: the same tuning row and SM count.)"""
     rows = tl.arange(0, R)
     cols = tl.arange(0, BDV)
     omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)

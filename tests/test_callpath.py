@@ -314,11 +314,15 @@ def test_repeated_calls_replay_as_cuda_graphs(iris_pool, on_gpu, world):
     iris_pool(world).run(_replayed_calls)
 
 
-def test_address_key_and_replay_switch(iris_pool):
-    """What a captured call bakes in of its arguments (callpath._address_key): tensors by address,
-    shape, strides and dtype, plain values as they are, nothing else (None: never replayed);
-    ``IRIS_FW_GRAPH_REPLAY`` and the context's device decide ``state(ctx).replay``."""
+def test_address_key_and_replay_switch(iris_pool, monkeypatch):
+    """What a captured call bakes in of its arguments (callpath._address_key): GPU tensors by
+    address, shape, strides and dtype, plain values with their type, nothing else (None: never
+    replayed: host tensors, other objects); ``IRIS_FW_GRAPH_REPLAY`` and the context's device
+    decide ``state(ctx).replay``."""
     t = torch.zeros(4, 6)
+    assert callpath._address_key((t,)) is None  # a host tensor: its values may be read on the host
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # (as GPU tensors)
+    assert callpath._address_key((t, True)) != callpath._address_key((t, 1))
     key = callpath._address_key((t, None, 3, "sum", (t, 1.5)))
     assert key == callpath._address_key((t, None, 3, "sum", [t, 1.5]))
     assert key != callpath._address_key((t.t(), None, 3, "sum", (t, 1.5)))  # other strides
@@ -378,9 +382,11 @@ def test_replay_decisions(monkeypatch):
             time.sleep(launch_s)
             launched.append(graph_exec)
         cuda = types.SimpleNamespace(capturing=lambda: False, device=lambda: 0, tf32=lambda: False, stream=lambda i: 7)
-        return types.SimpleNamespace(replay=True, torch=cuda, driver=types.SimpleNamespace(launch_graph=launch_graph))
+        return types.SimpleNamespace(replay=True, torch=cuda, driver=types.SimpleNamespace(launch_graph=launch_graph),
+                                     side=None, capturing=0)
 
     ctx = types.SimpleNamespace(tracer=None)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # (the key takes GPU tensors only)
     out, x = torch.zeros(4), torch.zeros(3)
     calls = []
 
@@ -430,4 +436,20 @@ def test_replay_decisions(monkeypatch):
     out.fill_(1)
     with pytest.raises(ValueError, match="own error"):  # failed under capture: eager, which raises
         broken.run(ctx, (out, x))
-    assert broken.off and not broken.graphs
+    assert broken.off and not broken.graphs and not broken.paths.replay  # the context captures no more
+    assert broken.paths.capturing == 0
+
+    # a call nested in one being captured that fails aborts nothing (the capturing call runs again
+    # eagerly, and a failure there aborts the peers as usual)
+    aborted = []
+    monkeypatch.setattr(callpath, "fail", lambda ctx, label, exc: aborted.append(label))
+    nested = types.SimpleNamespace(_closed=False, extensions={callpath.EXTENSION: types.SimpleNamespace(capturing=1)})
+    cache = callpath.CallCache(4)
+    cache.put("k", failing)
+    with pytest.raises(ValueError):
+        callpath.call(nested, cache, "k", None, None, "nested", out, x)
+    assert aborted == []
+    nested.extensions[callpath.EXTENSION].capturing = 0
+    with pytest.raises(ValueError):
+        callpath.call(nested, cache, "k", None, None, "outer", out, x)
+    assert aborted == ["outer"]

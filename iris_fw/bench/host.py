@@ -157,6 +157,12 @@ class HostBench:
 
         paths = callpath.state(ctx)
         replay = paths.replay
+        try:
+            return self._run(ctx, opts, paths, replay)
+        finally:
+            paths.replay = replay  # (the eager cases switch it off)
+
+    def _run(self, ctx, opts, paths, replay):
         gpu = ctx.device.type == "cuda"
         calls, rounds = (CALLS, ROUNDS) if gpu else (CPU_CALLS, CPU_ROUNDS)
         cases, refs = _cases(ctx)
@@ -191,7 +197,6 @@ class HostBench:
                 per[name].append((time.perf_counter() - t0) / calls * 1e6)
                 ctx.synchronize()
                 device[name].append((time.perf_counter() - t0) / calls * 1e6)
-        paths.replay = replay
         n = len(names)
         medians = [statistics.median(series[name]) for series in (per, device, first) for name in names]
         worst = [max(v) for v in zip(*ctx.bootstrap.all_gather(medians))]

@@ -206,13 +206,13 @@ class _Torch:
     def __init__(self):
         c = torch._C
         try:
-            self.capturing, self.device = c._cuda_isCurrentStreamCapturing, c._cuda_getDevice
-            self.tf32, self.stream = c._get_cublas_allow_tf32, c._cuda_getCurrentRawStream
+            self.capturing, self.device, self.tf32 = (c._cuda_isCurrentStreamCapturing, c._cuda_getDevice,
+                                                      c._get_cublas_allow_tf32)
             self.capturing(), self.device(), self.tf32()
         except (AttributeError, RuntimeError):  # pragma: no cover - a torch without them
             self.capturing, self.device = torch.cuda.is_current_stream_capturing, torch.cuda.current_device
             self.tf32 = lambda: torch.backends.cuda.matmul.allow_tf32
-            self.stream = lambda index: torch.cuda.current_stream(index).cuda_stream
+        self.stream = driver.current_stream()
 
 
 class Replay:
@@ -255,12 +255,15 @@ class Replay:
         key = (device, cuda.tf32(), key)
         found = self.graphs.get(key)
         if found is not None:
-            if found[5]:  # a replay still timed against the eager calls
-                return self._trial(found, device, args)
+            trial = found[5]  # a replay still timed against the eager calls
+            if trial:
+                t0 = time.perf_counter()
             if found[2] is None:
                 found[0].replay()
             else:
                 paths.driver.launch_graph(found[2], cuda.stream(device))
+            if trial:
+                self._timed(found, time.perf_counter() - t0)
             at = found[1]
             return None if at is None else args[at]
         seen = self.seen.get(key)
@@ -277,21 +280,15 @@ class Replay:
         del self.seen[key]
         return self._capture(key, seen[1], args)
 
-    def _trial(self, found, device, args):
-        """One of the first :data:`REPLAY_TRIALS` replays, timed; after the last, replay for
-        good if a replay took less host time than the eager calls, else eager for good."""
-        t0 = time.perf_counter()
-        if found[2] is None:
-            found[0].replay()
-        else:
-            self.paths.driver.launch_graph(found[2], self.paths.torch.stream(device))
-        found[4] = min(found[4], time.perf_counter() - t0)
+    def _timed(self, found, seconds: float) -> None:
+        """One of the first :data:`REPLAY_TRIALS` replays took ``seconds``; after the last,
+        replay for good if a replay took less host time than the eager calls, else eager for
+        good."""
+        found[4] = min(found[4], seconds)
         found[5] -= 1
         if not found[5] and found[4] >= found[3]:
             self.off = True
             self.graphs.clear()
-        at = found[1]
-        return None if at is None else args[at]
 
     def _capture(self, key, eager_s, args):
         """Capture the call on ``args`` (on a side stream, thread-local capture mode: nothing

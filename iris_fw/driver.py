@@ -1,7 +1,8 @@
 """Raw calls to the GPU driver on raw handles — ``libcuda`` (or ``libamdhip64`` on ROCm) through
 ctypes: an event record and a stream's wait on an event (a workspace's side stream,
 :class:`iris_fw.engine.scheduler.SideStream`) and a CUDA graph's launch (a call replayed by the
-call path, :class:`iris_fw.callpath.Replay`) — no torch object and no torch bookkeeping per call.
+call path, :class:`iris_fw.callpath.Replay`) — no torch object and no torch bookkeeping per call;
+and the raw handle of torch's current stream they run on (:func:`current_stream`).
 
 :func:`calls` loads them once per process; None where the driver library or one of its
 symbols is not found (the callers then take torch's own path).
@@ -16,7 +17,7 @@ import torch
 
 from .errors import IrisError
 
-__all__ = ["DriverCalls", "calls"]
+__all__ = ["DriverCalls", "calls", "current_stream"]
 
 #: Per platform: the libraries tried in order and the symbols of event record, stream wait and
 #: graph launch.
@@ -74,3 +75,13 @@ def calls() -> DriverCalls | None:
         break
     _loaded = found
     return found
+
+
+def current_stream():
+    """``index -> raw handle`` of torch's current stream on device ``index``: torch's C function
+    where it has one (no stream object per call), else the public call."""
+    try:
+        from torch._C import _cuda_getCurrentRawStream
+    except ImportError:  # pragma: no cover - CUDA and ROCm builds of torch have it
+        return lambda index: torch.cuda.current_stream(index).cuda_stream
+    return _cuda_getCurrentRawStream

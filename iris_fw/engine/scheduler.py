@@ -167,14 +167,6 @@ class Scheduler:
             raise ArgumentError(f"comm_sms does not apply to {name} (it does not split the SMs), got {comm_sms!r}")
 
 
-def _raw_current_stream():
-    try:
-        from torch._C import _cuda_getCurrentRawStream
-    except ImportError:  # pragma: no cover - CUDA and ROCm builds of torch have it
-        return lambda index: torch.cuda.current_stream(index).cuda_stream
-    return _cuda_getCurrentRawStream
-
-
 class SideStream:
     """A workspace's second stream with its fork and join events, made once. A two-stream call
     is ``main = side.fork()`` (the side stream waits for the current stream's work so far),
@@ -192,7 +184,7 @@ class SideStream:
             event.record(self.stream)  # creates the driver event (torch creates it lazily)
         self._fork, self._join = self._fork_event.cuda_event, self._join_event.cuda_event
         self._calls = driver.calls()
-        self._current = _raw_current_stream()
+        self._current = driver.current_stream()
 
     def fork(self):
         """Make the side stream wait for the current stream; returns the current stream (a raw

@@ -19,9 +19,10 @@ A call goes::
   once and raise :class:`~iris_fw.PeerFailure` naming this rank, instead of waiting for the
   timeout. A rejection found by the agreement is raised by every rank alike and aborts nothing.
 
-**Replay** (:class:`Replay`): a call that may be replayed (an ``iris_fw.ops`` call with
-``out=``, a collective, a flash-decode call with ``out=``: every effect on the device, the result
-one of its arguments) and comes back with every tensor at the same address, the same strides and
+**Replay** (:class:`Replay`): a call that may be replayed (an ``iris_fw.ops`` call, a
+collective, a flash-decode call: every effect on the device, the result one of its arguments —
+a call without ``out=`` has its new result made first and writes it, so it comes back with the
+same addresses whenever torch's allocator hands the result's address back) and comes back with every tensor at the same address, the same strides and
 the same TF32 switch captures itself as a CUDA graph on its third such call (:data:`CAPTURE_AFTER`
 eager calls first), on a side stream, and is one graph launch from then on — in place of its
 prepared launches and their Python — if its first replays took less host time than its eager
@@ -62,11 +63,11 @@ MAX_CACHED_CALLS = 1024
 #: Eager calls with the same addresses before the next is captured as a CUDA graph (:class:`Replay`):
 #: the first compiles and resolves the launches, the second shows the addresses repeat.
 CAPTURE_AFTER = 2
-#: Graphs one cached call keeps (one per set of addresses: ping-pong buffers take two); beyond
-#: it, calls on other addresses run eagerly.
-MAX_GRAPHS = 4
+#: Graphs one cached call keeps (one per set of addresses: ping-pong buffers take two, a layer's
+#: weights one per layer of a model); beyond it, calls on other addresses run eagerly.
+MAX_GRAPHS = 64
 #: Sets of addresses a cached call counts before it forgets them (calls that never repeat).
-MAX_SEEN = 64
+MAX_SEEN = 256
 #: Replays timed against the call's eager calls before it keeps replaying (a replay quicker on
 #: the host) or runs eagerly for good (0: keep replaying untimed).
 REPLAY_TRIALS = 2
@@ -228,11 +229,13 @@ class Replay:
     graph). :meth:`run` replays where it can (while ``paths.replay``: the context's
     :class:`CallPaths`), else calls ``fn``."""
 
-    __slots__ = ("fn", "paths", "graphs", "seen", "off")
+    __slots__ = ("fn", "paths", "fresh", "graphs", "seen", "off")
 
-    def __init__(self, fn, paths: "CallPaths"):
+    def __init__(self, fn, paths: "CallPaths", fresh: tuple | None = None):
         self.fn = fn
         self.paths = paths
+        #: ``(i, make)`` where the call's result slot is its ``i``-th argument (:func:`call`)
+        self.fresh = fresh
         self.graphs: dict = {}
         #: address key -> [eager calls so far, their least host time]
         self.seen: dict = {}
@@ -248,6 +251,12 @@ class Replay:
         if self.off or not paths.replay or cuda is None or ctx.tracer is not None or cuda.capturing() \
                 or _launch_hooks():
             return self.fn(*args)
+        fresh = self.fresh
+        if fresh is not None and args[fresh[0]] is None:  # a call that returns a new tensor: made first
+            i = fresh[0]
+            made = fresh[1](self.fn, args)
+            if made is not None:
+                args = (*args[:i], made, *args[i + 1:])
         key = _address_key(args)
         if key is None:
             return self.fn(*args)
@@ -464,7 +473,7 @@ def settled(ctx, label: str, failure: BaseException | None) -> None:
 
 
 def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, label: str, *args,
-         replay: bool = False):
+         replay: bool = False, fresh: tuple | None = None):
     """One call: the prepared entry under ``key`` in ``cache`` — made by ``prepare(on)`` (which
     goes through :func:`plan_call`; ``on``: what it plans on, e.g. a ccl group) on a miss; ``key``
     None: prepared and not kept — called on ``args``; its result is returned. A host failure in
@@ -472,7 +481,11 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
 
     ``replay``: True where this call may be replayed as a CUDA graph (:class:`Replay`: every
     effect on the device, its result one of ``args`` or None), e.g. a functional call with
-    ``out``.
+    ``out``. ``fresh``: ``(i, make)`` where such a call's result slot is ``args[i]`` (its
+    ``out``): where it is None — a call that returns a new tensor — and the call may be
+    replayed, ``make(entry, args)`` makes that tensor first (None: nothing to make, the call
+    runs as it is) and the call writes it: the call is then replayed whenever torch's allocator
+    hands back an address it had (a loop whose last result is dropped: two addresses in turn).
 
     The hit path is this function: one look-up of the key, the entry called (or replayed)."""
     if ctx._closed:
@@ -492,7 +505,7 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
             replays = cache._replays
             found = replays.get(key)
             if found is None:
-                found = replays[key] = Replay(entry, state(ctx))
+                found = replays[key] = Replay(entry, state(ctx), fresh)
             return found.run(ctx, args)
         return entry(*args)
     except BaseException as exc:

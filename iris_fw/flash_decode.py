@@ -682,7 +682,7 @@ class FlashDecode:
         if self._debug:
             check_same_query(self.group, q)
         if out is None:
-            out = torch.empty(self.out_shape, dtype=c.dtype, device=q.device)
+            out = self.new_result(q)
         elif not isinstance(out, torch.Tensor) or out.shape != self.out_shape or out.dtype != c.dtype \
                 or out.device != q.device or not out.is_contiguous():
             check_out(out, c, q.device)  # raises, naming what is wrong
@@ -690,6 +690,11 @@ class FlashDecode:
             return out
         self.algorithm.run(self, self._current(), q, k, v, kv_lens, block_table, out)
         return out
+
+    def new_result(self, q) -> torch.Tensor:
+        """A new ``[B, Hq, Dv]`` tensor for a call's result (on ``q``'s device), what a call
+        without ``out`` returns."""
+        return torch.empty(self.out_shape, dtype=self.call.dtype, device=q.device)
 
     def __repr__(self) -> str:
         return (f"<FlashDecode {self.call.scheduler} B={self.call.batch} Hq={self.call.q_heads} "
@@ -731,7 +736,12 @@ def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, pl
             found = g.calls.put(key, _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table))
         return found
     return cp.call(ctx, g.calls, key, lambda g: _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table),
-                   g, _LABEL, q, k, v, kv_lens, out, block_table, replay=out is not None)
+                   g, _LABEL, q, k, v, kv_lens, out, block_table, replay=True, fresh=_FRESH)
+
+
+#: a call's result slot (``out``, the fifth argument) and what fills it when None: the call
+#: path's ``fresh``
+_FRESH = (4, lambda fd, args: fd.new_result(args[0]))
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,

@@ -78,11 +78,13 @@ A copy costs one device op per call (``clone``: an allocation and a copy kernel)
 output per call instead would replace a tensor inside the prepared launches' nested arguments
 (not done yet: docs/performance.md, "one-rank gemm_all_reduce without its result copy", says why).
 
-**Repeated calls replay as CUDA graphs.** A call with ``out=`` that comes back with every tensor
-at the same address (a decode loop on static buffers) is captured on its third such call and
-replayed from then on, one graph launch in place of its launches — where its first replays took
-less host time than its eager calls (:class:`iris_fw.callpath.Replay`; ``IRIS_FW_GRAPH_REPLAY=0``
-turns it off). Calls without ``out=`` return a new tensor each time and are not replayed.
+**Repeated calls replay as CUDA graphs.** A call that comes back with every tensor at the same
+address (a decode loop on static buffers) is captured on its third such call and replayed from
+then on, one graph launch in place of its launches — where its first replays took less host time
+than its eager calls (:class:`iris_fw.callpath.Replay`; ``IRIS_FW_GRAPH_REPLAY=0`` turns it
+off). A call without ``out=`` makes its new result first (:meth:`Op.new_result`) and writes it,
+so it replays whenever torch's allocator hands that address back — a loop that drops its last
+result gets two addresses in turn; results kept alive get new addresses and run eagerly.
 
 For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with :func:`plan` and call it:
 it returns its own output buffer, overwritten by the next call.
@@ -124,7 +126,17 @@ def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms, out):
     return cp.call(ctx, cp.state(ctx).ops, key,
                    lambda _: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config,
                                 comm_sms=comm_sms).functional,
-                   None, "iris_fw.ops." + pattern, out, *inputs, replay=out is not None)
+                   None, "iris_fw.ops." + pattern, out, *inputs, replay=True, fresh=_FRESH)
+
+
+def _new_result(functional, _args):
+    """The new tensor a call without ``out`` returns, made before the call (the call path's
+    ``fresh``): its cached op's :meth:`Op.new_result`."""
+    return functional.__self__.new_result()
+
+
+#: a functional call's result slot (its first argument, ``out``) and what fills it when None
+_FRESH = (0, _new_result)
 
 
 def gemm_all_scatter(a: torch.Tensor, b: torch.Tensor, *, ctx: Context | None = None, scheduler: str = "auto",

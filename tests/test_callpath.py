@@ -228,8 +228,9 @@ def _replayed_calls(ctx):
     ``flash_decode`` with ``out=``, ``all_reduce`` in place on a heap and a plain tensor —
     fresh inputs written into the same tensors and the outputs poisoned before every call, every
     call's values checked; one graph per cached call and address set; a new ``out`` runs
-    eagerly until it repeats; calls without ``out=`` and calls inside a trace session never
-    replay."""
+    eagerly until it repeats; a call without ``out=`` replays when its new result's address
+    repeats (two in turn), the last result unchanged by the next call; results kept stay eager;
+    calls inside a trace session never replay."""
     dev, w = ctx.device, ctx.world_size
     paths = callpath.state(ctx)
     assert paths.replay, "graph replay is on by default on GPUs"
@@ -258,11 +259,14 @@ def _replay_loop(ctx, paths, dev, w):
             (t.shape[0], 40 + 8 * r, *t.shape[2:]) if t.dim() == 4 else t.shape, dtype=t.dtype), src=r)
             for r in range(w)]
 
-    def step(i, target=out):
+    def fill(i):  # fresh inputs in the same tensors
         gen = torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * i + ctx.rank)
         for t in (a, b, k, v, x, y):
             t.copy_(torch.randn(t.shape, generator=gen))
         q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(fresh_seed(ctx) + i)))
+
+    def step(i, target=out):
+        fill(i)
         xs, ys = gathered(x), gathered(y)
         for t in (target, fused, o):
             t.fill_(float("nan"))
@@ -294,16 +298,37 @@ def _replay_loop(ctx, paths, dev, w):
     for i in range(6, 10):  # another out: eager twice, then its own graph
         step(i, out2)
     assert graphs(paths.ops) == [1, 2], graphs(paths.ops)
-    for i in range(3):  # without out= the call returns a new tensor: never replayed
-        fresh = ops.gemm_all_reduce(a, b)
-        assert fresh is not out and fresh.data_ptr() != out.data_ptr()
-    assert graphs(paths.ops) == [1, 2]
+    # without out= a call returns a new tensor, made before the call: the call replays whenever
+    # torch's allocator hands an address back (a loop that drops its last result: two in turn);
+    # the result kept from the last call must not change
+    kept = None
+    for i in range(12, 20):
+        fill(i)
+        new = ops.gemm_all_reduce(a, b)
+        new_o = ops.flash_decode(q, k, v)
+        ctx.synchronize()
+        assert new.data_ptr() not in (out.data_ptr(), out2.data_ptr(), fused.data_ptr())
+        # (no GPU allocations here but the calls': the host copies are made on the host)
+        want = sum(gathered(a.cpu().double() @ b.cpu().double()))
+        torch.testing.assert_close(new.cpu().double(), want, atol=0.25, rtol=0.02, msg=f"call {i}")
+        ref = fd_module.flash_decode_reference(q.cpu(), gathered(k), gathered(v))
+        torch.testing.assert_close(new_o.cpu().double(), ref, atol=0.03, rtol=0.03, msg=f"call {i}")
+        if kept is not None:
+            assert torch.equal(kept[0].cpu(), kept[1]) and torch.equal(kept[2].cpu(), kept[3]), f"call {i}"
+        kept = (new, new.cpu(), new_o, new_o.cpu())
+    # (graphs for the results' addresses: two where the allocator hands back two blocks in turn)
+    assert graphs(paths.ops)[-1] > 2 and graphs(world)[-1] > 1, (graphs(paths.ops), graphs(world))
+    made = graphs(paths.ops), graphs(world)
+    held = [ops.gemm_all_reduce(a, b) for _ in range(4)]  # results kept: new addresses, eager
+    ctx.synchronize()
+    for t in held:
+        torch.testing.assert_close(t.cpu().double(), want, atol=0.25, rtol=0.02)
     with ctx.trace(None, label="replay") as session:  # traced calls run their (traced) kernels
         step(10)
     names = {e["args"].get("kernel", "") for e in session.trace["traceEvents"] if e.get("ph") == "X"}
     assert any("flash_decode" in n for n in names) and any("all_reduce" in n for n in names), sorted(names)
     step(11)  # and replay again after the session
-    assert graphs(paths.ops) == [1, 2] and graphs(world) == [1, 1, 1]
+    assert (graphs(paths.ops), graphs(world)) == made
     ctx.barrier()
 
 
@@ -424,6 +449,33 @@ def test_replay_decisions(monkeypatch):
     for _ in range(callpath.CAPTURE_AFTER + 2):
         assert fresh.run(ctx, (out, x)) is not out
     assert fresh.off and not fresh.graphs
+
+    # a call without out (its result slot None) gets its new tensor made first and writes it:
+    # replayed once the allocator hands an address back (two addresses in turn: a loop that drops
+    # its last result), each replay returning the tensor made for it
+    pool = [torch.zeros(4), torch.zeros(4)]
+    made = []
+
+    def make(fn, args):
+        made.append(pool[len(made) % 2])
+        return made[-1]
+
+    writes = []
+
+    def writer(o, t):  # (slower than a replay)
+        writes.append(o)
+        time.sleep(0.002)
+        return o
+
+    news = callpath.Replay(writer, paths(), fresh=(0, make))
+    n_launched = len(launched)
+    for i in range(2 * (callpath.CAPTURE_AFTER + 1) + 4):
+        assert news.run(ctx, (None, x)) is pool[i % 2]
+    assert len(news.graphs) == 2 and not news.off
+    assert writes == pool * (callpath.CAPTURE_AFTER + 1)  # eager and captured calls wrote the made tensors
+    assert len(launched) - n_launched == 4  # then replays only
+    nothing = callpath.Replay(lambda o, t: "as it was" if o is None else o, paths(), fresh=(0, lambda fn, a: None))
+    assert nothing.run(ctx, (None, x)) == "as it was"  # nothing to make: the call runs as it is
 
     def failing(o, t):
         if o.sum() > 0:

@@ -219,14 +219,22 @@ class Op:
         if out is not None:
             return self.scheduler.run(ctx, plan, self.workspace, out)
         if self.delivers_into:
-            like = self._result_like
-            if like is None:
-                shape, dtype, device = self.result_meta
-                return self.scheduler.run(ctx, plan, self.workspace, torch.empty(shape, dtype=dtype, device=device))
-            return self.scheduler.run(ctx, plan, self.workspace,
-                                      torch.empty_like(like, memory_format=torch.contiguous_format))
+            return self.scheduler.run(ctx, plan, self.workspace, self.new_result())
         result = self.scheduler.run(ctx, plan, self.workspace)
         return result.clone() if self.result_in_workspace else result
+
+    def new_result(self) -> torch.Tensor | None:
+        """A new dense tensor for a call's result, what a functional call without ``out``
+        returns: the call writes it (:attr:`delivers_into`) or copies its workspace result into
+        it. None where a call's result is no tensor, or is new already (outside any workspace:
+        returned as it is)."""
+        meta = self.result_meta
+        if meta is None or not (self.delivers_into or self.result_in_workspace):
+            return None
+        like = self._result_like
+        if like is None:
+            return torch.empty(meta[0], dtype=meta[1], device=meta[2])
+        return torch.empty_like(like, memory_format=torch.contiguous_format)
 
     def __repr__(self) -> str:
         return f"<iris_fw.ops.Op {self.pattern.name} via {self.scheduler.name} inputs={self.signature}>"

@@ -495,10 +495,15 @@ def _delivers(ctx, scheduler):
         assert len({r[0].data_ptr() for r in results}) == 3, pattern  # no two results alias
         for i, (got, want) in enumerate(results):  # later calls left earlier results alone
             _check(got, want, torch.float32, f"{what} result {i} after later calls")
-        # a hit's torch ops: no clone of a delivered result; one rank: the product alone (and the new tensor)
+        # a hit's torch ops: no clone of a delivered result, a copy of one in the workspace (a clone,
+        # or a copy into the new tensor the call path made first to replay the call: GPUs); one
+        # rank: the product alone (and the new tensor)
         with Count() as count:
             fn(*mine, scheduler=scheduler)
-        assert ("clone" not in count.seen) == delivers, (what, count.seen)
+        if delivers:
+            assert "clone" not in count.seen, (what, count.seen)
+        else:
+            assert "clone" in count.seen or "copy_" in count.seen, (what, count.seen)
         if w > 1 and pattern in ("gemm_all_reduce", "gemm_reduce_scatter"):
             assert "copy_" not in count.seen, (what, count.seen)
         if w == 1 and scheduler == "library":

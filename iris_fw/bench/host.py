@@ -6,7 +6,8 @@ Enqueue-only host time — the loop of calls is timed without synchronizing insi
 ``ops.flash_decode`` and every taxonomy op through ``iris_fw.ops.*`` (``auto``, and the one-kernel
 ``fused_sequential`` schedule of ``gemm_all_reduce`` and ``all_gather_gemm``), beside the references of
 issue "One call path": torch ``add_`` on 8 KiB (for the collectives), ``torch.matmul`` of each
-op's local shape (for the ops) and a bare prepared launch (:class:`~iris_fw.kernel_launcher.PreparedLaunch`
+op's local shape (for the ops: into a given tensor for the calls with ``out=``, ``…, new tensor``
+for the calls that return one) and a bare prepared launch (:class:`~iris_fw.kernel_launcher.PreparedLaunch`
 of a one-argument kernel: the floor of any launch). Every case runs :data:`ROUNDS` rounds of
 :data:`CALLS` calls, the cases interleaved round by round (their order rotating) so that all of
 them share the same stretch of time; a row gives the median round's µs per call (the maximum
@@ -16,8 +17,9 @@ its work finished on the device (``done_us``). Where the round's enqueue time pe
 its first calls' (``queue_bound``), later calls waited for a full launch queue: ``host_us``
 then measures the device more than the call path, and ``first_us`` is the host's figure.
 
-Calls that come back with every tensor at the same address — here every collective, and every
-op with ``out=`` (flash-decode's too) — are replayed as CUDA graphs by the call path
+Calls that come back with every tensor at the same address — here every collective, every op
+with ``out=`` (flash-decode's too), and every op without it, whose new result the call path makes
+first (the loop drops each result, so torch's allocator hands its block back) — are replayed as CUDA graphs by the call path
 (:class:`iris_fw.callpath.Replay`) after their first calls, where a replay proved quicker on the
 host than the call's eager launches; each such case also has a row ``…, eager`` with replay off
 (``callpath.state(ctx).replay``), the call path's launches themselves.
@@ -65,12 +67,14 @@ def _bare_kernel(x, BLOCK: tl.constexpr):
 
 #: Suffix of a case run with the call path's graph replay off.
 EAGER = ", eager"
+#: Suffix of a torch reference that returns a new tensor (the reference of the ops called without ``out=``).
+NEW = ", new tensor"
 
 
 def _cases(ctx) -> tuple[dict, dict]:
     """``{name: fn}`` of every case and ``{name: reference name}``; cases a world size or dtype
     does not support (every rank raises alike on its first call) are left out, named in ``skipped``.
-    A case whose calls the call path may replay (every collective; an op with ``out=``) also runs as
+    A case whose calls the call path may replay (every collective and op) also runs as
     ``name + EAGER``, with replay off (GPUs: CPU ranks replay nothing)."""
     from .. import ccl, ops
 
@@ -106,6 +110,8 @@ def _cases(ctx) -> tuple[dict, dict]:
     c = torch.empty(m, nn, device=dev, dtype=dtype)
     mm = f"torch.matmul {m}x{nn}x{k}"
     cases[mm] = lambda: torch.matmul(a, b, out=c)
+    mm_new = mm + NEW
+    cases[mm_new] = lambda: torch.matmul(a, b)
     out = torch.empty(m, nn, device=dev, dtype=dtype)
     cases[f"ops.gemm_all_reduce {m}x{nn}, K {k} per rank"] = lambda: ops.gemm_all_reduce(a, b, ctx=ctx)
     cases[f"ops.gemm_all_reduce {m}x{nn}, K {k} per rank, out="] = lambda: ops.gemm_all_reduce(a, b, out=out, ctx=ctx)
@@ -125,7 +131,7 @@ def _cases(ctx) -> tuple[dict, dict]:
         lambda: ops.all_gather_gemm(a, b, scheduler=fused, ctx=ctx))
     for name in cases:
         if name.startswith("ops."):
-            refs[name] = mm
+            refs[name] = mm if name.endswith("out=") else mm_new
 
     bsz, hq, hkv, d, s = GPU_DECODE if gpu else CPU_DECODE
     gen = torch.Generator().manual_seed(5)
@@ -136,11 +142,14 @@ def _cases(ctx) -> tuple[dict, dict]:
     qm, km = torch.randn(hq, d, device=dev, dtype=dtype), torch.randn(d, s, device=dev, dtype=dtype)
     sm = torch.empty(hq, s, device=dev, dtype=dtype)
     cases[dec] = lambda: torch.matmul(qm, km, out=sm)
+    cases[dec + NEW] = lambda: torch.matmul(qm, km)
     o = torch.empty(bsz, hq, d, device=dev, dtype=dtype)
     name = f"ops.flash_decode B {bsz}, Hq {hq}, Hkv {hkv}, D {d}, {s} tokens per rank"
-    cases[name] = lambda: ops.flash_decode(q, kk, vv, out=o, ctx=ctx)
-    refs[name] = dec
-    replayed = [n for n in cases if n.startswith(("ccl.", "ops.flash_decode")) or n.endswith("out=")]
+    cases[name] = lambda: ops.flash_decode(q, kk, vv, ctx=ctx)
+    refs[name] = dec + NEW
+    cases[name + ", out="] = lambda: ops.flash_decode(q, kk, vv, out=o, ctx=ctx)
+    refs[name + ", out="] = dec
+    replayed = [n for n in cases if n.startswith(("ccl.", "ops."))]
     for name in replayed if gpu else ():  # (CPU ranks replay nothing)
         cases[name + EAGER] = cases[name]
         refs[name + EAGER] = refs[name]

@@ -481,6 +481,9 @@ class FlashDecode:
                                     dtype=f32, device=dev)
         self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.combine_rows), dtype=f32, device=dev)
         self.unit_counters = torch.zeros(max(1, self.units), dtype=torch.int64, device=dev)
+        #: a dense tensor shaped like a call's result, for new results (:meth:`new_result`):
+        #: ``torch.empty_like`` of it costs a fraction of ``torch.empty(shape, dtype=, device=)``
+        self._result_like = torch.empty(self.out_shape, dtype=call.dtype, device=dev)
         self.mine = None  # the local partial (packed), made on first use (or by the algorithm)
         self.algorithm.setup(self)
         self._debug = ctx.debug  # IRIS_FW_DEBUG=1: q compared across the group per call
@@ -682,7 +685,7 @@ class FlashDecode:
         if self._debug:
             check_same_query(self.group, q)
         if out is None:
-            out = self.new_result(q)
+            out = self.new_result()
         elif not isinstance(out, torch.Tensor) or out.shape != self.out_shape or out.dtype != c.dtype \
                 or out.device != q.device or not out.is_contiguous():
             check_out(out, c, q.device)  # raises, naming what is wrong
@@ -691,10 +694,10 @@ class FlashDecode:
         self.algorithm.run(self, self._current(), q, k, v, kv_lens, block_table, out)
         return out
 
-    def new_result(self, q) -> torch.Tensor:
-        """A new ``[B, Hq, Dv]`` tensor for a call's result (on ``q``'s device), what a call
+    def new_result(self) -> torch.Tensor:
+        """A new ``[B, Hq, Dv]`` tensor for a call's result (on the rank's device), what a call
         without ``out`` returns."""
-        return torch.empty(self.out_shape, dtype=self.call.dtype, device=q.device)
+        return torch.empty_like(self._result_like, memory_format=torch.contiguous_format)
 
     def __repr__(self) -> str:
         return (f"<FlashDecode {self.call.scheduler} B={self.call.batch} Hq={self.call.q_heads} "
@@ -741,7 +744,7 @@ def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, pl
 
 #: a call's result slot (``out``, the fifth argument) and what fills it when None: the call
 #: path's ``fresh``
-_FRESH = (4, lambda fd, args: fd.new_result(args[0]))
+_FRESH = (4, lambda fd, args: fd.new_result())
 
 
 def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_lens: torch.Tensor | None = None,

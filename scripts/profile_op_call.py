@@ -169,6 +169,9 @@ def main() -> int:
         if items is None:  # the prepared values' key items, once (as launch_with keeps them)
             items = self._items = {}
         for i, value in changes:  # each new value's key item against the prepared one's, the list rebuilt
+            if type(i) is tuple:  # element j of the tuple argument i (a pattern's rest): its tuple rebuilt
+                i, j = i
+                value = _launcher._with_element(final[i], j, value)
             spec, align = flags[i]
             item = items.get(i)
             if item is None:

@@ -187,8 +187,9 @@ VARIABLES: tuple[Variable, ...] = (
              "Workspace of an `iris_fw.ccl` group when `new_group(workspace_bytes=...)` is not given "
              "(unset: a quarter of the heap, at most 256 MiB)."),
     Variable("IRIS_FW_GRAPH_REPLAY", "bool", True,
-             "Replay a repeated call as a CUDA graph: an `iris_fw.ops` call with `out=`, a collective or a "
-             "flash-decode call with `out=` that comes back with every tensor at the same address captures "
+             "Replay a repeated call as a CUDA graph: an `iris_fw.ops` call, a collective or a flash-decode "
+             "call that comes back with every tensor at the same address (a call without `out=` has its new "
+             "result made first: its address repeats when torch's allocator hands the block back) captures "
              "itself on its third such call and is one graph launch after (iris_fw/callpath.py; read when a "
              "context starts; GPUs only; off under `IRIS_FW_DEBUG`)."),
     Variable("IRIS_FW_OP_CACHE_SIZE", "count", 32,

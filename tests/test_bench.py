@@ -11,6 +11,27 @@ import torch
 from iris_fw.bench import markdown_table, parse_size, size_sweep
 
 
+#: The CPU smoke runs of the benchmarks below, as one ``iris-fw bench`` job: each test checks its
+#: benchmark's files. On CPU ranks the options of the three former jobs give these benchmarks
+#: the same runs (``--quick`` and ``--max-size`` change nothing for protocols and host there:
+#: protocols runs 8 KiB and 1 token on CPU ranks, host its CPU_ROUNDS x CPU_CALLS), and one job
+#: saves two starts of two interpreted ranks (~10 s each on CI's two cores).
+SMOKE = ("primitives", "all_peers", "atomics", "latency")
+CPU_JOB = SMOKE + ("protocols", "host")
+
+
+@pytest.fixture(scope="module")
+def cpu_bench(tmp_path_factory):
+    """``(results folder, completed process)`` of one ``iris-fw bench`` job of :data:`CPU_JOB` on
+    two CPU ranks at 4 KiB, one timed iteration (the tests skip before asking for it on GPUs)."""
+    out = tmp_path_factory.mktemp("bench") / "results"
+    cmd = [sys.executable, "-m", "iris_fw.bench", "-n", "2", "--iters", "1", "--warmup", "0", "--max-size", "4K",
+           "--quick", "--out", str(out), *CPU_JOB]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out, res
+
+
 def test_sizes_and_tables():
     assert parse_size("4K") == 4096 and parse_size("256MiB") == 256 << 20 and parse_size("1G") == 1 << 30
     assert parse_size("100") == 100
@@ -20,15 +41,11 @@ def test_sizes_and_tables():
 
 
 @pytest.mark.slow
-def test_bench_smoke_run_writes_results(tmp_path, on_gpu):
+def test_bench_smoke_run_writes_results(request, on_gpu):
     if on_gpu:
         pytest.skip("the GPU run is scripts/gpu_bench.sh (full sizes)")
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "iris_fw.bench", "-n", "2", "--iters", "1", "--warmup", "0", "--max-size", "4K",
-           "--out", str(out), "primitives", "all_peers", "atomics", "latency"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    for name in ("primitives", "all_peers", "atomics", "latency"):
+    out, res = request.getfixturevalue("cpu_bench")
+    for name in SMOKE:
         meta = json.loads((out / f"{name}.json").read_text())
         assert meta["environment"]["world_size"] == 2 and "command" in meta["environment"]
         rows = list(csv.DictReader((out / f"{name}.csv").open()))
@@ -100,17 +117,13 @@ def test_bench_ccl_smoke_run(tmp_path, on_gpu):
 
 
 @pytest.mark.slow
-def test_bench_protocols_checks_every_algorithm(tmp_path, on_gpu):
+def test_bench_protocols_checks_every_algorithm(request, on_gpu):
     """``iris-fw bench protocols``: the round trip first, then every all-reduce algorithm (and
     auto), the tile all-reduce and all_reduce_rmsnorm, each checked against a float64 reference
     on fresh inputs and carrying the run's round trip (the GPU run is scripts/gpu_mps.sh)."""
     if on_gpu:
         pytest.skip("the GPU run is scripts/gpu_mps.sh (ranks sharing a GPU under MPS)")
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "iris_fw.bench", "-n", "2", "--iters", "1", "--warmup", "0", "--quick",
-           "--out", str(out), "protocols"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
+    out, _ = request.getfixturevalue("cpu_bench")
     rows = list(csv.DictReader((out / "protocols.csv").open()))
     from iris_fw.registry import load_registries
 
@@ -141,15 +154,12 @@ def test_bench_gemm_all_reduce_rows_say_what_ran(tmp_path, on_gpu):
 
 
 @pytest.mark.slow
-def test_host_bench_runs_every_call_path(tmp_path, on_gpu):
+def test_host_bench_runs_every_call_path(request, on_gpu):
     """``iris-fw bench host`` on CPU ranks: every collective and op runs and gets a row beside its
     reference (the numbers measure the interpreter; the GPU run is the measurement)."""
     if on_gpu:
         pytest.skip("the GPU run is `iris-fw bench host` on the lead's card")
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "iris_fw.bench", "-n", "2", "--out", str(out), "host"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr
+    out, _ = request.getfixturevalue("cpu_bench")
     rows = {r["call"]: r for r in csv.DictReader((out / "host.csv").open())}
     assert all(r["measured"] == "cpu-interpreter" for r in rows.values())
     timed = {c for c, r in rows.items() if r["host_us"] and float(r["host_us"]) > 0}

@@ -10,7 +10,10 @@ the sizes grow and every collective is also replayed from a CUDA graph with fres
 On CPU ranks the collectives other than all_reduce run at world sizes 1 and 3 by default, and
 the chunked and many-tile ring cases at 3 (2 under ``-m extended``: no kernel has a branch on the
 world size that 2 takes and 3 does not); test_all_reduce_dtypes_and_ops keeps 2, the one world
-size where every op runs.
+size where every op runs, and at 3 one dtype per element width. Chunked all-reduces run the ring
+by default there (the chunking, :func:`iris_fw.ccl.algorithm.chunked_run`, is every algorithm's),
+one_shot's chunks in test_chunks_of_multidimensional_tensors, the other algorithms' under
+``-m extended``.
 """
 
 import time
@@ -142,16 +145,39 @@ def _all_reduce_rank(ctx, algorithm, dtypes, ops, small):
     return done
 
 
+#: The dtypes of the CPU default run at world size 3: one per element width (the kernels' tiles,
+#: and lamport's empty pattern, depend on the width; float or integer only on the checks and on
+#: lamport taking floats only), an integer among them. World sizes 1 and 2 (every op) run every
+#: dtype; the other dtypes at 3 run in test_all_reduce_other_dtypes_at_three_ranks (extended).
+CPU_W3_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64)
+
+
+def _dtypes_and_ops(world, algorithm, dtypes):
+    full = world.world_size == 2 or (world.world_size == 3 and not iris_fw.interpreting())
+    ops = OPS if full else ("sum", "max")
+    res = world.run(_all_reduce_rank, algorithm, dtypes, ops, 1000 + 37)
+    want = {(str(d), op) for d in dtypes for op in ops
+            if not (op == "avg" and d in INTS) and not (algorithm == "lamport" and d in INTS)}
+    assert set(res[0]) == want, f"ran {sorted(set(res[0]))}, want {sorted(want)}"
+
+
 @pytest.mark.parametrize("algorithm", ALL_REDUCE)
 def test_all_reduce_dtypes_and_ops(world, algorithm):
     """Every dtype and op through every algorithm, ragged size, each dtype's calls back to back
-    (every op at world size 2, and at 3 on GPUs; SUM and MAX otherwise)."""
-    full = world.world_size == 2 or (world.world_size == 3 and not iris_fw.interpreting())
-    ops = OPS if full else ("sum", "max")
-    res = world.run(_all_reduce_rank, algorithm, FLOATS + INTS, ops, 1000 + 37)
-    want = {(str(d), op) for d in FLOATS + INTS for op in ops
-            if not (op == "avg" and d in INTS) and not (algorithm == "lamport" and d in INTS)}
-    assert set(res[0]) == want, f"ran {sorted(set(res[0]))}, want {sorted(want)}"
+    (every op at world size 2, and at 3 on GPUs; SUM and MAX otherwise). CPU ranks at world
+    size 3: one dtype per width (:data:`CPU_W3_DTYPES`), the rest under ``-m extended``."""
+    cpu_w3 = iris_fw.interpreting() and world.world_size == 3
+    _dtypes_and_ops(world, algorithm, CPU_W3_DTYPES if cpu_w3 else FLOATS + INTS)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("algorithm", ALL_REDUCE)
+def test_all_reduce_other_dtypes_at_three_ranks(iris_pool, algorithm):
+    """CPU ranks: the dtypes test_all_reduce_dtypes_and_ops leaves out at world size 3 (on GPUs
+    it runs them all)."""
+    if not iris_fw.interpreting():
+        pytest.skip("GPUs run every dtype at world size 3 in test_all_reduce_dtypes_and_ops")
+    _dtypes_and_ops(iris_pool(3), algorithm, tuple(d for d in FLOATS + INTS if d not in CPU_W3_DTYPES))
 
 
 def _chunked_rank(ctx, algorithm, dtype):
@@ -171,11 +197,13 @@ def _chunked_rank(ctx, algorithm, dtype):
     ccl.destroy_group(g)
 
 
-@pytest.mark.parametrize("algorithm", ALL_REDUCE)
+@pytest.mark.parametrize("algorithm", [a if a == "ring" else cpu_extended(a) for a in ALL_REDUCE])
 @pytest.mark.parametrize("world_size", [cpu_extended(2), 3])
 def test_all_reduce_chunks(iris_pool, world_size, algorithm):
     """Messages longer than the workspace's largest capacity class go in chunks. (CPU ranks: 3
-    by default, 2 under ``-m extended``.)"""
+    by default, 2 under ``-m extended``; the ring by default — every algorithm's chunks are cut
+    by the same :func:`~iris_fw.ccl.algorithm.chunked_run`, each algorithm's back-to-back
+    launches run in test_all_reduce_dtypes_and_ops —, the others under ``-m extended``.)"""
     iris_pool(world_size).run(_chunked_rank, algorithm, torch.bfloat16)
 
 
@@ -541,14 +569,14 @@ def _stuck_rank(ctx):
     from iris_fw import ccl
 
     ccl.new_group()
-    old, ctx.wait_timeout = ctx.wait_timeout, 2.0
+    old, ctx.wait_timeout = ctx.wait_timeout, 1.0
     try:
         if ctx.rank == 0:
             t = torch.ones(10, device=ctx.device)
             with pytest.raises(WaitTimeout, match=r"rank\(s\) \[1\] .* did not enter"):
                 ccl.all_reduce(t)
         else:
-            time.sleep(4)  # busy on its host for longer than the wait timeout
+            time.sleep(2.5)  # busy on its host for longer than the wait timeout (a loaded host's too)
     finally:
         ctx.wait_timeout = old
     ccl.destroy_group()

@@ -1,5 +1,9 @@
 """The command line: ``--version``, ``info`` (text and JSON; a broken plugin is reported, not
-fatal), the benchmark list in ``bench --help``, and the ``iris_fw`` logger's INFO line."""
+fatal), the benchmark list in ``bench --help``, and the ``iris_fw`` logger's INFO line.
+
+``python -m iris_fw`` runs as a user runs it (a process of its own) for ``--version``, ``info``
+and a broken plugin's ``info``; ``info --json`` and ``bench --help`` run the same
+:func:`iris_fw.cli.main` in this process (each process costs ~3 s of imports on CI's CPUs)."""
 
 import json
 import logging
@@ -17,12 +21,24 @@ def _cli(*args, env=None):
                           env=env)
 
 
+def _cli_here(capsys, *args) -> tuple[int, str]:
+    """``iris-fw *args`` in this process: (exit code, stdout)."""
+    from iris_fw.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's --help
+        code = exc.code
+    return code, capsys.readouterr().out
+
+
 def test_version():
     res = _cli("--version")
     assert res.returncode == 0 and res.stdout.strip() == f"iris-fw {iris_fw.__version__}", res.stdout + res.stderr
 
 
-def test_info_text_and_json():
+def test_info_text_and_json(capsys):
     res = _cli("info")
     assert res.returncode == 0, res.stderr
     for line in ("versions:", "iris-fw", "torch", "triton", "numpy", "gpus:", "interpreter:", "init() would choose:",
@@ -32,7 +48,9 @@ def test_info_text_and_json():
     on, _ = interpreter()
     usable = "transport  host_shm (Triton's interpreter is on" if on else "transport  gpu_ipc (GPUs are present"
     assert usable in res.stdout, res.stdout
-    data = json.loads(_cli("info", "--json").stdout)
+    code, out = _cli_here(capsys, "info", "--json")
+    assert code == 0, out
+    data = json.loads(out)
     assert data["versions"]["iris-fw"] == iris_fw.__version__
     assert data["plugins"]["bootstrap"]["single"] == "available"
     assert set(data["init() would choose"]) == {"bootstrap", "transport"}
@@ -63,10 +81,10 @@ def test_info_in_process_matches_the_environment(monkeypatch):
     assert data["environment"]["IRIS_FW_TRANSPORT"] == "host_shm"
 
 
-def test_bench_help_lists_the_benchmarks():
-    res = _cli("bench", "--help")
-    assert res.returncode == 0, res.stderr
-    listing = res.stdout[res.stdout.index("benchmarks (iris-fw plugins lists their providers):"):]
+def test_bench_help_lists_the_benchmarks(capsys):
+    code, out = _cli_here(capsys, "bench", "--help")
+    assert code == 0, out
+    listing = out[out.index("benchmarks (iris-fw plugins lists their providers):"):]
     for name in ("primitives", "all_peers", "atomics", "latency", "taxonomy", "ccl", "engine", "gemm"):
         assert f"\n  {name} " in listing, listing
 

@@ -96,6 +96,12 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float, threads: int) 
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
+    # The collection after each function (the leak check below) visits every tracked object: with
+    # torch, Triton and iris-fw imported that took 0.15-0.3 s a function on CI's CPU ranks, 0.45 s
+    # once a test imported transformers (well over a minute of the default run). What exists now
+    # lives as long as the rank: frozen, later collections skip it (as they skip the modules a
+    # function imports, frozen after it; a suspected leak is judged after a full collection).
+    gc.freeze()
     conn.send(("ready", ctx.device.type))
     while True:
         msg = conn.recv()
@@ -113,6 +119,7 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float, threads: int) 
         try:
             fn, args, kwargs = pickle.loads(payload)
             used = ctx.heap.bytes_used
+            modules = len(sys.modules)
             result = fn(ctx, *args, **kwargs)
             ctx.synchronize()  # raises WaitTimeout if a wait gave up unreported
             for ext in list(ctx.extensions.values()):  # cached ops and ccl groups hold heap buffers
@@ -120,12 +127,19 @@ def _worker(conn, env: dict, heap_size: int, wait_timeout: float, threads: int) 
             _close_others(ctx)
             del fn, args, kwargs
             gc.collect()
+            if ctx.heap.bytes_used > used:  # a frozen object gone since may hold it: every object, then
+                gc.unfreeze()
+                gc.collect()
+                gc.freeze()
             if ctx.heap.bytes_used > used:  # fewer is fine: a re-armed job drops what it cached before
                 raise AssertionError(
                     "heap blocks still live after the test: "
                     + ", ".join(f"{b.what} from {b.site}" for b in ctx.heap.blocks())
                 )
             conn.send(("ok", result))
+            del result
+            if len(sys.modules) > modules:  # modules the function imported (e.g. transformers)
+                gc.freeze()
         except BaseException:
             text = traceback.format_exc()
             try:  # this rank's device cause reaches every peer before anyone starts the next function

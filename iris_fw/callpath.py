@@ -255,8 +255,9 @@ class Replay:
         if fresh is not None and args[fresh[0]] is None:  # a call that returns a new tensor: made first
             i = fresh[0]
             made = fresh[1](self.fn, args)
-            if made is not None:
-                args = (*args[:i], made, *args[i + 1:])
+            if made is None:  # the call's result is new whatever it is given: never replayed
+                return self.fn(*args)
+            args = (*args[:i], made, *args[i + 1:])
         key = _address_key(args)
         if key is None:
             return self.fn(*args)
@@ -483,9 +484,10 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
     effect on the device, its result one of ``args`` or None), e.g. a functional call with
     ``out``. ``fresh``: ``(i, make)`` where such a call's result slot is ``args[i]`` (its
     ``out``): where it is None — a call that returns a new tensor — and the call may be
-    replayed, ``make(entry, args)`` makes that tensor first (None: nothing to make, the call
-    runs as it is) and the call writes it: the call is then replayed whenever torch's allocator
-    hands back an address it had (a loop whose last result is dropped: two addresses in turn).
+    replayed, ``make(entry, args)`` makes that tensor first and the call writes it: the call is
+    then replayed whenever torch's allocator hands back an address it had (a loop whose last
+    result is dropped: two addresses in turn). ``make`` returns None where the call's result is
+    new whatever it is given: the call then runs eagerly, as it is.
 
     The hit path is this function: one look-up of the key, the entry called (or replayed)."""
     if ctx._closed:

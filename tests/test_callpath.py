@@ -475,7 +475,9 @@ def test_replay_decisions(monkeypatch):
     assert writes == pool * (callpath.CAPTURE_AFTER + 1)  # eager and captured calls wrote the made tensors
     assert len(launched) - n_launched == 4  # then replays only
     nothing = callpath.Replay(lambda o, t: "as it was" if o is None else o, paths(), fresh=(0, lambda fn, a: None))
-    assert nothing.run(ctx, (None, x)) == "as it was"  # nothing to make: the call runs as it is
+    for _ in range(callpath.CAPTURE_AFTER + 2):  # nothing to make: the call runs as it is, never captured
+        assert nothing.run(ctx, (None, x)) == "as it was"
+    assert not nothing.graphs and not nothing.seen
 
     def failing(o, t):
         if o.sum() > 0:

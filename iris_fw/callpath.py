@@ -22,8 +22,8 @@ A call goes::
 **Replay** (:class:`Replay`): a call that may be replayed (an ``iris_fw.ops`` call, a
 collective, a flash-decode call: every effect on the device, the result one of its arguments —
 a call without ``out=`` has its new result made first and writes it, so it comes back with the
-same addresses whenever torch's allocator hands the result's address back) and comes back with every tensor at the same address, the same strides and
-the same TF32 switch captures itself as a CUDA graph on its third such call (:data:`CAPTURE_AFTER`
+same addresses whenever torch's allocator hands the result's address back) and comes back with
+every tensor at the same address, the same strides and the same TF32 switch captures itself as a CUDA graph on its third such call (:data:`CAPTURE_AFTER`
 eager calls first), on a side stream, and is one graph launch from then on — in place of its
 prepared launches and their Python — if its first replays took less host time than its eager
 calls (a call of one launch is often quicker launched as it is; it then stays eager). A call

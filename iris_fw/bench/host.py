@@ -19,10 +19,11 @@ then measures the device more than the call path, and ``first_us`` is the host's
 
 Calls that come back with every tensor at the same address — here every collective, every op
 with ``out=`` (flash-decode's too), and every op without it, whose new result the call path makes
-first (the loop drops each result, so torch's allocator hands its block back) — are replayed as CUDA graphs by the call path
-(:class:`iris_fw.callpath.Replay`) after their first calls, where a replay proved quicker on the
-host than the call's eager launches; each such case also has a row ``…, eager`` with replay off
-(``callpath.state(ctx).replay``), the call path's launches themselves.
+first (the loop drops each result, so torch's allocator hands its block back) — are replayed as
+CUDA graphs by the call path (:class:`iris_fw.callpath.Replay`) after their first calls, where
+a replay proved quicker on the host than the call's eager launches; each such case also has a
+row ``…, eager`` with replay off (``callpath.state(ctx).replay``), the call path's launches
+themselves.
 
 On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
 interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_ROUNDS` × :data:`CPU_CALLS` calls) and

@@ -23,12 +23,13 @@ A call goes::
 collective, a flash-decode call: every effect on the device, the result one of its arguments —
 a call without ``out=`` has its new result made first and writes it, so it comes back with the
 same addresses whenever torch's allocator hands the result's address back) and comes back with
-every tensor at the same address, the same strides and the same TF32 switch captures itself as a CUDA graph on its third such call (:data:`CAPTURE_AFTER`
-eager calls first), on a side stream, and is one graph launch from then on — in place of its
-prepared launches and their Python — if its first replays took less host time than its eager
-calls (a call of one launch is often quicker launched as it is; it then stays eager). A call
-that is not like that, or anything that would make
-the eager call differ — a trace session, Triton launch hooks, the caller's own graph capture, a
+every tensor at the same address, the same strides and the same TF32 switch captures itself as
+a CUDA graph on its third such call (:data:`CAPTURE_AFTER` eager calls first), on a side
+stream, and is one graph launch from then on — in place of its prepared launches and their
+Python — if its first replays took less host time than its eager calls (a call of one launch is
+often quicker launched as it is; it then stays eager). A call that is not like that, or
+anything that would make the eager call differ — a trace session, Triton launch hooks
+(:func:`~iris_fw.kernel_launcher.triton_launch_hooked`), the caller's own graph capture, a
 capture that fails — runs eagerly. The graphs live with the cached call (dropped with it, and
 when the job re-arms after an abort); per-call state is on the device, so a replay does what
 the call does. A capture that fails turns replay off for the context. A call nested in a call
@@ -54,6 +55,7 @@ import torch
 
 from . import driver, env
 from .errors import ArgumentError
+from .kernel_launcher import triton_launch_hooked
 
 __all__ = ["CAPTURE_AFTER", "EXTENSION", "MAX_CACHED_CALLS", "MAX_GRAPHS", "REPLAY_TRIALS", "CallCache", "CallPaths",
            "Replay", "call", "fail", "plan_call", "state"]
@@ -184,20 +186,6 @@ def _address_key(args) -> tuple | None:
     return tuple(parts)
 
 
-def _launch_hooks() -> bool:
-    """Whether Triton's launch hooks or the like are set — or its runtime debug mode or an
-    instrumentation mode, which compile other kernels (each launch must then run, as the
-    launcher's own checks send it to Triton's path)."""
-    import triton
-
-    rt = triton.knobs.runtime
-    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
-        if hook is not None and getattr(hook, "calls", True):
-            return True
-    return rt.add_stages_inspection_hook is not None or bool(rt.debug) or bool(
-        getattr(triton.knobs.compilation, "instrumentation_mode", ""))
-
-
 class _Torch:
     """torch's CUDA state as a replay reads it per call — whether the current stream is
     capturing, the current device, the TF32 switch of cuBLAS, the current stream's raw handle —
@@ -249,7 +237,7 @@ class Replay:
         paths = self.paths
         cuda = paths.torch
         if self.off or not paths.replay or cuda is None or ctx.tracer is not None or cuda.capturing() \
-                or _launch_hooks():
+                or triton_launch_hooked():
             return self.fn(*args)
         fresh = self.fresh
         if fresh is not None and args[fresh[0]] is None:  # a call that returns a new tensor: made first
@@ -338,7 +326,7 @@ class Replay:
             del graph
             return self.fn(*args)
         graph_exec = None
-        if self.paths.driver is not None and hasattr(graph, "raw_cuda_graph_exec"):
+        if paths.driver is not None and hasattr(graph, "raw_cuda_graph_exec"):
             graph_exec = graph.raw_cuda_graph_exec() or None
         self.graphs[key] = [graph, at, graph_exec, eager_s, float("inf"), REPLAY_TRIALS]
         graph.replay()

@@ -74,7 +74,13 @@ from .errors import ArgumentTypeError
 from .interpreter import interpreting
 
 __all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "compiled_resources",
-           "fast_path_supported", "launch_entry", "make_key_fn", "spec_key"]
+           "fast_path_supported", "launch_entry", "make_key_fn", "spec_key", "triton_launch_hooked"]
+
+try:  # Triton's runtime switches (3.6 and >= 3.9 have them)
+    from triton import knobs as _knobs
+    from triton.knobs import HookChain as _HookChain
+except ImportError:  # pragma: no cover
+    _knobs = _HookChain = None
 
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -393,6 +399,23 @@ def bound_args_template(params, constexprs: dict):
     if missing:
         raise ArgumentTypeError(f"constexpr parameters without a value: {missing}")
     return template, runtime
+
+
+def triton_launch_hooked() -> bool:
+    """Whether Triton's runtime would see or change a launch made now: a hook in its launch
+    enter or exit chain, a stages-inspection hook, its runtime debug mode or an instrumentation
+    mode (these compile other kernels). A prepared launch checks the same before each launch and
+    takes Triton's path then; a CUDA graph's replay of launches would bypass them
+    (:class:`iris_fw.callpath.Replay` runs the call eagerly instead). True where this Triton has
+    no such switches to read."""
+    if _knobs is None:  # pragma: no cover
+        return True
+    rt = _knobs.runtime
+    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
+        if hook is not None and (type(hook) is not _HookChain or hook.calls):
+            return True
+    return rt.add_stages_inspection_hook is not None or bool(rt.debug) or bool(
+        getattr(_knobs.compilation, "instrumentation_mode", ""))
 
 
 class KernelLauncher:

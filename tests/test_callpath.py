@@ -339,6 +339,23 @@ def test_repeated_calls_replay_as_cuda_graphs(iris_pool, on_gpu, world):
     iris_pool(world).run(_replayed_calls)
 
 
+def test_triton_launch_hooks_make_calls_eager(monkeypatch):
+    """What makes a call run eagerly rather than replay (kernel_launcher.triton_launch_hooked):
+    none of Triton's launch switches by default; a launch hook, a stages-inspection hook, the
+    runtime debug mode each."""
+    from triton import knobs
+
+    from iris_fw.kernel_launcher import triton_launch_hooked
+
+    assert not triton_launch_hooked()
+    for name, value in (("launch_enter_hook", lambda *a: None), ("launch_exit_hook", lambda *a: None),
+                        ("add_stages_inspection_hook", lambda *a: None), ("debug", True)):
+        with monkeypatch.context() as m:
+            m.setattr(knobs.runtime, name, value)
+            assert triton_launch_hooked(), name
+    assert not triton_launch_hooked()
+
+
 def test_address_key_and_replay_switch(iris_pool, monkeypatch):
     """What a captured call bakes in of its arguments (callpath._address_key): GPU tensors by
     address, shape, strides and dtype, plain values with their type, nothing else (None: never

@@ -26,8 +26,9 @@ same addresses whenever torch's allocator hands the result's address back) and c
 every tensor at the same address, the same strides and the same TF32 switch captures itself as
 a CUDA graph on its third such call (:data:`CAPTURE_AFTER` eager calls first), on a side
 stream, and is one graph launch from then on — in place of its prepared launches and their
-Python — if its first replays took less host time than its eager calls (a call of one launch is
-often quicker launched as it is; it then stays eager). A call that is not like that, or
+Python — if its quickest replay took less host time than its quickest eager call, timed in
+turn over the calls after the capture (:data:`REPLAY_TRIALS`; a call of one launch is often
+quicker launched as it is; it then stays eager). A call that is not like that, or
 anything that would make the eager call differ — a trace session, Triton launch hooks
 (:func:`~iris_fw.kernel_launcher.triton_launch_hooked`), the caller's own graph capture, a
 capture that fails — runs eagerly. The graphs live with the cached call (dropped with it, and
@@ -70,9 +71,12 @@ CAPTURE_AFTER = 2
 MAX_GRAPHS = 64
 #: Sets of addresses a cached call counts before it forgets them (calls that never repeat).
 MAX_SEEN = 256
-#: Replays timed against the call's eager calls before it keeps replaying (a replay quicker on
-#: the host) or runs eagerly for good (0: keep replaying untimed).
-REPLAY_TRIALS = 2
+#: Replays timed against as many eager calls, taken in turn after the capture, before the call
+#: keeps replaying (its quickest replay quicker on the host than its quickest eager call) or
+#: runs eagerly for good (0: keep replaying untimed). In turn, so that both meet the same
+#: state of the host and the device; the quickest of each, so that a preempted call decides
+#: nothing.
+REPLAY_TRIALS = 4
 #: The key under which a context holds its :class:`CallPaths` (``ctx.extensions``).
 EXTENSION = "iris_fw.callpath"
 
@@ -211,10 +215,10 @@ class Replay:
     eager_s, replay_s, trials]`` — the captured call, which argument it returned (None:
     nothing), its executable graph's raw handle (launched straight through the driver,
     :func:`iris_fw.driver.calls`; None: ``graph.replay()``), the least host time of its eager
-    calls and of its replays so far, and the replays still to time (:data:`REPLAY_TRIALS`).
-    After them the call keeps replaying only if a replay took less host time than an eager
-    call; else it runs eagerly for good (``off``: a one-launch call is quicker launched than a
-    graph). :meth:`run` replays where it can (while ``paths.replay``: the context's
+    calls and of its replays so far, and the timed calls still to make: :data:`REPLAY_TRIALS`
+    replays and as many eager calls, in turn. After them the call keeps replaying only if a
+    replay took less host time than every eager call; else it runs eagerly for good (``off``:
+    a one-launch call is often quicker launched than a graph). :meth:`run` replays where it can (while ``paths.replay``: the context's
     :class:`CallPaths`), else calls ``fn``."""
 
     __slots__ = ("fn", "paths", "fresh", "graphs", "seen", "off")
@@ -253,13 +257,16 @@ class Replay:
         key = (device, cuda.tf32(), key)
         found = self.graphs.get(key)
         if found is not None:
-            trial = found[5]  # a replay still timed against the eager calls
+            trial = found[5]  # a call still timed: replays and eager calls in turn
             if trial:
+                if trial & 1:
+                    return self._timed_eager(found, args)
                 t0 = time.perf_counter()
             if found[2] is None:
                 found[0].replay()
             else:
                 paths.driver.launch_graph(found[2], cuda.stream(device))
+            paths.replayed += 1
             if trial:
                 self._timed(found, time.perf_counter() - t0)
             at = found[1]
@@ -279,10 +286,20 @@ class Replay:
         return self._capture(key, seen[1], args)
 
     def _timed(self, found, seconds: float) -> None:
-        """One of the first :data:`REPLAY_TRIALS` replays took ``seconds``; after the last,
-        replay for good if a replay took less host time than the eager calls, else eager for
-        good."""
+        """A timed replay took ``seconds``; after the last timed call, replay for good if the
+        quickest replay took less host time than the quickest eager call, else eager for good."""
         found[4] = min(found[4], seconds)
+        self._trial_done(found)
+
+    def _timed_eager(self, found, args):
+        """A timed eager call, between the timed replays (the call on the same arguments)."""
+        t0 = time.perf_counter()
+        result = self.fn(*args)
+        found[3] = min(found[3], time.perf_counter() - t0)
+        self._trial_done(found)
+        return result
+
+    def _trial_done(self, found) -> None:
         found[5] -= 1
         if not found[5] and found[4] >= found[3]:
             self.off = True
@@ -328,7 +345,7 @@ class Replay:
         graph_exec = None
         if paths.driver is not None and hasattr(graph, "raw_cuda_graph_exec"):
             graph_exec = graph.raw_cuda_graph_exec() or None
-        self.graphs[key] = [graph, at, graph_exec, eager_s, float("inf"), REPLAY_TRIALS]
+        self.graphs[key] = [graph, at, graph_exec, eager_s, float("inf"), 2 * REPLAY_TRIALS]
         graph.replay()
         return result
 
@@ -350,6 +367,8 @@ class CallPaths:
         #: the stream captures run on (made at the first); captures in progress
         self.side = None
         self.capturing = 0
+        #: calls replayed so far (graph launches: e.g. ``iris-fw bench host``'s ``replayed`` column)
+        self.replayed = 0
 
     def groups_once(self) -> list:
         """Every group once (the world's is also under ``None``)."""

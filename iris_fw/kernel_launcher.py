@@ -411,9 +411,12 @@ def triton_launch_hooked() -> bool:
     if _knobs is None:  # pragma: no cover
         return True
     rt = _knobs.runtime
-    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
-        if hook is not None and (type(hook) is not _HookChain or hook.calls):
-            return True
+    hook = rt.launch_enter_hook  # (straight-line: it runs before every replayed call)
+    if hook is not None and (type(hook) is not _HookChain or hook.calls):
+        return True
+    hook = rt.launch_exit_hook
+    if hook is not None and (type(hook) is not _HookChain or hook.calls):
+        return True
     return rt.add_stages_inspection_hook is not None or bool(rt.debug) or bool(
         getattr(_knobs.compilation, "instrumentation_mode", ""))
 

@@ -425,7 +425,7 @@ def test_replay_decisions(monkeypatch):
             launched.append(graph_exec)
         cuda = types.SimpleNamespace(capturing=lambda: False, device=lambda: 0, tf32=lambda: False, stream=lambda i: 7)
         return types.SimpleNamespace(replay=True, torch=cuda, driver=types.SimpleNamespace(launch_graph=launch_graph),
-                                     side=None, capturing=0)
+                                     side=None, capturing=0, replayed=0)
 
     ctx = types.SimpleNamespace(tracer=None)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # (the key takes GPU tensors only)
@@ -444,10 +444,15 @@ def test_replay_decisions(monkeypatch):
     assert r.run(ctx, (out, x)) is out  # captured (the call ran once more, under capture) and replayed
     graph = _FakeGraph.made[-1]
     assert graph.captures == 1 and graph.replays == 1 and len(calls) == callpath.CAPTURE_AFTER + 1
-    for _ in range(callpath.REPLAY_TRIALS + 3):
+    trials = 2 * callpath.REPLAY_TRIALS  # replays and eager calls in turn, each timed
+    for i in range(trials):
         assert r.run(ctx, (out, x)) is out
-    assert launched == [4242] * (callpath.REPLAY_TRIALS + 3) and not r.off  # the call's Python ran no more
-    assert len(calls) == callpath.CAPTURE_AFTER + 1
+        assert len(launched) == i // 2 + 1 and len(calls) == callpath.CAPTURE_AFTER + 1 + (i + 1) // 2
+    assert not r.off  # the replays were quicker: from now on the call's Python runs no more
+    for _ in range(3):
+        assert r.run(ctx, (out, x)) is out
+    assert launched == [4242] * (callpath.REPLAY_TRIALS + 3)
+    assert len(calls) == callpath.CAPTURE_AFTER + 1 + callpath.REPLAY_TRIALS
     for i in range(callpath.MAX_GRAPHS + 1):  # other outputs: a graph each, up to MAX_GRAPHS
         other = torch.zeros(4)
         for _ in range(callpath.CAPTURE_AFTER + 1):
@@ -458,8 +463,10 @@ def test_replay_decisions(monkeypatch):
     assert r.run(traced, (out, x)) is out and len(calls) == n + 1  # a trace session: eager
 
     quick = callpath.Replay(lambda o, t: o, paths(launch_s=0.002))  # a replay slower than the call
-    for _ in range(callpath.CAPTURE_AFTER + 1 + callpath.REPLAY_TRIALS):
+    for _ in range(callpath.CAPTURE_AFTER + 2 * callpath.REPLAY_TRIALS):
         assert quick.run(ctx, (out, x)) is out
+    assert not quick.off  # (the last timed call is still to come)
+    assert quick.run(ctx, (out, x)) is out
     assert quick.off and not quick.graphs
 
     fresh = callpath.Replay(lambda o, t: torch.zeros(4), paths())  # a new tensor each call: never kept
@@ -486,11 +493,12 @@ def test_replay_decisions(monkeypatch):
 
     news = callpath.Replay(writer, paths(), fresh=(0, make))
     n_launched = len(launched)
-    for i in range(2 * (callpath.CAPTURE_AFTER + 1) + 4):
+    for i in range(2 * (callpath.CAPTURE_AFTER + 1 + trials) + 4):
         assert news.run(ctx, (None, x)) is pool[i % 2]
     assert len(news.graphs) == 2 and not news.off
-    assert writes == pool * (callpath.CAPTURE_AFTER + 1)  # eager and captured calls wrote the made tensors
-    assert len(launched) - n_launched == 4  # then replays only
+    # eager, captured and timed eager calls wrote the made tensors
+    assert writes == pool * (callpath.CAPTURE_AFTER + 1 + callpath.REPLAY_TRIALS)
+    assert len(launched) - n_launched == 2 * callpath.REPLAY_TRIALS + 4  # then replays only
     nothing = callpath.Replay(lambda o, t: "as it was" if o is None else o, paths(), fresh=(0, lambda fn, a: None))
     for _ in range(callpath.CAPTURE_AFTER + 2):  # nothing to make: the call runs as it is, never captured
         assert nothing.run(ctx, (None, x)) == "as it was"

@@ -21,9 +21,11 @@ Calls that come back with every tensor at the same address — here every collec
 with ``out=`` (flash-decode's too), and every op without it, whose new result the call path makes
 first (the loop drops each result, so torch's allocator hands its block back) — are replayed as
 CUDA graphs by the call path (:class:`iris_fw.callpath.Replay`) after their first calls, where
-a replay proved quicker on the host than the call's eager launches; each such case also has a
-row ``…, eager`` with replay off (``callpath.state(ctx).replay``), the call path's launches
-themselves.
+a replay proved quicker on the host than the call's eager launches (``replayed``: the share of
+the last round's calls that were graph launches); each such case also has a row ``…, eager``
+with replay off (``callpath.state(ctx).replay``), the call path's launches themselves. On a GPU
+a row ``bare graph launch`` launches a graph of the bare prepared launch as the call path
+launches a replay: a replayed call's floor.
 
 On CPU ranks every call runs its kernels under Triton's interpreter: the numbers measure the
 interpreter (rows marked ``measured=cpu-interpreter``, :data:`CPU_ROUNDS` × :data:`CPU_CALLS` calls) and
@@ -66,6 +68,31 @@ def _bare_kernel(x, BLOCK: tl.constexpr):
     tl.store(x + tl.arange(0, BLOCK), tl.zeros((BLOCK,), dtype=tl.float32))
 
 
+def _bare_graph_launch(prepared, dev):
+    """A CUDA graph of the bare prepared launch, launched as the call path launches a replay
+    (:class:`iris_fw.callpath.Replay`: the driver's graph launch on torch's current stream, or
+    ``graph.replay()`` where the driver's call or the raw handle is missing): a replay's floor."""
+    from .. import driver
+
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        prepared()
+        graph.capture_end()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    calls = driver.calls()
+    raw = graph.raw_cuda_graph_exec() if calls is not None and hasattr(graph, "raw_cuda_graph_exec") else None
+    if not raw:
+        return graph.replay
+    stream, launch = driver.current_stream(), calls.launch_graph
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    return lambda graph=graph: launch(raw, stream(index))  # (the graph kept alive with its handle)
+
+
+#: The row of a bare prepared launch's CUDA graph, launched as the call path replays (GPU only).
+BARE_GRAPH = "bare graph launch"
 #: Suffix of a case run with the call path's graph replay off.
 EAGER = ", eager"
 #: Suffix of a torch reference that returns a new tensor (the reference of the ops called without ``out=``).
@@ -90,6 +117,8 @@ def _cases(ctx) -> tuple[dict, dict]:
     bare = torch.zeros(128, device=dev)
     prepared = KernelLauncher(_bare_kernel, (1,), constexprs={"BLOCK": 128}, num_warps=1).prepare(bare)
     cases["bare prepared launch"] = prepared
+    if gpu:
+        cases[BARE_GRAPH] = _bare_graph_launch(prepared, dev)
     add = "torch add_ 8 KiB"
 
     heap = ctx.zeros(n, dtype=dtype)
@@ -191,6 +220,7 @@ class HostBench:
         per = {name: [] for name in names}
         device = {name: [] for name in names}  # until the round's work finished: µs per call
         first = {name: [] for name in names}  # the round's first FIRST_CALLS calls: µs per call
+        replayed = {name: 0.0 for name in names}  # the last round's calls replayed as graphs (share)
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
@@ -198,6 +228,7 @@ class HostBench:
                 opts.log(f"  round {r + 1}/{rounds}: {name}")  # a hang names its case
                 paths.replay = replay and not name.endswith(EAGER)
                 ctx.barrier()
+                graphs = paths.replayed
                 t0 = time.perf_counter()
                 for _ in range(head):
                     fn()
@@ -205,6 +236,7 @@ class HostBench:
                 for _ in range(calls - head):
                     fn()
                 per[name].append((time.perf_counter() - t0) / calls * 1e6)
+                replayed[name] = (paths.replayed - graphs) / calls
                 ctx.synchronize()
                 device[name].append((time.perf_counter() - t0) / calls * 1e6)
         n = len(names)
@@ -220,10 +252,11 @@ class HostBench:
             bound = us[name] > QUEUE_BOUND * early[name]
             rows.append({"call": name, "host_us": us[name], "reference": ref or "", "x_ref": ratio,
                          "first_us": early[name], "done_us": done[name], "queue_bound": bound,
+                         "replayed": replayed[name],
                          "calls_per_round": calls, "rounds": rounds})
             opts.log(f"  {name}: {us[name]:.1f} us per call" + (f" ({ratio:.2f}x {ref})" if ratio else "")
                      + f"; first {head} calls {early[name]:.1f}; done after {done[name]:.1f}"
-                     + (" (queue-bound)" if bound else ""))
+                     + (" (queue-bound)" if bound else "") + (" (replayed)" if replayed[name] else ""))
         for name, why in skipped.items():
             rows.append({"call": name, "host_us": None, "reference": refs.get(name, ""), "x_ref": None,
                          "calls_per_round": 0, "rounds": 0, "skipped": why})

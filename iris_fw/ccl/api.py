@@ -48,6 +48,10 @@ _OPS.update({"product": "prod", "average": "avg"})
 if ReduceOp is not None:
     _OPS.update({ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
                  ReduceOp.PRODUCT: "prod"})
+#: A call key's op: torch's ReduceOp members (module-level objects, never freed) by identity, as
+#: their names — hashing a ReduceOp member costs about half a µs, and a hit hashes its key twice;
+#: anything else as it is.
+_OP_KEYS = {id(op): name for op, name in _OPS.items() if not isinstance(op, str)}
 
 
 # ---- groups ---------------------------------------------------------------------------------------
@@ -316,7 +320,8 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOpLike = ReduceOp.SUM if ReduceOp
 
 def _all_reduce_call(ctx, tensor, op, algorithm):
     """``(key, prepare, src, dst)`` of an all-reduce (:func:`_call`'s arguments)."""
-    key = ("all_reduce", tensor.dtype, tensor.numel(), op, algorithm) if _fast_ok(ctx, tensor) else None
+    key = (("all_reduce", tensor.dtype, tensor.numel(), _OP_KEYS.get(id(op), op), algorithm) if _fast_ok(ctx, tensor)
+           else None)
 
     def prepare(g):
         def check():
@@ -398,7 +403,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
 
 def _reduce_scatter_call(ctx, output, input, op, algorithm):
     """``(key, prepare, src, dst)`` of a reduce-scatter (:func:`_call`'s arguments)."""
-    key = (("reduce_scatter", input.dtype, output.dtype, input.numel(), output.numel(), op, algorithm)
+    key = (("reduce_scatter", input.dtype, output.dtype, input.numel(), output.numel(), _OP_KEYS.get(id(op), op),
+            algorithm)
            if _fast_ok(ctx, output, input) else None)
 
     def prepare(g):
@@ -592,7 +598,8 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: ReduceOpLike = Redu
     """Rank ``dst``'s ``tensor`` = ``tensor`` reduced with ``op`` over the group, in place;
     the other ranks' tensors are left as they were. Returns a :class:`Work` when ``async_op``, else ``None``."""
     ctx = _ctx(ctx)
-    key = ("reduce", tensor.dtype, tensor.numel(), dst, group_dst, op, algorithm) if _fast_ok(ctx, tensor) else None
+    key = (("reduce", tensor.dtype, tensor.numel(), dst, group_dst, _OP_KEYS.get(id(op), op), algorithm)
+           if _fast_ok(ctx, tensor) else None)
 
     def prepare(g):
         def check():

@@ -59,7 +59,7 @@ from .errors import ArgumentError
 from .kernel_launcher import triton_launch_hooked
 
 __all__ = ["CAPTURE_AFTER", "EXTENSION", "MAX_CACHED_CALLS", "MAX_GRAPHS", "REPLAY_TRIALS", "CallCache", "CallPaths",
-           "Replay", "call", "fail", "plan_call", "state"]
+           "Replay", "address_key", "call", "fail", "plan_call", "state"]
 
 #: Prepared calls a ccl group keeps (least recently used dropped; validated again when called again).
 MAX_CACHED_CALLS = 1024
@@ -99,8 +99,9 @@ class CallCache:
         #: the entry made most recently used (the last one): a hit on it again — a loop of one
         #: call — reorders nothing
         self._recent = None
-        #: the :class:`Replay` of an entry's calls, by key (made at its first call that may be
-        #: replayed; dropped with the entry)
+        #: the :class:`Replay` of an entry's calls, by the entry's ``id`` (an int: hashed in no
+        #: time, where a key of dtypes and sizes is hashed again; made at the entry's first call
+        #: that may be replayed, dropped with the entry, whose ``id`` it keeps while it lives)
         self._replays: dict = {}
 
     def get(self, key, default=None):
@@ -125,14 +126,16 @@ class CallCache:
         if key is not None:
             entries = self._entries
             try:
+                old = entries.get(key)
                 entries[key] = entry
             except TypeError:  # unhashable (an argument the full checks reported): not kept
                 return entry
             entries.move_to_end(key)
             self._recent = entry
-            self._replays.pop(key, None)
+            if old is not None:
+                self._replays.pop(id(old), None)
             while len(entries) > self.capacity:
-                self._replays.pop(entries.popitem(last=False)[0], None)
+                self._replays.pop(id(entries.popitem(last=False)[1]), None)
         return entry
 
     __setitem__ = put
@@ -165,7 +168,7 @@ class CallCache:
 _PLAIN = (bool, int, float, str, enum.Enum, torch.dtype)
 
 
-def _address_key(args) -> tuple | None:
+def address_key(args) -> tuple | None:
     """What a captured call bakes in of its arguments: each GPU tensor's address, shape, strides
     and dtype, plain values with their type (``True`` is not ``1``), tuples and lists element by
     element; None where an argument is anything else — a host tensor or an object whose contents
@@ -181,7 +184,7 @@ def _address_key(args) -> tuple | None:
         elif isinstance(a, _PLAIN):
             parts.append((type(a), a))
         elif isinstance(a, (tuple, list)):
-            inner = _address_key(a)
+            inner = address_key(a)
             if inner is None:
                 return None
             parts.append(inner)
@@ -211,7 +214,7 @@ class _Torch:
 class Replay:
     """The CUDA graphs of a cached call's entry ``fn`` (module docstring, "Replay"; kept beside
     the entry in its :class:`CallCache`): ``graphs`` maps the call's address key
-    (:func:`_address_key`, with the device and the TF32 switch) to ``[graph, at, graph_exec,
+    (``addresses``, with the device) to ``[graph, at, graph_exec,
     eager_s, replay_s, trials]`` — the captured call, which argument it returned (None:
     nothing), its executable graph's raw handle (launched straight through the driver,
     :func:`iris_fw.driver.calls`; None: ``graph.replay()``), the least host time of its eager
@@ -221,13 +224,17 @@ class Replay:
     a one-launch call is often quicker launched than a graph). :meth:`run` replays where it can (while ``paths.replay``: the context's
     :class:`CallPaths`), else calls ``fn``."""
 
-    __slots__ = ("fn", "paths", "fresh", "graphs", "seen", "off")
+    __slots__ = ("fn", "paths", "fresh", "addresses", "graphs", "seen", "off")
 
-    def __init__(self, fn, paths: "CallPaths", fresh: tuple | None = None):
+    def __init__(self, fn, paths: "CallPaths", fresh: tuple | None = None, addresses: Callable | None = None):
         self.fn = fn
         self.paths = paths
         #: ``(i, make)`` where the call's result slot is its ``i``-th argument (:func:`call`)
         self.fresh = fresh
+        #: ``args -> key`` of all that a captured call bakes in of its arguments, or None where
+        #: it may not be captured (:func:`call`'s ``replay``); None: :func:`address_key` and
+        #: the TF32 switch of cuBLAS
+        self.addresses = addresses
         self.graphs: dict = {}
         #: address key -> [eager calls so far, their least host time]
         self.seen: dict = {}
@@ -250,11 +257,12 @@ class Replay:
             if made is None:  # the call's result is new whatever it is given: never replayed
                 return self.fn(*args)
             args = (*args[:i], made, *args[i + 1:])
-        key = _address_key(args)
+        addresses = self.addresses
+        key = address_key(args) if addresses is None else addresses(args)
         if key is None:
             return self.fn(*args)
         device = cuda.device()
-        key = (device, cuda.tf32(), key)
+        key = (device, cuda.tf32(), key) if addresses is None else (device, key)
         found = self.graphs.get(key)
         if found is not None:
             trial = found[5]  # a call still timed: replays and eager calls in turn
@@ -481,7 +489,7 @@ def settled(ctx, label: str, failure: BaseException | None) -> None:
 
 
 def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, label: str, *args,
-         replay: bool = False, fresh: tuple | None = None):
+         replay: bool | Callable = False, fresh: tuple | None = None):
     """One call: the prepared entry under ``key`` in ``cache`` — made by ``prepare(on)`` (which
     goes through :func:`plan_call`; ``on``: what it plans on, e.g. a ccl group) on a miss; ``key``
     None: prepared and not kept — called on ``args``; its result is returned. A host failure in
@@ -489,7 +497,10 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
 
     ``replay``: True where this call may be replayed as a CUDA graph (:class:`Replay`: every
     effect on the device, its result one of ``args`` or None), e.g. a functional call with
-    ``out``. ``fresh``: ``(i, make)`` where such a call's result slot is ``args[i]`` (its
+    ``out``; or, for such a call, a function ``args -> key`` of all that a capture bakes in of
+    its arguments (None: not to be captured), where the call knows it to be less than
+    :func:`address_key`'s every tensor's address, shape, strides and dtype and the TF32 switch
+    (a collective's: its tensors' addresses). ``fresh``: ``(i, make)`` where such a call's result slot is ``args[i]`` (its
     ``out``): where it is None — a call that returns a new tensor — and the call may be
     replayed, ``make(entry, args)`` makes that tensor first and the call writes it: the call is
     then replayed whenever torch's allocator hands back an address it had (a loop whose last
@@ -512,9 +523,9 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
     try:
         if replay and key is not None:
             replays = cache._replays
-            found = replays.get(key)
+            found = replays.get(id(entry))
             if found is None:
-                found = replays[key] = Replay(entry, state(ctx), fresh)
+                found = replays[id(entry)] = Replay(entry, state(ctx), fresh, None if replay is True else replay)
             return found.run(ctx, args)
         return entry(*args)
     except BaseException as exc:

@@ -11,6 +11,7 @@ from helpers import assert_peers_fail_at_once, boom, cpu_extended, peer_fails
 import iris_fw
 from iris_fw import callpath, ccl, ops
 from iris_fw import flash_decode as fd_module
+from iris_fw.ccl import api as ccl_api
 
 #: The calls, each ``(name, make(ctx) -> (call(bad) -> result, reference(result)))``.
 CALLS = ("ccl.all_reduce", "ops.gemm_all_scatter", "ops.gemm_all_reduce", "ops.flash_decode")
@@ -253,6 +254,8 @@ def _replay_loop(ctx, paths, dev, w):
     o = torch.empty(2, 8, 64, device=dev, dtype=torch.bfloat16)
     x = ctx.zeros(3000, dtype=torch.float32)  # a heap tensor
     y = torch.empty(777, device=dev)  # a plain one
+    part = torch.empty(50, device=dev)  # gathered into two outputs in turn: a graph each
+    parts = [torch.empty(w * 50, device=dev) for _ in range(2)]
 
     def gathered(t):  # every rank's t (k, v: 40 + 8 r tokens on rank r)
         return [ctx.broadcast(t.cpu().clone() if r == ctx.rank else torch.empty(
@@ -261,14 +264,14 @@ def _replay_loop(ctx, paths, dev, w):
 
     def fill(i):  # fresh inputs in the same tensors
         gen = torch.Generator().manual_seed(fresh_seed(ctx) + 7919 * i + ctx.rank)
-        for t in (a, b, k, v, x, y):
+        for t in (a, b, k, v, x, y, part):
             t.copy_(torch.randn(t.shape, generator=gen))
         q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(fresh_seed(ctx) + i)))
 
     def step(i, target=out):
         fill(i)
-        xs, ys = gathered(x), gathered(y)
-        for t in (target, fused, o):
+        xs, ys, whole = gathered(x), gathered(y), parts[i % 2]
+        for t in (target, fused, o, whole):
             t.fill_(float("nan"))
         ctx.barrier()
         got = ops.gemm_all_reduce(a, b, out=target)
@@ -277,6 +280,7 @@ def _replay_loop(ctx, paths, dev, w):
         assert ops.flash_decode(q, k, v, out=o) is o
         ccl.all_reduce(x)
         ccl.all_reduce(y)
+        ccl.all_gather_into_tensor(whole, part)
         ctx.synchronize()
         want = sum(gathered((a.double() @ b.double())))
         for t in (target, fused):
@@ -285,6 +289,7 @@ def _replay_loop(ctx, paths, dev, w):
         torch.testing.assert_close(o.double().cpu(), ref, atol=0.03, rtol=0.03, msg=f"call {i}")
         torch.testing.assert_close(x.cpu().double(), sum(t.double() for t in xs), atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(y.cpu().double(), sum(t.double() for t in ys), atol=1e-4, rtol=1e-5)
+        assert torch.equal(whole.cpu(), torch.cat(gathered(part))), f"call {i}"
 
     def graphs(cache):  # (the trace session's own keys: replays with no graph)
         return sorted(len(r.graphs) for r in cache._replays.values() if r.graphs)
@@ -293,7 +298,8 @@ def _replay_loop(ctx, paths, dev, w):
         step(i)
     world = paths.groups[None].calls
     assert graphs(paths.ops) == [1, 1], graphs(paths.ops)  # gemm_all_reduce auto and fused, one address set each
-    assert graphs(world) == [1, 1, 1], graphs(world)  # flash_decode and the two all-reduces
+    # flash_decode and the two all-reduces; the all-gather's two outputs (its key: the addresses)
+    assert graphs(world) == [1, 1, 1, 2], graphs(world)
     assert not any(r.off for cache in (paths.ops, world) for r in cache._replays.values())
     for i in range(6, 10):  # another out: eager twice, then its own graph
         step(i, out2)
@@ -317,7 +323,7 @@ def _replay_loop(ctx, paths, dev, w):
             assert torch.equal(kept[0].cpu(), kept[1]) and torch.equal(kept[2].cpu(), kept[3]), f"call {i}"
         kept = (new, new.cpu(), new_o, new_o.cpu())
     # (graphs for the results' addresses: two where the allocator hands back two blocks in turn)
-    assert graphs(paths.ops)[-1] > 2 and graphs(world)[-1] > 1, (graphs(paths.ops), graphs(world))
+    assert graphs(paths.ops)[-1] > 2 and sum(graphs(world)) > 5, (graphs(paths.ops), graphs(world))
     made = graphs(paths.ops), graphs(world)
     held = [ops.gemm_all_reduce(a, b) for _ in range(4)]  # results kept: new addresses, eager
     ctx.synchronize()
@@ -357,19 +363,23 @@ def test_triton_launch_hooks_make_calls_eager(monkeypatch):
 
 
 def test_address_key_and_replay_switch(iris_pool, monkeypatch):
-    """What a captured call bakes in of its arguments (callpath._address_key): GPU tensors by
+    """What a captured call bakes in of its arguments (callpath.address_key): GPU tensors by
     address, shape, strides and dtype, plain values with their type, nothing else (None: never
     replayed: host tensors, other objects); ``IRIS_FW_GRAPH_REPLAY`` and the context's device
     decide ``state(ctx).replay``."""
     t = torch.zeros(4, 6)
-    assert callpath._address_key((t,)) is None  # a host tensor: its values may be read on the host
+    assert callpath.address_key((t,)) is None  # a host tensor: its values may be read on the host
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # (as GPU tensors)
-    assert callpath._address_key((t, True)) != callpath._address_key((t, 1))
-    key = callpath._address_key((t, None, 3, "sum", (t, 1.5)))
-    assert key == callpath._address_key((t, None, 3, "sum", [t, 1.5]))
-    assert key != callpath._address_key((t.t(), None, 3, "sum", (t, 1.5)))  # other strides
-    assert key != callpath._address_key((t[1:], None, 3, "sum", (t, 1.5)))  # another address
-    assert callpath._address_key((t, object())) is None and callpath._address_key(([t, {}],)) is None
+    assert callpath.address_key((t, True)) != callpath.address_key((t, 1))
+    key = callpath.address_key((t, None, 3, "sum", (t, 1.5)))
+    assert key == callpath.address_key((t, None, 3, "sum", [t, 1.5]))
+    assert key != callpath.address_key((t.t(), None, 3, "sum", (t, 1.5)))  # other strides
+    assert key != callpath.address_key((t[1:], None, 3, "sum", (t, 1.5)))  # another address
+    assert callpath.address_key((t, object())) is None and callpath.address_key(([t, {}],)) is None
+    # a collective's: its src and dst tensors' addresses (its key names the rest), else the above
+    assert ccl_api._addresses((t, t[1:])) == (t.data_ptr(), t[1:].data_ptr())
+    assert ccl_api._addresses(((t, t), (t, None))) == callpath.address_key(((t, t), (t, None)))
+    assert ccl_api._addresses((None, None)) == (None, None)
     replay, device, debug = iris_pool(1).run(_replay_switch)[0]
     assert replay == (device == "cuda" and not debug), (replay, device, debug)
 

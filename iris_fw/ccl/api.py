@@ -218,8 +218,21 @@ def _call(ctx, group, key: tuple | None, prepare: Callable, src, dst, async_op: 
     if tracer is not None and key is not None:  # traced kernel variants, prepared (and validated) once per session
         key = key + (("traced", tracer.session),)
         tracer.launched()
-    cp.call(ctx, g.calls, key, prepare, g, "iris_fw.ccl." + name, src, dst, replay=True)
+    cp.call(ctx, g.calls, key, prepare, g, "iris_fw.ccl." + name, src, dst, replay=_addresses)
     return Work(ctx) if async_op else None
+
+
+def _addresses(args) -> tuple | None:
+    """All that a captured collective call bakes in of its ``(src, dst)`` (the call path's
+    replay key, :func:`iris_fw.callpath.call`): where both are tensors, their addresses alone —
+    every tensor a call's key admits is contiguous on the context's device, of the dtypes and
+    sizes that key names, and every algorithm reads it flat; no collective calls cuBLAS, so
+    TF32 plays no part. Else (a fused call's tuples, a barrier's Nones) what
+    :func:`iris_fw.callpath.address_key` finds."""
+    src, dst = args
+    if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor):
+        return src.data_ptr(), dst.data_ptr()
+    return cp.address_key(args)
 
 
 def _prepare(g: Group, label: str, check: Callable, algorithm: str, finish: Callable | None = None):

@@ -59,7 +59,7 @@ from .errors import ArgumentError
 from .kernel_launcher import triton_launch_hooked
 
 __all__ = ["CAPTURE_AFTER", "EXTENSION", "MAX_CACHED_CALLS", "MAX_GRAPHS", "REPLAY_TRIALS", "CallCache", "CallPaths",
-           "Replay", "address_key", "call", "fail", "plan_call", "state"]
+           "PLAIN", "Replay", "address_key", "call", "fail", "plan_call", "state"]
 
 #: Prepared calls a ccl group keeps (least recently used dropped; validated again when called again).
 MAX_CACHED_CALLS = 1024
@@ -165,7 +165,8 @@ class CallCache:
 # ---- replay ----------------------------------------------------------------------------------------
 
 
-_PLAIN = (bool, int, float, str, enum.Enum, torch.dtype)
+#: Values a replay key takes as they are (with their type).
+PLAIN = (bool, int, float, str, enum.Enum, torch.dtype)
 
 
 def address_key(args) -> tuple | None:
@@ -181,7 +182,7 @@ def address_key(args) -> tuple | None:
             parts.append((a.data_ptr(), a.shape, a.stride(), a.dtype))
         elif a is None:
             parts.append(a)
-        elif isinstance(a, _PLAIN):
+        elif isinstance(a, PLAIN):
             parts.append((type(a), a))
         elif isinstance(a, (tuple, list)):
             inner = address_key(a)
@@ -214,7 +215,7 @@ class _Torch:
 class Replay:
     """The CUDA graphs of a cached call's entry ``fn`` (module docstring, "Replay"; kept beside
     the entry in its :class:`CallCache`): ``graphs`` maps the call's address key
-    (``addresses``, with the device) to ``[graph, at, graph_exec,
+    (``addresses``, with the device and the TF32 switch of cuBLAS) to ``[graph, at, graph_exec,
     eager_s, replay_s, trials]`` — the captured call, which argument it returned (None:
     nothing), its executable graph's raw handle (launched straight through the driver,
     :func:`iris_fw.driver.calls`; None: ``graph.replay()``), the least host time of its eager
@@ -232,8 +233,7 @@ class Replay:
         #: ``(i, make)`` where the call's result slot is its ``i``-th argument (:func:`call`)
         self.fresh = fresh
         #: ``args -> key`` of all that a captured call bakes in of its arguments, or None where
-        #: it may not be captured (:func:`call`'s ``replay``); None: :func:`address_key` and
-        #: the TF32 switch of cuBLAS
+        #: it may not be captured (:func:`call`'s ``replay``); None: :func:`address_key`
         self.addresses = addresses
         self.graphs: dict = {}
         #: address key -> [eager calls so far, their least host time]
@@ -262,7 +262,7 @@ class Replay:
         if key is None:
             return self.fn(*args)
         device = cuda.device()
-        key = (device, cuda.tf32(), key) if addresses is None else (device, key)
+        key = (device, cuda.tf32(), key)
         found = self.graphs.get(key)
         if found is not None:
             trial = found[5]  # a call still timed: replays and eager calls in turn
@@ -272,8 +272,10 @@ class Replay:
                 t0 = time.perf_counter()
             if found[2] is None:
                 found[0].replay()
-            else:
-                paths.driver.launch_graph(found[2], cuda.stream(device))
+            else:  # (the driver's call itself, its status checked here: one frame fewer)
+                rc = paths.launch_graph(found[2], cuda.stream(device))
+                if rc:
+                    paths.driver.launch_failed(rc)
             paths.replayed += 1
             if trial:
                 self._timed(found, time.perf_counter() - t0)
@@ -372,6 +374,8 @@ class CallPaths:
         #: what a replay calls (:class:`_Torch`, :func:`iris_fw.driver.calls`): made where it replays
         self.torch = _Torch() if self.replay else None
         self.driver = driver.calls() if self.replay else None
+        #: the driver's graph launch, ``(graph_exec, stream) -> status`` (:class:`iris_fw.driver.DriverCalls`)
+        self.launch_graph = None if self.driver is None else self.driver.launch_graph_status
         #: the stream captures run on (made at the first); captures in progress
         self.side = None
         self.capturing = 0
@@ -499,13 +503,15 @@ def call(ctx, cache: CallCache, key, prepare: Callable[[Any], Callable], on, lab
     effect on the device, its result one of ``args`` or None), e.g. a functional call with
     ``out``; or, for such a call, a function ``args -> key`` of all that a capture bakes in of
     its arguments (None: not to be captured), where the call knows it to be less than
-    :func:`address_key`'s every tensor's address, shape, strides and dtype and the TF32 switch
-    (a collective's: its tensors' addresses). ``fresh``: ``(i, make)`` where such a call's result slot is ``args[i]`` (its
-    ``out``): where it is None — a call that returns a new tensor — and the call may be
-    replayed, ``make(entry, args)`` makes that tensor first and the call writes it: the call is
-    then replayed whenever torch's allocator hands back an address it had (a loop whose last
-    result is dropped: two addresses in turn). ``make`` returns None where the call's result is
-    new whatever it is given: the call then runs eagerly, as it is.
+    :func:`address_key`'s every tensor's address, shape, strides and dtype (a collective's:
+    its tensors' addresses); the TF32 switch of cuBLAS is part of every replay's key.
+
+    ``fresh``: ``(i, make)`` where such a call's result slot is ``args[i]`` (its ``out``): where it
+    is None — a call that returns a new tensor — and the call may be replayed, ``make(entry, args)``
+    makes that tensor first and the call writes it: the call is then replayed whenever torch's
+    allocator hands back an address it had (a loop whose last result is dropped: two addresses in
+    turn). ``make`` returns None where the call's result is new whatever it is given: the call then
+    runs eagerly, as it is.
 
     The hit path is this function: one look-up of the key, the entry called (or replayed)."""
     if ctx._closed:

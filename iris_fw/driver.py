@@ -32,6 +32,10 @@ class DriverCalls:
 
     def __init__(self, record, wait, launch, names):
         self._record, self._wait, self._launch, self._names = record, wait, launch, names
+        #: ``(graph_exec, stream) -> status``: the driver's graph launch itself, for a caller on
+        #: a hot path that checks the status inline (nonzero: :meth:`launch_failed`) and so
+        #: saves :meth:`launch_graph`'s frame
+        self.launch_graph_status = launch
 
     def record(self, event: int, stream: int) -> None:
         rc = self._record(event, stream)
@@ -46,7 +50,11 @@ class DriverCalls:
     def launch_graph(self, graph_exec: int, stream: int) -> None:
         rc = self._launch(graph_exec, stream)
         if rc:
-            raise IrisError(f"{self._names[2]} failed with error {rc}")
+            self.launch_failed(rc)
+
+    def launch_failed(self, rc: int) -> None:
+        """Raise the :class:`~iris_fw.errors.IrisError` of a graph launch that returned ``rc``."""
+        raise IrisError(f"{self._names[2]} failed with error {rc}")
 
 
 _loaded: Any = False

@@ -126,7 +126,27 @@ def _call(pattern: str, inputs: tuple, ctx, scheduler, config, comm_sms, out):
     return cp.call(ctx, cp.state(ctx).ops, key,
                    lambda _: Op(pattern, *inputs, ctx=ctx, scheduler=scheduler, config=config,
                                 comm_sms=comm_sms).functional,
-                   None, "iris_fw.ops." + pattern, out, *inputs, replay=True, fresh=_FRESH)
+                   None, "iris_fw.ops." + pattern, out, *inputs, replay=_addresses, fresh=_FRESH)
+
+
+def _addresses(args) -> tuple | None:
+    """All that a captured op call bakes in of its ``(out, *inputs)`` (the call path's replay
+    key, :func:`iris_fw.callpath.call`): each input tensor's address and strides — the call's
+    key names their shapes, dtypes and devices and every other input itself
+    (:func:`~iris_fw.engine.contract.input_fingerprint`) — and the result's address, shape,
+    strides and dtype (a GPU tensor's; else None: never replayed). Inputs other than tensors,
+    None and plain values: what :func:`iris_fw.callpath.address_key` finds."""
+    out = args[0]
+    if not (isinstance(out, torch.Tensor) and out.is_cuda):
+        return None
+    key = [out.data_ptr(), out.shape, out.stride(), out.dtype]
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            if x is not out:
+                key += (x.data_ptr(), x.stride())
+        elif x is not None and not isinstance(x, cp.PLAIN):
+            return cp.address_key(args)
+    return tuple(key)
 
 
 def _new_result(functional, _args):

@@ -380,6 +380,14 @@ def test_address_key_and_replay_switch(iris_pool, monkeypatch):
     assert ccl_api._addresses((t, t[1:])) == (t.data_ptr(), t[1:].data_ptr())
     assert ccl_api._addresses(((t, t), (t, None))) == callpath.address_key(((t, t), (t, None)))
     assert ccl_api._addresses((None, None)) == (None, None)
+    # an op's (out, *inputs): the inputs' addresses and strides (its key names their shapes and
+    # dtypes), the result's address, shape, strides and dtype
+    o = torch.zeros(6, 4)
+    key = ops._addresses((o, t, None, 2))
+    assert key == ops._addresses((o, t, None, 2)) and key is not None
+    assert key != ops._addresses((o, t.t(), None, 2)) and key != ops._addresses((o, t[1:], None, 2))
+    assert key != ops._addresses((o.view(4, 6), t, None, 2)) and key != ops._addresses((o.t(), t, None, 2))
+    assert ops._addresses((o, (t, t))) == callpath.address_key((o, (t, t)))  # (a tuple input: all of it)
     replay, device, debug = iris_pool(1).run(_replay_switch)[0]
     assert replay == (device == "cuda" and not debug), (replay, device, debug)
 
@@ -429,13 +437,17 @@ def test_replay_decisions(monkeypatch):
     monkeypatch.setattr(callpath.torch.cuda, "stream", lambda s: contextlib.nullcontext())
     launched = []
 
-    def paths(launch_s=0.0):
-        def launch_graph(graph_exec, stream):
+    def failed(rc):
+        raise iris_fw.IrisError(f"graph launch failed with error {rc}")
+
+    def paths(launch_s=0.0, status=0):
+        def launch_graph(graph_exec, stream):  # (the driver's call: its status)
             time.sleep(launch_s)
             launched.append(graph_exec)
+            return status
         cuda = types.SimpleNamespace(capturing=lambda: False, device=lambda: 0, tf32=lambda: False, stream=lambda i: 7)
-        return types.SimpleNamespace(replay=True, torch=cuda, driver=types.SimpleNamespace(launch_graph=launch_graph),
-                                     side=None, capturing=0, replayed=0)
+        return types.SimpleNamespace(replay=True, torch=cuda, driver=types.SimpleNamespace(launch_failed=failed),
+                                     launch_graph=launch_graph, side=None, capturing=0, replayed=0)
 
     ctx = types.SimpleNamespace(tracer=None)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # (the key takes GPU tensors only)
@@ -478,6 +490,12 @@ def test_replay_decisions(monkeypatch):
     assert not quick.off  # (the last timed call is still to come)
     assert quick.run(ctx, (out, x)) is out
     assert quick.off and not quick.graphs
+
+    bad = callpath.Replay(lambda o, t: o, paths(status=700))  # a launch the driver refuses raises
+    for _ in range(callpath.CAPTURE_AFTER + 1):
+        bad.run(ctx, (out, x))
+    with pytest.raises(iris_fw.IrisError, match="error 700"):
+        bad.run(ctx, (out, x))
 
     fresh = callpath.Replay(lambda o, t: torch.zeros(4), paths())  # a new tensor each call: never kept
     for _ in range(callpath.CAPTURE_AFTER + 2):

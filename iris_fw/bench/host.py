@@ -86,9 +86,15 @@ def _bare_graph_launch(prepared, dev):
     raw = graph.raw_cuda_graph_exec() if calls is not None and hasattr(graph, "raw_cuda_graph_exec") else None
     if not raw:
         return graph.replay
-    stream, launch = driver.current_stream(), calls.launch_graph
+    stream, launch = driver.current_stream(), calls.launch_graph_status
     index = torch.cuda.current_device() if dev.index is None else dev.index
-    return lambda graph=graph: launch(raw, stream(index))  # (the graph kept alive with its handle)
+
+    def run(graph=graph):  # (the graph kept alive with its handle)
+        rc = launch(raw, stream(index))
+        if rc:
+            calls.launch_failed(rc)
+
+    return run
 
 
 #: The row of a bare prepared launch's CUDA graph, launched as the call path replays (GPU only).

@@ -226,9 +226,8 @@ def _addresses(args) -> tuple | None:
     """All that a captured collective call bakes in of its ``(src, dst)`` (the call path's
     replay key, :func:`iris_fw.callpath.call`): where both are tensors, their addresses alone —
     every tensor a call's key admits is contiguous on the context's device, of the dtypes and
-    sizes that key names, and every algorithm reads it flat; no collective calls cuBLAS, so
-    TF32 plays no part. Else (a fused call's tuples, a barrier's Nones) what
-    :func:`iris_fw.callpath.address_key` finds."""
+    sizes that key names, and every algorithm reads it flat. Else (a fused call's tuples, a
+    barrier's Nones) what :func:`iris_fw.callpath.address_key` finds."""
     src, dst = args
     if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor):
         return src.data_ptr(), dst.data_ptr()

@@ -739,7 +739,23 @@ def _run(ctx, group, q, k, v, kv_lens, sm_scale, scheduler, block_table, out, pl
             found = g.calls.put(key, _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table))
         return found
     return cp.call(ctx, g.calls, key, lambda g: _prepare(ctx, g, q, k, v, kv_lens, sm_scale, scheduler, block_table),
-                   g, _LABEL, q, k, v, kv_lens, out, block_table, replay=True, fresh=_FRESH)
+                   g, _LABEL, q, k, v, kv_lens, out, block_table, replay=_addresses, fresh=_FRESH)
+
+
+def _addresses(args) -> tuple | None:
+    """All that a captured call bakes in of its ``(q, k, v, kv_lens, out, block_table)`` (the
+    call path's replay key, :func:`iris_fw.callpath.call`): every tensor's address and strides,
+    the shapes the call's key leaves out (:func:`_key`: K's and V's, the block table's) and the
+    result's shape and dtype (a GPU tensor's; else None: never replayed). The call's key names
+    every other shape, dtype and device (a call reaches its replay only with a key: ``q``, ``k``
+    and ``v`` tensors, ``kv_lens`` and ``block_table`` tensors or None)."""
+    q, k, v, kv_lens, out, block_table = args
+    if not (isinstance(out, torch.Tensor) and out.is_cuda):
+        return None
+    return (q.data_ptr(), q.stride(), k.data_ptr(), k.shape, k.stride(), v.data_ptr(), v.shape, v.stride(),
+            out.data_ptr(), out.shape, out.stride(), out.dtype,
+            None if kv_lens is None else (kv_lens.data_ptr(), kv_lens.stride()),
+            None if block_table is None else (block_table.data_ptr(), block_table.shape, block_table.stride()))
 
 
 #: a call's result slot (``out``, the fifth argument) and what fills it when None: the call

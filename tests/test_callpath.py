@@ -388,6 +388,15 @@ def test_address_key_and_replay_switch(iris_pool, monkeypatch):
     assert key != ops._addresses((o, t.t(), None, 2)) and key != ops._addresses((o, t[1:], None, 2))
     assert key != ops._addresses((o.view(4, 6), t, None, 2)) and key != ops._addresses((o.t(), t, None, 2))
     assert ops._addresses((o, (t, t))) == callpath.address_key((o, (t, t)))  # (a tuple input: all of it)
+    # flash-decode's (q, k, v, kv_lens, out, block_table): addresses, strides, the shapes its key
+    # leaves out (K's, V's: S per rank), the result's shape and dtype
+    q, k = torch.zeros(2, 4, 8), torch.zeros(2, 16, 2, 8)
+    key = fd_module._addresses((q, k, k, None, o, None))
+    assert key == fd_module._addresses((q, k, k, None, o, None))
+    assert key != fd_module._addresses((q, k[:, :8], k, None, o, None))  # fewer tokens: another graph
+    assert key != fd_module._addresses((q, k, k, torch.zeros(2, dtype=torch.int32), o, None))
+    assert key != fd_module._addresses((q.transpose(0, 1), k, k, None, o, None))
+    assert key != fd_module._addresses((q, k, k, None, o.double(), None))
     replay, device, debug = iris_pool(1).run(_replay_switch)[0]
     assert replay == (device == "cuda" and not debug), (replay, device, debug)
 

@@ -219,8 +219,8 @@ class Replay:
     eager_s, replay_s, trials]`` — the captured call, which argument it returned (None:
     nothing), its executable graph's raw handle (launched straight through the driver,
     :func:`iris_fw.driver.calls`; None: ``graph.replay()``), the least host time of its eager
-    calls and of its replays so far, and the timed calls still to make: :data:`REPLAY_TRIALS`
-    replays and as many eager calls, in turn. After them the call keeps replaying only if a
+    calls and of its replays since the capture, and the timed calls still to make:
+    :data:`REPLAY_TRIALS` replays and as many eager calls, in turn. After them the call keeps replaying only if a
     replay took less host time than every eager call; else it runs eagerly for good (``off``:
     a one-launch call is often quicker launched than a graph). :meth:`run` replays where it can (while ``paths.replay``: the context's
     :class:`CallPaths`), else calls ``fn``."""
@@ -236,7 +236,7 @@ class Replay:
         #: it may not be captured (:func:`call`'s ``replay``); None: :func:`address_key`
         self.addresses = addresses
         self.graphs: dict = {}
-        #: address key -> [eager calls so far, their least host time]
+        #: address key -> eager calls so far
         self.seen: dict = {}
         #: eager for good: a capture failed, the result was not one of the arguments, or a
         #: replay took no less host time than an eager call
@@ -281,19 +281,14 @@ class Replay:
                 self._timed(found, time.perf_counter() - t0)
             at = found[1]
             return None if at is None else args[at]
-        seen = self.seen.get(key)
-        if seen is None:
-            if len(self.seen) >= MAX_SEEN:
+        seen = self.seen.get(key, 0)
+        if seen < CAPTURE_AFTER or len(self.graphs) >= MAX_GRAPHS:
+            if not seen and len(self.seen) >= MAX_SEEN:
                 self.seen.clear()
-            seen = self.seen[key] = [0, float("inf")]
-        if seen[0] < CAPTURE_AFTER or len(self.graphs) >= MAX_GRAPHS:
-            t0 = time.perf_counter()
-            result = self.fn(*args)
-            seen[1] = min(seen[1], time.perf_counter() - t0)
-            seen[0] += 1
-            return result
+            self.seen[key] = seen + 1
+            return self.fn(*args)
         del self.seen[key]
-        return self._capture(key, seen[1], args)
+        return self._capture(key, args)
 
     def _timed(self, found, seconds: float) -> None:
         """A timed replay took ``seconds``; after the last timed call, replay for good if the
@@ -315,7 +310,7 @@ class Replay:
             self.off = True
             self.graphs.clear()
 
-    def _capture(self, key, eager_s, args):
+    def _capture(self, key, args):
         """Capture the call on ``args`` (on a side stream, thread-local capture mode: nothing
         runs), keep the graph and replay it — or, where capturing failed or the call returned
         something other than one of its arguments (a new tensor from the graph's memory), drop
@@ -355,7 +350,7 @@ class Replay:
         graph_exec = None
         if paths.driver is not None and hasattr(graph, "raw_cuda_graph_exec"):
             graph_exec = graph.raw_cuda_graph_exec() or None
-        self.graphs[key] = [graph, at, graph_exec, eager_s, float("inf"), 2 * REPLAY_TRIALS]
+        self.graphs[key] = [graph, at, graph_exec, float("inf"), float("inf"), 2 * REPLAY_TRIALS]
         graph.replay()
         return result
 

@@ -140,10 +140,9 @@ def _addresses(args) -> tuple | None:
     if not (isinstance(out, torch.Tensor) and out.is_cuda):
         return None
     key = [out.data_ptr(), out.shape, out.stride(), out.dtype]
-    for x in args:
+    for x in args[1:]:  # (by position: an input that is ``out`` too is an input all the same)
         if isinstance(x, torch.Tensor):
-            if x is not out:
-                key += (x.data_ptr(), x.stride())
+            key += (x.data_ptr(), x.stride())
         elif x is not None and not isinstance(x, cp.PLAIN):
             return cp.address_key(args)
     return tuple(key)

@@ -388,6 +388,8 @@ def test_address_key_and_replay_switch(iris_pool, monkeypatch):
     assert key != ops._addresses((o, t.t(), None, 2)) and key != ops._addresses((o, t[1:], None, 2))
     assert key != ops._addresses((o.view(4, 6), t, None, 2)) and key != ops._addresses((o.t(), t, None, 2))
     assert ops._addresses((o, (t, t))) == callpath.address_key((o, (t, t)))  # (a tuple input: all of it)
+    sq, other = torch.zeros(4, 4), torch.zeros(4, 4)  # out as the first or the second operand
+    assert ops._addresses((sq, sq, other)) != ops._addresses((sq, other, sq))
     # flash-decode's (q, k, v, kv_lens, out, block_table): addresses, strides, the shapes its key
     # leaves out (K's, V's: S per rank), the result's shape and dtype
     q, k = torch.zeros(2, 4, 8), torch.zeros(2, 16, 2, 8)
@@ -396,7 +398,7 @@ def test_address_key_and_replay_switch(iris_pool, monkeypatch):
     assert key != fd_module._addresses((q, k[:, :8], k, None, o, None))  # fewer tokens: another graph
     assert key != fd_module._addresses((q, k, k, torch.zeros(2, dtype=torch.int32), o, None))
     assert key != fd_module._addresses((q.transpose(0, 1), k, k, None, o, None))
-    assert key != fd_module._addresses((q, k, k, None, o.double(), None))
+    assert key != fd_module._addresses((q, k, k, None, o.view(torch.int32), None))  # (the same address)
     replay, device, debug = iris_pool(1).run(_replay_switch)[0]
     assert replay == (device == "cuda" and not debug), (replay, device, debug)
 
@@ -427,6 +429,24 @@ class _FakeGraph:
 
     def raw_cuda_graph_exec(self):
         return 4242
+
+
+def test_a_cache_drops_an_entrys_replay_with_it():
+    """A CallCache keeps each entry's Replay by the entry's id while the entry is kept: replacing
+    the entry under its key, or dropping it beyond the capacity, drops its Replay too (the id
+    of an entry gone could be another's)."""
+    cache = callpath.CallCache(2)
+    first, second, third, again = (lambda: 1), (lambda: 2), (lambda: 3), (lambda: 4)
+    for key, entry in (("a", first), ("b", second)):
+        cache.put(key, entry)
+        cache._replays[id(entry)] = object()
+    cache.put("a", again)  # replaced: the old entry's replay goes
+    assert set(cache._replays) == {id(second)}
+    cache._replays[id(again)] = object()
+    cache.put("c", third)  # beyond the capacity: the least recently used ("b") goes with its replay
+    assert "b" not in cache and set(cache._replays) == {id(again)}
+    cache.clear()
+    assert not cache._replays
 
 
 def test_replay_decisions(monkeypatch):

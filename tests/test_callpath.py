@@ -242,7 +242,7 @@ def _replayed_calls(ctx):
         callpath.REPLAY_TRIALS = trials
 
 
-def _replay_loop(ctx, paths, dev, w):
+def _replay_loop(ctx, paths, dev, w, only_steps=None):
     from helpers import fresh_seed
 
     a = torch.empty(32, 64, device=dev, dtype=torch.bfloat16)
@@ -294,6 +294,11 @@ def _replay_loop(ctx, paths, dev, w):
     def graphs(cache):  # (the trace session's own keys: replays with no graph)
         return sorted(len(r.graphs) for r in cache._replays.values() if r.graphs)
 
+    if only_steps is not None:  # (_trial_calls: the calls' values only)
+        for i in range(only_steps):
+            step(i)
+        ctx.barrier()
+        return
     for i in range(6):
         step(i)
     world = paths.groups[None].calls
@@ -343,6 +348,23 @@ def test_repeated_calls_replay_as_cuda_graphs(iris_pool, on_gpu, world):
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
     iris_pool(world).run(_replayed_calls)
+
+
+def _trial_calls(ctx):
+    """The same calls with the replay's trial on (callpath.REPLAY_TRIALS, the default): after
+    each capture the calls alternate between replays and eager calls, then go on as the trial
+    decided — every call's values right (which calls keep replaying is the host's timing: not
+    checked)."""
+    assert callpath.REPLAY_TRIALS > 0
+    _replay_loop(ctx, callpath.state(ctx), ctx.device, ctx.world_size,
+                 only_steps=callpath.CAPTURE_AFTER + 1 + 2 * callpath.REPLAY_TRIALS + 2)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_replay_trials_keep_every_call_right(iris_pool, on_gpu, world):
+    if not on_gpu:
+        pytest.skip("CUDA graphs need a GPU")
+    iris_pool(world).run(_trial_calls)
 
 
 def test_triton_launch_hooks_make_calls_eager(monkeypatch):

@@ -26,15 +26,13 @@ _HIP = (("libamdhip64.so",), ("hipEventRecord", "hipStreamWaitEvent", "hipGraphL
 
 
 class DriverCalls:
-    """``record(event, stream)``, ``wait(stream, event)`` and ``launch_graph(graph_exec,
-    stream)`` on raw handles; a nonzero status raises :class:`~iris_fw.errors.IrisError` naming
-    the call."""
+    """``record(event, stream)`` and ``wait(stream, event)`` on raw handles, a nonzero status
+    raising :class:`~iris_fw.errors.IrisError` naming the call; ``launch_graph_status(graph_exec,
+    stream)``, the driver's graph launch itself, whose caller checks the status (nonzero:
+    :meth:`launch_failed`) — a replay's hot path, one Python frame fewer."""
 
     def __init__(self, record, wait, launch, names):
-        self._record, self._wait, self._launch, self._names = record, wait, launch, names
-        #: ``(graph_exec, stream) -> status``: the driver's graph launch itself, for a caller on
-        #: a hot path that checks the status inline (nonzero: :meth:`launch_failed`) and so
-        #: saves :meth:`launch_graph`'s frame
+        self._record, self._wait, self._names = record, wait, names
         self.launch_graph_status = launch
 
     def record(self, event: int, stream: int) -> None:
@@ -46,11 +44,6 @@ class DriverCalls:
         rc = self._wait(stream, event, 0)
         if rc:
             raise IrisError(f"{self._names[1]} failed with error {rc}")
-
-    def launch_graph(self, graph_exec: int, stream: int) -> None:
-        rc = self._launch(graph_exec, stream)
-        if rc:
-            self.launch_failed(rc)
 
     def launch_failed(self, rc: int) -> None:
         """Raise the :class:`~iris_fw.errors.IrisError` of a graph launch that returned ``rc``."""

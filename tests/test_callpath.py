@@ -453,6 +453,21 @@ class _FakeGraph:
         return 4242
 
 
+def test_driver_calls_name_the_call_that_failed():
+    """iris_fw.driver.DriverCalls: a nonzero status of the driver's event record or stream wait
+    raises naming the call; the graph launch returns its status, which launch_failed reports."""
+    from iris_fw import driver
+
+    calls = driver.DriverCalls(lambda e, s: 0, lambda s, e, f: 1, lambda g, s: 700,
+                               ("cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch"))
+    calls.record(1, 2)
+    with pytest.raises(iris_fw.IrisError, match="cuStreamWaitEvent failed with error 1"):
+        calls.wait(2, 1)
+    assert calls.launch_graph_status(3, 2) == 700
+    with pytest.raises(iris_fw.IrisError, match="cuGraphLaunch failed with error 700"):
+        calls.launch_failed(700)
+
+
 def test_a_cache_drops_an_entrys_replay_with_it():
     """A CallCache keeps each entry's Replay by the entry's id while the entry is kept: replacing
     the entry under its key, or dropping it beyond the capacity, drops its Replay too (the id

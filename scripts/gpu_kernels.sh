@@ -36,9 +36,10 @@
 #           the taxonomy's six local GEMMs), CUDA graphs, interleaved; gemm_large_rows.json =
 #           rows of iris_fw/tuning/gemm.json for the shapes where a candidate beat the estimate.
 #           Not in the default STEPS: STEPS=bigtile BUDGET=300 bash scripts/gpu_kernels.sh
-#   fdncu   ncu on scripts/probe_fd_small_batch.py at B 1 x 4K and 16K tokens: flash-decode's
-#           split-KV kernel beside torch SDPA's kernels (time, DRAM bytes and throughput, grid,
-#           registers, warps active) — why batch 1 trails SDPA. FDNCU_ROW: JSON fields replacing
+#   fdncu   ncu on scripts/probe_fd_small_batch.py at FDNCU_POINTS (default B 1 x 4K and 16K
+#           tokens; "4x16384" for B 4): flash-decode's split-KV kernel beside torch SDPA's kernels
+#           (time, DRAM bytes and throughput, grid, registers, warps active) — why a small batch
+#           trails SDPA. FDNCU_ROW: JSON fields replacing
 #           the table's row, e.g. FDNCU_ROW='{"swap_ab": true, "programs_per_sm": 3,
 #           "max_registers": 168, "items_per_program": 1, "max_splits": 64}'.
 #   STEPS="gemm fd" OUT=/tmp/out bash scripts/gpu_kernels.sh
@@ -141,7 +142,7 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
         # flash-decode's split-KV kernel beside SDPA's kernels at batch 1 (the gap of the fd step):
         # time, DRAM bytes and throughput, grid and occupancy of the last round's kernels
         if command -v ncu > /dev/null; then
-            for s in ${FDNCU_TOKENS:-4096 16384}; do
+            for s in ${FDNCU_POINTS:-${FDNCU_TOKENS:-4096 16384}}; do  # (FDNCU_TOKENS: the old name)
                 # FDNCU_ARGS: what ncu collects instead of these metrics (e.g. "--section
                 # WarpStateStats --section SpeedOfLight": the stall reasons)
                 timeout $(limit 60) ncu --csv --launch-skip ${FDNCU_SKIP:-0} ${FDNCU_ARGS:---metrics \
@@ -149,7 +150,7 @@ gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sus
 launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,\
 launch__occupancy_limit_shared_mem} \
                     python3 scripts/probe_fd_small_batch.py $s "${FDNCU_ROW:-}" > "$OUT/fdncu_$s.csv" 2>&1
-                echo "ncu B 1 x $s: rc $?" | tee -a "$SUMMARY"
+                echo "ncu B x S $s: rc $?" | tee -a "$SUMMARY"
                 grep -E "max \|fd|FlashDecode" "$OUT/fdncu_$s.csv" | tee -a "$SUMMARY"
                 python3 - "$OUT/fdncu_$s.csv" <<'PY' | tee -a "$SUMMARY"
 import csv, sys, collections

@@ -213,17 +213,17 @@ class _Torch:
 
 
 class Replay:
-    """The CUDA graphs of a cached call's entry ``fn`` (module docstring, "Replay"; kept beside
-    the entry in its :class:`CallCache`): ``graphs`` maps the call's address key
-    (``addresses``, with the device and the TF32 switch of cuBLAS) to ``[graph, at, graph_exec,
-    eager_s, replay_s, trials]`` — the captured call, which argument it returned (None:
-    nothing), its executable graph's raw handle (launched straight through the driver,
-    :func:`iris_fw.driver.calls`; None: ``graph.replay()``), the least host time of its eager
-    calls and of its replays since the capture, and the timed calls still to make:
-    :data:`REPLAY_TRIALS` replays and as many eager calls, in turn. After them the call keeps replaying only if a
-    replay took less host time than every eager call; else it runs eagerly for good (``off``:
-    a one-launch call is often quicker launched than a graph). :meth:`run` replays where it can (while ``paths.replay``: the context's
-    :class:`CallPaths`), else calls ``fn``."""
+    """The CUDA graphs of a cached call's entry ``fn`` (module docstring, "Replay"; kept beside the
+    entry in its :class:`CallCache`): ``graphs`` maps the call's address key (``addresses``, with
+    the device and the TF32 switch of cuBLAS) to ``[graph, at, graph_exec, eager_s, replay_s,
+    trials]`` — the captured call, which argument it returned (None: nothing), its executable
+    graph's raw handle (launched straight through the driver, :func:`iris_fw.driver.calls`; None:
+    ``graph.replay()``), the least host time of its eager calls and of its replays since the
+    capture, and the timed calls still to make: :data:`REPLAY_TRIALS` replays and as many eager
+    calls, in turn. After them the call keeps replaying only if its quickest replay took less host
+    time than its quickest eager call; else it runs eagerly for good (``off``: a one-launch call is
+    often quicker launched than a graph). :meth:`run` replays where it can (while ``paths.replay``:
+    the context's :class:`CallPaths`), else calls ``fn``."""
 
     __slots__ = ("fn", "paths", "fresh", "addresses", "graphs", "seen", "off")
 

@@ -79,12 +79,13 @@ output per call instead would replace a tensor inside the prepared launches' nes
 (not done yet: docs/performance.md, "one-rank gemm_all_reduce without its result copy", says why).
 
 **Repeated calls replay as CUDA graphs.** A call that comes back with every tensor at the same
-address (a decode loop on static buffers) is captured on its third such call and replayed from
-then on, one graph launch in place of its launches — where its first replays took less host time
-than its eager calls (:class:`iris_fw.callpath.Replay`; ``IRIS_FW_GRAPH_REPLAY=0`` turns it
-off). A call without ``out=`` makes its new result first (:meth:`Op.new_result`) and writes it,
-so it replays whenever torch's allocator hands that address back — a loop that drops its last
-result gets two addresses in turn; results kept alive get new addresses and run eagerly.
+address (a decode loop on static buffers) is captured on its third such call and replayed from then
+on, one graph launch in place of its launches — where its quickest replay took less host time than
+its quickest eager call, timed in turn after the capture (:class:`iris_fw.callpath.Replay`;
+``IRIS_FW_GRAPH_REPLAY=0`` turns it off). A call without ``out=`` makes its new result first
+(:meth:`Op.new_result`) and writes it, so it replays whenever torch's allocator hands that address
+back — a loop that drops its last result gets two addresses in turn; results kept alive get new
+addresses and run eagerly.
 
 For zero-copy use (in loops and CUDA graphs) make an :class:`Op` with :func:`plan` and call it:
 it returns its own output buffer, overwritten by the next call.

@@ -343,13 +343,6 @@ def _replay_loop(ctx, paths, dev, w, only_steps=None):
     ctx.barrier()
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_repeated_calls_replay_as_cuda_graphs(iris_pool, on_gpu, world):
-    if not on_gpu:
-        pytest.skip("CUDA graphs need a GPU")
-    iris_pool(world).run(_replayed_calls)
-
-
 def _trial_calls(ctx):
     """The same calls with the replay's trial on (callpath.REPLAY_TRIALS, the default): after
     each capture the calls alternate between replays and eager calls, then go on as the trial
@@ -361,10 +354,11 @@ def _trial_calls(ctx):
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_replay_trials_keep_every_call_right(iris_pool, on_gpu, world):
+@pytest.mark.parametrize("calls", [_replayed_calls, _trial_calls], ids=["graphs", "trial"])
+def test_repeated_calls_replay_as_cuda_graphs(iris_pool, on_gpu, world, calls):
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
-    iris_pool(world).run(_trial_calls)
+    iris_pool(world).run(calls)
 
 
 def test_triton_launch_hooks_make_calls_eager(monkeypatch):

@@ -36,6 +36,9 @@
 #           the taxonomy's six local GEMMs), CUDA graphs, interleaved; gemm_large_rows.json =
 #           rows of iris_fw/tuning/gemm.json for the shapes where a candidate beat the estimate.
 #           Not in the default STEPS: STEPS=bigtile BUDGET=300 bash scripts/gpu_kernels.sh
+#   ws      scripts/probe_warp_specialized.py at W = 1 (one rank): the warp_specialized scheduler's
+#           Gluon kernel on each GEMM tile path against float64, and its time next to
+#           fused_sequential (the Triton GEMM) and torch.matmul at 4096^3; ws.json.
 #   fdncu   ncu on scripts/probe_fd_small_batch.py at FDNCU_POINTS (default B 1 x 4K and 16K
 #           tokens; "4x16384" for B 4): flash-decode's split-KV kernel beside torch SDPA's kernels
 #           (time, DRAM bytes and throughput, grid, registers, warps active) — why a small batch
@@ -138,6 +141,11 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
         else
             echo "ncu absent: no L2 hit rates (time only)" | tee -a "$SUMMARY"
         fi ;;
+    ws)
+        IRIS_FW_BOOTSTRAP=single timeout -k 10 $(limit ${WS_TIMEOUT:-120}) python3 scripts/probe_warp_specialized.py \
+            "$OUT/ws.json" > "$OUT/ws.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r" | tee -a "$SUMMARY"
+        grep -E 'us_|error' "$OUT/ws.log" | cut -c1-300 | tee -a "$SUMMARY" ;;
     fdncu)
         # flash-decode's split-KV kernel beside SDPA's kernels at batch 1 (the gap of the fd step):
         # time, DRAM bytes and throughput, grid and occupancy of the last round's kernels
@@ -173,7 +181,7 @@ PY
     echo "   ($(( $(date +%s) - t0 )) s)" | tee -a "$SUMMARY"
 done
 # at most 8 files come back: summary and tuning snippets stay outside, the rest packed
-keep="summary.md gemm_tuning_rows.json flash_decode_tuning_row.json gemm_tile_order.json gemm_large_rows.json"
+keep="summary.md ws.json gemm_tuning_rows.json flash_decode_tuning_row.json gemm_tile_order.json gemm_large_rows.json"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz $(for f in $keep; do echo --exclude=./$f; done) ./* \
     && find . -mindepth 1 ! -name logs.tgz $(for f in $keep; do echo ! -name $f; done) -delete)
 ls -la "$OUT"

@@ -9,7 +9,8 @@
 #   tests   tests/test_gemm.py (split-K against float64 at ragged shapes, graph replay with fresh
 #           inputs), the flash-decode by_units and residency-guard tests, and the trace tests whose events come from
 #           the compiled recording path (op events at W = 2, traced graph replay: two ranks on
-#           the GPU under CUDA MPS, scripts/mps.sh) — last: the sweeps check their candidates
+#           the GPU under CUDA MPS, scripts/mps.sh), then MPS_TESTS (pytest arguments, e.g.
+#           "tests/test_flash_decode.py") at the worlds MPS_WORLDS (default 1,2) — last: the sweeps check their candidates
 #           against torch themselves; before groups, the least urgent.
 #   gemm    scripts/tune_gemm.py: split-K / block / warps / stages candidates vs cuBLAS at
 #           M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672 (CUDA graphs, interleaved);
@@ -90,6 +91,11 @@ for step in $STEPS; do
         timeout $(limit ${TRACE_TESTS_TIMEOUT:-90}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 \
             tests/test_trace.py -k "test_op_events and not every or traced_graph_replay" > "$OUT/tests_trace.log" 2>&1
         r=$?; rc=$(( rc | r )); { echo "trace tests rc $r: $(tail -1 "$OUT/tests_trace.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_trace.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
+        if [ -n "${MPS_TESTS:-}" ]; then  # more tests with the ranks sharing the GPU under MPS (W = 1, 2)
+            timeout $(limit ${MPS_TESTS_TIMEOUT:-200}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 150 \
+                --iris-worlds=${MPS_WORLDS:-1,2} $MPS_TESTS > "$OUT/tests_mps.log" 2>&1
+            r=$?; rc=$(( rc | r )); { echo "MPS tests rc $r: $(tail -1 "$OUT/tests_mps.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_mps.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
+        fi
         declare -f mps_stop > /dev/null && mps_stop ;;
     gemm)
         timeout -k 10 $(limit ${GEMM_TIMEOUT:-170}) python3 scripts/tune_gemm.py --rounds ${GEMM_ROUNDS:-10} --out "$OUT" \

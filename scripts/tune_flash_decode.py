@@ -81,12 +81,24 @@ def light(cap: int) -> list[Candidate]:
                Candidate(1, 64, 4, 2, 3, cap, False, 168), Candidate(1, 32, 4, 2, 4, cap, False, 128)])
 
 
+def stream_k_fill() -> list[Candidate]:
+    """Grids that fill every slot at small batch (one item per program, no cap: the kernel deals
+    the units' KV tiles out in equal runs, so 132 or 264 programs need not be a multiple of the
+    units) with the unit's combine in one pass (``combine_unroll`` at the split bound: 18 splits
+    at most at batch 1 on 132 programs, 33 on 264)."""
+    return ([Candidate(1, bn, w, st, 1, MAX_SPLITS, False, 0, 32) for bn, w in ((64, 4), (64, 8), (128, 4), (128, 8))
+             for st in (2, 3)]
+            + [Candidate(1, bn, 4, st, 2, MAX_SPLITS, False, 0, 64) for bn in (32, 64) for st in (2, 3)]
+            + [Candidate(1, 64, 4, 2, 2, MAX_SPLITS, True, 0, 64), Candidate(1, 64, 4, 3, 1, MAX_SPLITS, True, 0, 32)])
+
+
 #: Candidates at every batch (run 31's 36, then :func:`light` at 8 splits): the split count from items per
 #: program, or, with one item per program, capped at 4 and 8 (at batch 1 and 2 more splits meant
 #: a longer combine of the unit's partials before the combine was unrolled: run 28, 33 splits
 #: took twice the time of 16).
 GRID = ([Candidate(items, bn, w, 3, 1, MAX_SPLITS) for items in (1, 2, 4, 8) for bn in (32, 64, 128) for w in (4, 8)]
-        + [Candidate(1, bn, w, 3, 1, cap) for cap in (4, 8) for bn in (32, 64, 128) for w in (4, 8)] + light(8))
+        + [Candidate(1, bn, w, 3, 1, cap) for cap in (4, 8) for bn in (32, 64, 128) for w in (4, 8)] + light(8)
+        + [Candidate(1, bn, w, 3, 1, 1) for bn, w in ((64, 8), (128, 4), (128, 8))])
 #: Batches at most this large take :data:`SMALL_GRID` instead.
 SMALL_BATCH = 4
 #: Candidates at small batch (run 35's 40, then :func:`light` at 64 splits and the swapped kernel
@@ -98,7 +110,8 @@ SMALL_GRID = ([Candidate(4, bn, 4, st, 2, cap) for bn in (32, 64) for st in (2, 
                  for cap in (8, 16, 32)]
               + light(64)
               + [Candidate(4, 64, 4, 2, pps, cap, True) for pps in (1, 2) for cap in (16, 32)]
-              + [Candidate(4, 64, 8, 3, 1, 16, True), Candidate(4, 128, 8, 2, 1, 16, True)])
+              + [Candidate(4, 64, 8, 3, 1, 16, True), Candidate(4, 128, 8, 2, 1, 16, True)]
+              + stream_k_fill())
 #: ``--grid combine``: the unit combine's loads in flight at once (``combine_unroll``; at least the
 #: split count: all of them) at these split caps, on the current row's tile and on 2 programs per
 #: SM of 4 warps (more splits cost less where their combine is one round of loads).

@@ -251,10 +251,10 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
             tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
             t0 = tr.record_start(trace, TRACE)
         if live:
-            o, lse2 = _combine_partials(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack, world_size,
-                                        rows_valid, _LOG2E, 0, _SLOT_GROUP, DV, CR, BDV)
+            ranks_o, _ = _combine_partials(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack,
+                                           world_size, rows_valid, _LOG2E, 0, _SLOT_GROUP, DV, CR, BDV)
             crows = tl.arange(0, CR)
-            tl.store(out + (b * HQ + h0) * DV + crows[:, None] * DV + cols[None, :], o.to(out.dtype.element_ty),
+            tl.store(out + (b * HQ + h0) * DV + crows[:, None] * DV + cols[None, :], ranks_o.to(out.dtype.element_ty),
                      mask=(crows[:, None] < rows_valid) & (cols[None, :] < DV))
     else:
         tl.store(mine + o_off, o, mask=omask)
@@ -268,10 +268,17 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
 
 
 @triton.jit
-def _split_owner(tile, work, busy):
-    """The program holding ``tile`` of the ``work`` tiles dealt out in contiguous runs to
-    ``busy`` programs (program ``p``: tiles ``p·work // busy … (p+1)·work // busy - 1``)."""
-    return ((tile + 1) * busy + work - 1) // work - 1
+def _unit_programs(u, units, tiles, busy):
+    """The first and the last of the ``busy`` programs holding tiles of unit ``u``, where the
+    ``units x tiles`` tiles (``work``) are dealt out in contiguous runs, program ``p`` taking
+    tiles ``floor(p·work / busy) …``: the owners of the unit's first and last tile,
+    ``ceil((t+1)·busy / work) - 1``, in 32-bit arithmetic (``u·busy = a·units + b``)."""
+    work = units * tiles
+    a = u * busy // units
+    b = u * busy % units
+    first = a + (b * tiles + busy + work - 1) // work - 1
+    last = ((u + 1) * busy + units - 1) // units - 1
+    return first, last
 
 
 # (batch and split-slot count unspecialized: one compile serves every batch size, Triton's ``== 1``
@@ -303,9 +310,9 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
 
     **Work** (stream-K over the KV tiles): every unit's slice is ``tiles = cdiv(seq, BLOCK_N)``
     tiles (at least one, so that every unit is delivered, also of an empty slice; a sequence's
-    tiles past its ``kv_lens`` are empty), the units' tiles laid end to end, and program ``p``
-    of the grid takes the contiguous run ``p·work // busy … (p+1)·work // busy - 1``
-    (:func:`_split_owner`; ``busy``: the programs, at most one per tile). A program's run cut at
+    tiles past its ``kv_lens`` are empty), the units' tiles laid end to end (``work``), and
+    program ``p`` of the grid's ``busy`` (at most one per tile) takes the contiguous run from
+    tile ``floor(p·work / busy)`` (:func:`_unit_programs`). A program's run cut at
     the units' borders is its *splits*, in unit order: a unit has as many splits as programs
     hold its tiles — ``programs / units`` where the units divide the grid, else at most
     ``split_slots`` (the host's bound: ``programs // units + 2``) — and every SM's programs get
@@ -344,12 +351,16 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     if TRACE:
         started = tr.record_start(trace, TRACE)
     live = 1
-    tiles = tl.maximum((seq + BLOCK_N - 1) // BLOCK_N, 1).to(tl.int64)  # per unit
-    work = units.to(tl.int64) * tiles
-    busy = tl.minimum(nprog.to(tl.int64), work)  # programs with work (each at least one tile)
-    mine_ = pid < busy
-    lo = tl.where(mine_, pid * work // busy, 0)
-    hi = tl.where(mine_, (pid + 1) * work // busy, 0)
+    # the units' tiles laid end to end, dealt out in contiguous runs: program p's from tile
+    # floor(p·work / busy) (32-bit: work = units x tiles < 2^30, e.g. 1024 sequences x 8 kv heads x
+    # 1M tokens in 64-token tiles)
+    tiles = tl.maximum((seq + BLOCK_N - 1) // BLOCK_N, 1)  # per unit
+    work = units * tiles
+    busy = tl.minimum(nprog, work)  # programs with work (each at least one tile)
+    per = work // busy
+    extra = work % busy
+    lo = pid * per + pid * extra // busy
+    hi = tl.where(pid < busy, (pid + 1) * per + (pid + 1) * extra // busy, lo)
     u_first = lo // tiles
     u_last = tl.where(hi > lo, (hi - 1) // tiles, u_first - 1)
     for u in range(u_first, u_last + 1):
@@ -358,8 +369,9 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         else:
             t0 = 0
         at = u * tiles  # the unit's first tile
-        n_split = _split_owner(at + tiles - 1, work, busy) - _split_owner(at, work, busy) + 1
-        s = pid - _split_owner(at, work, busy)  # this program's split of the unit
+        owner, last_owner = _unit_programs(u, units, tiles, busy)
+        n_split = last_owner - owner + 1
+        s = pid - owner  # this program's split of the unit
         b = u // (HKV * HB)  # as _unit (inlined: the interpreter pays per nested call)
         kvh = (u // HB) % HKV
         hb = u % HB
@@ -368,8 +380,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         length = seq
         if HAS_LENS:
             length = tl.minimum(tl.maximum(tl.load(kv_lens + b), 0), seq)
-        start = tl.minimum((tl.maximum(lo, at) - at) * BLOCK_N, length).to(tl.int32)
-        end = tl.minimum((tl.minimum(hi, at + tiles) - at) * BLOCK_N, length).to(tl.int32)
+        start = tl.minimum((tl.maximum(lo, at) - at) * BLOCK_N, length)
+        end = tl.minimum((tl.minimum(hi, at + tiles) - at) * BLOCK_N, length)
         b64 = tl.cast(b, tl.int64)
         k_ptr = k + kvh * stride_kh
         v_ptr = v + kvh * stride_vh

@@ -628,6 +628,11 @@ _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
     ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
                                       "BLOCK_N": 64, "MAX_SPLITS": 16, "HAS_LENS": False, "PAGE": 0,
                                       "FUSED": False, "EXACT": False, "CROWS": 4, "COMBINE_UNROLL": 16}),
+    # fused with the unit's 4 heads combined (the ranks' combine on 4 rows, a unit's one split's
+    # tile on 16)
+    ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
+                                      "BLOCK_N": 128, "MAX_SPLITS": 32, "HAS_LENS": False, "PAGE": 0,
+                                      "FUSED": True, "EXACT": False, "CROWS": 4, "COMBINE_UNROLL": 32}),
     # the split's products swapped (tokens on the MMA's M side: wgmma on sm_90), fused and paged
     ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
                                       "BLOCK_N": 64, "MAX_SPLITS": 64, "HAS_LENS": False, "PAGE": 0,

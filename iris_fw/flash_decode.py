@@ -22,23 +22,21 @@ valid token gets zeros. Every rank's ``o`` is bitwise the same.
 
 **Work decomposition.** A *unit* is (sequence b, kv head, block of at most ``max_rows`` query
 heads of that kv head: all ``G = Hq / Hkv`` of them unless G is large); each unit's slice of
-this rank is ``cdiv(S_r, block_n)`` KV tiles. A persistent grid of programs — ``programs_per_sm``
-per SM (tuning table; a ``fused`` plan caps it at what one SM holds of the compiled kernel:
-:meth:`FlashDecode._fit_residency`), at most ``units * n_split`` of them, ``n_split`` the splits
-per unit the row's ``items_per_program`` per slot make (batch 1 × 8 kv heads on 132 SMs, one
-program per SM, one item: 17 splits, all 132 programs) — deals the units' tiles out in
-contiguous runs of equal length (stream-K, on the device from ``S_r``): a program's run cut at
-the units' borders is its *splits* (a sequence's tiles past its valid length are empty), so
-every SM streams as many tiles as the others whatever the batch. A split program loads the
-unit's query heads as one ``[ROWS, D]`` tile (padded to 16 rows so
+this rank is cut into ``n_split`` block-aligned *splits* (per sequence, from its valid
+length, on the device). A persistent grid of ``programs_per_sm`` programs per SM (tuning
+table; a ``fused`` plan caps it at what one SM holds of the compiled kernel:
+:meth:`FlashDecode._fit_residency`) takes the work items (unit, split) ``pid, pid + programs,
+…``; ``n_split`` is chosen from the unit count so that the items about fill the grid (batch 1 ×
+8 kv heads on 132 SMs, one program per SM: 16 splits).
+A split program loads the unit's query heads as one ``[ROWS, D]`` tile (padded to 16 rows so
 ``tl.dot`` applies: the K and V tiles are read once for all query heads of the kv head), runs
 the online softmax over its ``BLOCK_N``-token K/V tiles (the row's ``swap_ab``: the products
 transposed, tokens on the MMA's M side and the query heads on N — on Hopper ``wgmma`` from
 shared memory, fewer registers a thread), and stores its partial (normalized
 ``o`` and log-sum-exp) in a local scratch. It then counts itself on the unit's counter (local
-atomic); the split that arrives *last* combines the unit's partials (in split
+atomic); the split that arrives *last* combines the unit's ``n_split`` partials (in split
 order; their loads in unrolled groups, in flight together) into this rank's partial of the
-unit; a unit held by one program whole needs none of that. What follows is the *algorithm*'s
+unit. What follows is the *algorithm*'s
 (``scheduler=``; see below): ``fused`` (``"auto"``) pushes the partial to every rank, waits
 for theirs and combines them in the same kernel (one launch per call, no host
 synchronization); ``bulk_sync`` stores it locally, all-gathers the partials and combines
@@ -479,10 +477,9 @@ class FlashDecode:
         self._fit_residency()
         self.pack = call.batch * call.q_heads * (call.v_head_dim + 1)
         f32 = torch.float32
-        self.partials = torch.empty(max(1, self.units * self.split_slots * self.combine_rows * call.v_head_dim),
+        self.partials = torch.empty(max(1, self.units * self.n_split * self.combine_rows * call.v_head_dim),
                                     dtype=f32, device=dev)
-        self.partial_lse = torch.empty(max(1, self.units * self.split_slots * self.combine_rows), dtype=f32,
-                                       device=dev)
+        self.partial_lse = torch.empty(max(1, self.units * self.n_split * self.combine_rows), dtype=f32, device=dev)
         self.unit_counters = torch.zeros(max(1, self.units), dtype=torch.int64, device=dev)
         #: a dense tensor shaped like a call's result, for new results (:meth:`new_result`):
         #: ``torch.empty_like`` of it costs a fraction of ``torch.empty(shape, dtype=, device=)``
@@ -496,27 +493,16 @@ class FlashDecode:
     def _split(self, tune: Tuning) -> None:
         """Plan the grid for ``tune`` (the row for this many units): the split count, the
         programs, the attention kernel's constexprs (:attr:`constexprs`; ``MAX_SPLITS``, the
-        bound of its splits' combine, and the combine's tile, ``COMBINE_UNROLL``, from the
-        splits a unit can get: batch sizes of one row share a compile unless their powers of two
-        differ) and launch options (:attr:`options`).
-
-        The kernel deals the units' KV tiles out to its programs in contiguous runs (stream-K:
-        :func:`~iris_fw.flash_decode_kernels._flash_decode_kernel`), so the grid need not be a
-        multiple of the units: ``n_split`` (the splits per unit the row aims at: the row's
-        ``items_per_program`` per slot, shared out among the units, rounded up, at most
-        ``max_splits``) decides the programs, ``min(units * n_split, slots)``; where the units
-        divide them every unit has ``programs / units`` splits, else up to
-        ``programs // units + 2`` (:attr:`split_slots`, the scratch's slots per unit)."""
+        bound of its splits' combine, from the row and the grid, not the batch; the combine's
+        tile, ``COMBINE_UNROLL``, at most the split count's power of two: batch sizes of one
+        row share a compile unless their split counts' powers of two differ) and launch
+        options (:attr:`options`)."""
         call = self.call
         self.tune = tune
         slots = devinfo.num_sms(self.group.ctx.device) * tune.programs_per_sm
-        units = max(self.units, 1)
-        self.n_split = max(1, min(tune.max_splits, -(-slots * tune.items_per_program // units)))
-        self.nprog = max(1, min(units * self.n_split, slots))
-        #: the most splits a unit gets (the scratch's slots per unit): the programs' share where
-        #: the units divide them, else a run may start and end inside a unit (+ 2, floor)
-        self.split_slots = self.nprog // units if self.nprog % units == 0 else self.nprog // units + 2
-        max_splits = triton.next_power_of_2(self.split_slots)
+        self.n_split = max(1, min(tune.max_splits, slots * tune.items_per_program // max(self.units, 1)))
+        self.nprog = max(1, min(self.units * self.n_split, slots))
+        max_splits = triton.next_power_of_2(min(tune.max_splits, slots * tune.items_per_program))
         #: the attention kernel's constexprs and launch options (an algorithm's variants add theirs)
         self.constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim,
                                ROWS=self.rows, BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
@@ -524,7 +510,7 @@ class FlashDecode:
                                MAX_SPLITS=max_splits, HAS_LENS=call.has_lens, PAGE=call.page_size,
                                EXACT=call.dtype == torch.float32, SWAP_AB=bool(tune.swap_ab),
                                CROWS=self.combine_rows,
-                               COMBINE_UNROLL=min(tune.combine_unroll, max_splits))
+                               COMBINE_UNROLL=min(tune.combine_unroll, triton.next_power_of_2(self.n_split)))
         self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         if tune.max_registers and not torch.version.hip:  # (Triton's AMD backend has no maxnreg)
             self.options["maxnreg"] = tune.max_registers
@@ -587,7 +573,7 @@ class FlashDecode:
                     block_table=i32 if page else None, out=c.dtype if fused else None, partials=f32,
                     partial_lse=f32, unit_counters=i64, mine=None if fused else f32,
                     recv=f32 if fused else None, slots=i64 if fused else None, epochs=i64 if fused else None,
-                    batch=c.batch, seq=seq, split_slots=self.split_slots, stride_qb=c.q_heads * d, stride_qh=d,
+                    batch=c.batch, seq=seq, n_split=self.n_split, stride_qb=c.q_heads * d, stride_qh=d,
                     stride_qd=1, stride_kb=kb, stride_ks=hkv * d, stride_kh=d, stride_kd=1, stride_vb=vb,
                     stride_vs=hkv * dv, stride_vh=dv, stride_vd=1, stride_tb=seq // page if page else 0,
                     qk_scale=self.qk_scale, rank=group.rank, world_size=group.size,
@@ -600,7 +586,7 @@ class FlashDecode:
         bases."""
         group, call = self.group, self.call
         return dict(partials=self.partials, partial_lse=self.partial_lse, unit_counters=self.unit_counters,
-                    batch=call.batch, split_slots=self.split_slots, qk_scale=self.qk_scale, rank=group.rank,
+                    batch=call.batch, n_split=self.n_split, qk_scale=self.qk_scale, rank=group.rank,
                     world_size=group.size, heap_bases=group.heap_bases)
 
     def trace_handle(self, tracer, role: str, programs: int):

@@ -216,8 +216,8 @@ def _combine_partials(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, L
 
 @triton.jit
 def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank, world_size, heap_bases,
-                  pack, lse_at, trace, t0, HQ: tl.constexpr, DV: tl.constexpr, R: tl.constexpr, CR: tl.constexpr,
-                  BDV: tl.constexpr, FUSED: tl.constexpr, TRACE: tl.constexpr):
+                  pack, lse_at, trace, t0, HQ: tl.constexpr, DV: tl.constexpr, R: tl.constexpr, BDV: tl.constexpr,
+                  FUSED: tl.constexpr, TRACE: tl.constexpr):
     """Deliver unit ``u``'s combined partial — ``o [R, BDV]`` (normalized) and ``lse2 [R]``
     (base 2) of its ``rows_valid`` query heads from ``h0`` of sequence ``b``, ``R`` rows a
     tile: ``FUSED``, pushed to every rank's receive buffer ``buf`` (the packed layout), the
@@ -225,9 +225,9 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
     wait no more waiting) and combined into ``out``; else stored into ``mine``, this rank's
     packed partial. Traced from ``t0`` (the splits' combine before it): ``reduce``, and
     ``FUSED`` a ``push``, the ``arrivals`` wait and the ranks' ``reduce``. Returns ``live``.
-    (The ranks' combine runs on ``CR``-row tiles — the unit's query heads — whatever the tile
-    delivered, ``R`` rows: ranks whose slices split a unit differently, one split or several,
-    get bitwise the same ``out``.)"""
+    (The ranks' combine runs on ``R``-row tiles — the unit's heads where its splits were
+    combined, the products' padded rows where it had one split — so ranks get bitwise the same
+    ``out`` where they planned the same split count: the same tuning row and SM count.)"""
     rows = tl.arange(0, R)
     cols = tl.arange(0, BDV)
     omask = (rows[:, None] < rows_valid) & (cols[None, :] < DV)
@@ -251,11 +251,9 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
             tr.record_wait(trace, TRACE, t0, tr.ARRIVALS, slots + u * world_size, rank, heap_bases, u)
             t0 = tr.record_start(trace, TRACE)
         if live:
-            ranks_o, _ = _combine_partials(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack,
-                                           world_size, rows_valid, _LOG2E, 0, _SLOT_GROUP, DV, CR, BDV)
-            crows = tl.arange(0, CR)
-            tl.store(out + (b * HQ + h0) * DV + crows[:, None] * DV + cols[None, :], ranks_o.to(out.dtype.element_ty),
-                     mask=(crows[:, None] < rows_valid) & (cols[None, :] < DV))
+            o, lse2 = _combine_partials(buf + (b * HQ + h0) * DV, buf + lse_at + b * HQ + h0, pack, pack, world_size,
+                                        rows_valid, _LOG2E, 0, _SLOT_GROUP, DV, R, BDV)
+            tl.store(out + o_off, o.to(out.dtype.element_ty), mask=omask)
     else:
         tl.store(mine + o_off, o, mask=omask)
         tl.store(mine + lse_off, lse, mask=rows < rows_valid)
@@ -267,25 +265,11 @@ def _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, ep
 # ---- kernels ----------------------------------------------------------------------------------------
 
 
-@triton.jit
-def _unit_programs(u, units, tiles, busy):
-    """The first and the last of the ``busy`` programs holding tiles of unit ``u``, where the
-    ``units x tiles`` tiles (``work``) are dealt out in contiguous runs, program ``p`` taking
-    tiles ``floor(p·work / busy) …``: the owners of the unit's first and last tile,
-    ``ceil((t+1)·busy / work) - 1``, in 32-bit arithmetic (``u·busy = a·units + b``)."""
-    work = units * tiles
-    a = u * busy // units
-    b = u * busy % units
-    first = a + (b * tiles + busy + work - 1) // work - 1
-    last = ((u + 1) * busy + units - 1) // units - 1
-    return first, last
-
-
-# (batch and split-slot count unspecialized: one compile serves every batch size, Triton's ``== 1``
-# and divisibility-by-16 variants of them would each compile anew for ~nothing saved per split)
-@triton.jit(do_not_specialize=["batch", "split_slots"])
+# (batch and split count unspecialized: one compile serves every batch size, Triton's ``== 1`` and
+# divisibility-by-16 variants of them would each compile anew for ~nothing saved per work item)
+@triton.jit(do_not_specialize=["batch", "n_split"])
 def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_lse, unit_counters, mine, recv, slots,
-                         epochs, batch, seq, split_slots,
+                         epochs, batch, seq, n_split,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_vb, stride_vs, stride_vh, stride_vd, stride_tb,
                          qk_scale, rank, world_size, heap_bases,
@@ -307,29 +291,19 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     ``SWAP_AB``: the split's attention as :func:`_split_attention_swapped` (tokens on the MMA's
     M side: Hopper's ``wgmma``, fewer registers), else :func:`_split_attention` (the tuning row's
     ``swap_ab``).
-
-    **Work** (stream-K over the KV tiles): every unit's slice is ``tiles = cdiv(seq, BLOCK_N)``
-    tiles (at least one, so that every unit is delivered, also of an empty slice; a sequence's
-    tiles past its ``kv_lens`` are empty), the units' tiles laid end to end (``work``), and
-    program ``p`` of the grid's ``busy`` (at most one per tile) takes the contiguous run from
-    tile ``floor(p·work / busy)`` (:func:`_unit_programs`). A program's run cut at
-    the units' borders is its *splits*, in unit order: a unit has as many splits as programs
-    hold its tiles — ``programs / units`` where the units divide the grid, else at most
-    ``split_slots`` (the host's bound: ``programs // units + 2``) — and every SM's programs get
-    the same number of tiles whatever the batch. ``MAX_SPLITS``: a power of two, at least
-    ``split_slots`` (the splits' combine, :func:`_combine_partials`, takes their maximum from
-    one tile and loads ``COMBINE_UNROLL`` splits' partials at once). ``CROWS``: the rows of a
-    unit's combined tiles — its query heads, not the ``ROWS`` padded for the products
-    (``min(ROWS, next_power_of_2(HQ // HKV))``). Local scratch: ``partials`` fp32 ``[units,
-    split_slots, CROWS, DV]``, ``partial_lse`` fp32 ``[units, split_slots, CROWS]``,
-    ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's partial is *packed* as
-    ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]`` then natural-log ``lse [B, HQ]``; not
-    ``FUSED``: stored into ``mine [pack]``. ``FUSED``: ``recv`` symmetric fp32 ``[2,
-    world_size, pack]``, ``slots`` symmetric int64 ``[units, world_size]``, ``epochs`` int64
-    ``[programs]``.
+    ``n_split``: splits per unit, at most ``MAX_SPLITS`` (a power of two: the splits' combine,
+    :func:`_combine_partials`, takes their maximum from one tile and loads ``COMBINE_UNROLL``
+    splits' partials at once). ``CROWS``: the rows of a unit's combined tiles — its query heads,
+    not the ``ROWS`` padded for the products (``min(ROWS, next_power_of_2(HQ // HKV))``). Local
+    scratch: ``partials`` fp32 ``[units, n_split, CROWS, DV]``, ``partial_lse`` fp32 ``[units,
+    n_split, CROWS]``, ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's
+    partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]`` then natural-log
+    ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
+    ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
+    ``[units, world_size]``, ``epochs`` int64 ``[programs]``.
 
     Traced (:mod:`iris_fw.trace`): per program its span (item: the call's epoch, ``FUSED``;
-    else -1); per split an ``attention`` event (item: ``unit * split_slots + split``); the
+    else -1); per work item an ``attention`` event (item: ``unit * n_split + split``); the
     unit's last split also a ``reduce`` (the splits' combine, item: the unit) and, ``FUSED``,
     a ``push`` of the partial to the peers, the ``arrivals`` wait on the unit's slots and a
     ``reduce`` of the ranks' partials."""
@@ -351,38 +325,23 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     if TRACE:
         started = tr.record_start(trace, TRACE)
     live = 1
-    # the units' tiles laid end to end, dealt out in contiguous runs: program p's from tile
-    # floor(p·work / busy) (32-bit: work = units x tiles < 2^30, e.g. 1024 sequences x 8 kv heads x
-    # 1M tokens in 64-token tiles)
-    tiles = tl.maximum((seq + BLOCK_N - 1) // BLOCK_N, 1)  # per unit
-    work = units * tiles
-    busy = tl.minimum(nprog, work)  # programs with work (each at least one tile)
-    per = work // busy
-    extra = work % busy
-    lo = pid * per + pid * extra // busy
-    hi = tl.where(pid < busy, (pid + 1) * per + (pid + 1) * extra // busy, lo)
-    u_first = lo // tiles
-    u_last = tl.where(hi > lo, (hi - 1) // tiles, u_first - 1)
-    for u in range(u_first, u_last + 1):
+    for item in range(pid, units * n_split, nprog):
         if TRACE:
             t0 = tr.record_start(trace, TRACE)
         else:
             t0 = 0
-        at = u * tiles  # the unit's first tile
-        owner, last_owner = _unit_programs(u, units, tiles, busy)
-        n_split = last_owner - owner + 1
-        s = pid - owner  # this program's split of the unit
+        u = item // n_split
+        s = item % n_split
         b = u // (HKV * HB)  # as _unit (inlined: the interpreter pays per nested call)
         kvh = (u // HB) % HKV
-        hb = u % HB
-        h0 = kvh * G + hb * ROWS
-        rows_valid = tl.minimum(G - hb * ROWS, ROWS)
+        h0 = kvh * G + (u % HB) * ROWS
+        rows_valid = tl.minimum(G - (u % HB) * ROWS, ROWS)
         length = seq
         if HAS_LENS:
             length = tl.minimum(tl.maximum(tl.load(kv_lens + b), 0), seq)
-        start = tl.minimum((tl.maximum(lo, at) - at) * BLOCK_N, length)
-        end = tl.minimum((tl.minimum(hi, at + tiles) - at) * BLOCK_N, length)
-        b64 = tl.cast(b, tl.int64)
+        chunk = ((length + n_split - 1) // n_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        start = tl.minimum(s * chunk, length)
+        b64 = b.to(tl.int64)
         k_ptr = k + kvh * stride_kh
         v_ptr = v + kvh * stride_vh
         table = block_table  # None unless paged
@@ -393,25 +352,25 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             table = block_table + b64 * stride_tb
         if SWAP_AB:
             acc, m, l = _split_attention_swapped(
-                q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start, end, rows_valid, stride_qh,
-                stride_qd, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS,
-                BD, BDV, BLOCK_N, PAGE, EXACT)
+                q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
+                tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+                stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         else:
             acc, m, l = _split_attention(
-                q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start, end, rows_valid, stride_qh,
-                stride_qd, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS,
-                BD, BDV, BLOCK_N, PAGE, EXACT)
+                q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
+                tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+                stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         # this split's partial, normalized, and its base-2 log-sum-exp
         safe = tl.where(l > 0, l, 1.0)
         o = acc / safe[:, None]
         lse2 = tl.where(l > 0, m + tl.log2(safe), float("-inf"))
-        slot = u * split_slots + s
         if n_split > 1:  # (CROWS rows a slot: rows past rows_valid <= CROWS are not stored)
+            slot = u * n_split + s
             tl.store(partials + slot * CROWS * DV + rows[:, None] * DV + cols[None, :], o,
                      mask=(rows[:, None] < rows_valid) & (cols[None, :] < DV))
             tl.store(partial_lse + slot * CROWS + rows, lse2, mask=rows < rows_valid)
         if TRACE:
-            tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, slot)
+            tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
             t0 = tr.record_start(trace, TRACE)
         # one split: its partial is the unit's (the values the combine of one split gives) — no
         # scratch, no counter, no combine; else the unit's last split to get here combines them
@@ -422,15 +381,14 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             tl.debug_barrier()
             if done == n_split - 1:
                 tl.store(unit_counters + u, 0)
-                oc, lc = _combine_partials(partials + u * split_slots * CROWS * DV,
-                                           partial_lse + u * split_slots * CROWS, CROWS * DV, CROWS, n_split,
-                                           rows_valid, 1.0, MAX_SPLITS, COMBINE_UNROLL, DV, CROWS, BDV)
+                oc, lc = _combine_partials(partials + u * n_split * CROWS * DV, partial_lse + u * n_split * CROWS,
+                                           CROWS * DV, CROWS, n_split, rows_valid, 1.0, MAX_SPLITS, COMBINE_UNROLL,
+                                           DV, CROWS, BDV)
                 live = _deliver_unit(oc, lc, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank,
-                                     world_size, heap_bases, pack, lse_at, trace, t0, HQ, DV, CROWS, CROWS, BDV,
-                                     FUSED, TRACE)
+                                     world_size, heap_bases, pack, lse_at, trace, t0, HQ, DV, CROWS, BDV, FUSED, TRACE)
         else:
             live = _deliver_unit(o, lse2, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank, world_size,
-                                 heap_bases, pack, lse_at, trace, t0, HQ, DV, ROWS, CROWS, BDV, FUSED, TRACE)
+                                 heap_bases, pack, lse_at, trace, t0, HQ, DV, ROWS, BDV, FUSED, TRACE)
     if TRACE:
         if FUSED:
             tr.record_end(trace, TRACE, started, tr.PROGRAM, tr.SPAN, epoch)

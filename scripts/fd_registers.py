@@ -55,7 +55,7 @@ def compile_variant(block_n, num_warps, num_stages, swap_ab, max_registers, fuse
                 out=ptr(bf16) if fused else None, partials=ptr(f32), partial_lse=ptr(f32), unit_counters=ptr(i64),
                 mine=None if fused else ptr(f32), recv=ptr(f32) if fused else None,
                 slots=ptr(i64) if fused else None, epochs=ptr(i64) if fused else None,
-                batch=1, seq=SEQ, split_slots=16, stride_qb=hq * d, stride_qh=d, stride_qd=1,
+                batch=1, seq=SEQ, n_split=16, stride_qb=hq * d, stride_qh=d, stride_qd=1,
                 stride_kb=SEQ * hkv * d, stride_ks=hkv * d, stride_kh=d, stride_kd=1,
                 stride_vb=SEQ * hkv * d, stride_vs=hkv * d, stride_vh=d, stride_vd=1, stride_tb=0,
                 qk_scale=0.1275, rank=0, world_size=2 if fused else 1, heap_bases=ptr(i64),

@@ -26,6 +26,7 @@ written from those measured).
     python3 scripts/tune_flash_decode.py --out $OUT
     python3 scripts/tune_flash_decode.py --points 1x4096 1x16384 1x65536 16x4096 --out $OUT
     python3 scripts/tune_flash_decode.py --grid combine --batches 1 2 --out $OUT   # the combine's unroll
+    python3 scripts/tune_flash_decode.py --grid current --out $OUT   # the table's row alone vs SDPA
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
 """
 
@@ -81,11 +82,10 @@ def light(cap: int) -> list[Candidate]:
                Candidate(1, 64, 4, 2, 3, cap, False, 168), Candidate(1, 32, 4, 2, 4, cap, False, 128)])
 
 
-def stream_k_fill() -> list[Candidate]:
-    """Grids that fill every slot at small batch (one item per program, no cap: the kernel deals
-    the units' KV tiles out in equal runs, so 132 or 264 programs need not be a multiple of the
-    units) with the unit's combine in one pass (``combine_unroll`` at the split bound: 18 splits
-    at most at batch 1 on 132 programs, 33 on 264)."""
+def fill_one_pass() -> list[Candidate]:
+    """One item per program without a cap (the split count fills every slot: at batch 1 16
+    splits on 132 programs, 33 on 264) with the unit's combine in one pass (``combine_unroll``
+    at the split bound)."""
     return ([Candidate(1, bn, w, st, 1, MAX_SPLITS, False, 0, 32) for bn, w in ((64, 4), (64, 8), (128, 4), (128, 8))
              for st in (2, 3)]
             + [Candidate(1, bn, 4, st, 2, MAX_SPLITS, False, 0, 64) for bn in (32, 64) for st in (2, 3)]
@@ -111,7 +111,7 @@ SMALL_GRID = ([Candidate(4, bn, 4, st, 2, cap) for bn in (32, 64) for st in (2, 
               + light(64)
               + [Candidate(4, 64, 4, 2, pps, cap, True) for pps in (1, 2) for cap in (16, 32)]
               + [Candidate(4, 64, 8, 3, 1, 16, True), Candidate(4, 128, 8, 2, 1, 16, True)]
-              + stream_k_fill())
+              + fill_one_pass())
 #: ``--grid combine``: the unit combine's loads in flight at once (``combine_unroll``; at least the
 #: split count: all of them) at these split caps, on the current row's tile and on 2 programs per
 #: SM of 4 warps (more splits cost less where their combine is one round of loads).
@@ -141,9 +141,9 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds: points not started by then are skipped (the row comes from those measured)")
-    p.add_argument("--grid", choices=("full", "combine"), default="full",
+    p.add_argument("--grid", choices=("full", "combine", "current"), default="full",
                    help="full: the batch's whole grid; combine: the unit combine's unroll and split caps "
-                        "around the current row (combine_grid)")
+                        "around the current row (combine_grid); current: the table's row alone (a check of it)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
@@ -199,6 +199,8 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
                 Candidate(1, 16, 4, base.num_stages, 1, 4, False, 0, 2)]
     elif opts.grid == "combine":
         grid = combine_grid(base)
+    elif opts.grid == "current":
+        grid = []
     else:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
     candidates = []

@@ -670,71 +670,6 @@ def test_kernels_compile(tmp_path, target):
     compile_in_child(tmp_path, "test_flash_decode", "_compile_all", target, len(_COMPILE_JOBS))
 
 
-def stream_k_splits(units: int, tiles: int, programs: int) -> list[int]:
-    """The kernel's partition in Python: ``units`` units of ``tiles`` KV tiles each (at least
-    one) dealt out in contiguous runs to at most ``programs`` programs (one tile at least
-    each); each unit's split count (the programs holding its tiles)."""
-    tiles = max(tiles, 1)
-    work = units * tiles
-    busy = min(programs, work)
-    runs = [(p * work // busy, (p + 1) * work // busy) for p in range(busy)]
-    return [sum(1 for lo, hi in runs if lo < (u + 1) * tiles and hi > u * tiles) for u in range(units)]
-
-
-#: (B, Hkv, S, programs per SM, items per program, split cap, kv_lens): a run crossing the units'
-#: borders (3 units on 4 programs), fewer tiles than programs, more units than programs, empty
-#: and short sequences, an empty slice. On the CPU an SM is one of devinfo.CPU_PROGRAMS.
-_STREAM_K = [(1, 3, 5 * 16 + 3, 1, 3, 8, None), (1, 3, 45, 2, 1, 8, None), (1, 3, 48, 1, 2, 8, None),
-             (1, 1, 20, 2, 1, 8, None), (3, 3, 50, 1, 1, 8, None),
-             (3, 1, 50, 1, 1, 8, (0, 7, 50)), (2, 3, 0, 2, 1, 8, None), (2, 2, 77, 3, 2, 4, (77, 30))]
-
-
-def _stream_k_rank(ctx, cases):
-    """The local kernel on rows whose grids the units do not divide: each case's partial against
-    float64 (the unit's splits' combine; a unit held whole by one program), and its traced
-    splits per unit as :func:`stream_k_splits` gives them."""
-    from iris_fw import devinfo
-    from iris_fw import flash_decode as fd
-
-    g = torch.Generator().manual_seed(fresh_seed(ctx))
-    dev = ctx.device
-    block = 16 if dev.type == "cpu" else 64
-    for batch, hkv, seq, pps, items, cap, lens in cases:
-        q = torch.randn(batch, 4 * hkv, 16, generator=g).to(dev)
-        k, v = (torch.randn(batch, seq, hkv, 16, generator=g).to(dev) for _ in range(2))
-        kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=dev)
-        base = fd.plan(q, k, v, kv_lens=kv_lens, scheduler="bulk_sync", ctx=ctx)
-        tune = fd.Tuning(**{**base.tune.__dict__, "block_n": block, "programs_per_sm": pps, "items_per_program": items,
-                            "max_splits": cap, "by_units": ()})
-        p = fd.FlashDecode(base.group, fd.DecodeCall(**base.call.__dict__), tune)
-        assert p.nprog == min(p.units * p.n_split, devinfo.num_sms(dev) * pps), p
-        want_splits = stream_k_splits(p.units, triton.cdiv(seq, block), p.nprog)
-        assert max(want_splits) <= p.split_slots, (want_splits, p)
-        with ctx.trace(None, label="stream-K") as session:
-            o, lse = (t.clone() for t in p.unpack(p.partial(q, k, v, kv_lens)))
-        ctx.synchronize()
-        attention = [e for e in session.trace["traceEvents"] if e["ph"] == "X" and e["name"] == "attention"]
-        got_splits = [0] * p.units
-        for e in attention:
-            got_splits[e["args"]["item"] // p.split_slots] += 1
-        assert got_splits == want_splits, (batch, hkv, seq, got_splits, want_splits)
-        lens_ = [seq] * batch if lens is None else lens
-        want = fd.flash_decode_reference(q.cpu(), [k.cpu()], [v.cpu()], [torch.tensor(lens_)])
-        assert torch.allclose(o.cpu().double(), want, atol=1e-5, rtol=1e-5), (batch, hkv, seq)
-        for b in range(batch):  # a sequence without tokens: lse -inf
-            assert bool(torch.isinf(lse[b]).all()) == (min(lens_[b], seq) == 0), (b, lse[b])
-    return True
-
-
-def test_stream_k_splits_against_float64(iris_pool):
-    """The KV tiles dealt out in equal runs: a program's run crosses the units' borders, a unit
-    is held by one program or by several, fewer tiles than programs, empty sequences and
-    slices; values against float64, the splits each unit got against the partition."""
-    assert stream_k_splits(3, 6, 4) == [2, 2, 2] and stream_k_splits(1, 2, 8) == [2]
-    assert stream_k_splits(9, 4, 4) == [1, 1, 2, 1, 2, 1, 2, 1, 1]
-    assert iris_pool(1).run(_stream_k_rank, _STREAM_K)[0]
-
-
 def _by_units_rank(ctx):
     """A tuning row's ``by_units`` entry (more splits and another tile for few units; the
     products swapped and a register cap) changes the local kernel's split count, tile and
@@ -908,7 +843,7 @@ def _residency_rank(ctx, resources):
     assert local.tune.programs_per_sm == 2 and local.nprog == 2 * sms
     compiled = [c for c in seen if c["FUSED"]]
     assert compiled and all(c["mine"] is None and c["out"] == q.dtype
-                            and c["split_slots"] in (fused.split_slots, 2 * fused.split_slots) for c in compiled), seen
+                            and c["n_split"] in (fused.n_split, 2 * fused.n_split) for c in compiled), seen
     assert sorted(bool(c.get("TRACE")) for c in compiled) == [False, True]  # the traced variant checked too
     assert [c["trace"] is None for c in compiled] == [not c.get("TRACE") for c in compiled]
     return fused.tune.programs_per_sm, fused.n_split, fused.nprog, sms, len(compiled)

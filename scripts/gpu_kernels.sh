@@ -9,8 +9,8 @@
 #   tests   tests/test_gemm.py (split-K against float64 at ragged shapes, graph replay with fresh
 #           inputs), the flash-decode by_units and residency-guard tests, and the trace tests whose events come from
 #           the compiled recording path (op events at W = 2, traced graph replay: two ranks on
-#           the GPU under CUDA MPS, scripts/mps.sh), then MPS_TESTS (pytest arguments, e.g.
-#           "tests/test_flash_decode.py") at the worlds MPS_WORLDS (default 1,2) — last: the sweeps check their candidates
+#           the GPU under CUDA MPS, scripts/mps.sh), then MPS_TESTS (pytest files, e.g.
+#           "tests/test_flash_decode.py"; MPS_K: their -k) at the worlds MPS_WORLDS (default 1,2) — last: the sweeps check their candidates
 #           against torch themselves; before groups, the least urgent.
 #   gemm    scripts/tune_gemm.py: split-K / block / warps / stages candidates vs cuBLAS at
 #           M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672 (CUDA graphs, interleaved);
@@ -37,6 +37,7 @@
 #           the taxonomy's six local GEMMs), CUDA graphs, interleaved; gemm_large_rows.json =
 #           rows of iris_fw/tuning/gemm.json for the shapes where a candidate beat the estimate.
 #           Not in the default STEPS: STEPS=bigtile BUDGET=300 bash scripts/gpu_kernels.sh
+#   mpstests  MPS_TESTS alone (as in tests), under MPS.
 #   ws      scripts/probe_warp_specialized.py at W = 1 (one rank): the warp_specialized scheduler's
 #           Gluon kernel on each GEMM tile path against float64, and its time next to
 #           fused_sequential (the Triton GEMM) and torch.matmul at 4096^3; ws.json.
@@ -63,6 +64,12 @@ rc=0
 limit() {  # the step's limit: the smaller of $1 and the budget left
     local left=$(( BUDGET - ($(date +%s) - START) ))
     echo $(( left < $1 ? left : $1 ))
+}
+mps_tests() {  # MPS_TESTS (pytest files) -k MPS_K at the worlds MPS_WORLDS (default 1,2)
+    timeout $(limit ${MPS_TESTS_TIMEOUT:-200}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 150 \
+        --iris-worlds=${MPS_WORLDS:-1,2} $MPS_TESTS ${MPS_K:+-k "$MPS_K"} > "$OUT/tests_mps.log" 2>&1
+    local r=$?; rc=$(( rc | r ))
+    { echo "MPS tests rc $r: $(tail -1 "$OUT/tests_mps.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_mps.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
 }
 for step in $STEPS; do
     echo "== $step ($(date -u +%H:%M:%S), $(( $(date +%s) - START )) s into the run)" | tee -a "$SUMMARY"
@@ -91,11 +98,13 @@ for step in $STEPS; do
         timeout $(limit ${TRACE_TESTS_TIMEOUT:-90}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 \
             tests/test_trace.py -k "test_op_events and not every or traced_graph_replay" > "$OUT/tests_trace.log" 2>&1
         r=$?; rc=$(( rc | r )); { echo "trace tests rc $r: $(tail -1 "$OUT/tests_trace.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_trace.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
-        if [ -n "${MPS_TESTS:-}" ]; then  # more tests with the ranks sharing the GPU under MPS (W = 1, 2)
-            timeout $(limit ${MPS_TESTS_TIMEOUT:-200}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 150 \
-                --iris-worlds=${MPS_WORLDS:-1,2} $MPS_TESTS > "$OUT/tests_mps.log" 2>&1
-            r=$?; rc=$(( rc | r )); { echo "MPS tests rc $r: $(tail -1 "$OUT/tests_mps.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_mps.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
-        fi
+        [ -n "${MPS_TESTS:-}" ] && mps_tests
+        declare -f mps_stop > /dev/null && mps_stop ;;
+    mpstests)  # MPS_TESTS alone, the ranks sharing the GPU under MPS
+        [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export IRIS_FW_SHARE_GPUS=1
+        . scripts/mps.sh
+        if mps_needed; then mps_start > "$OUT/mps-start.txt" 2>&1; fi
+        mps_tests
         declare -f mps_stop > /dev/null && mps_stop ;;
     gemm)
         timeout -k 10 $(limit ${GEMM_TIMEOUT:-170}) python3 scripts/tune_gemm.py --rounds ${GEMM_ROUNDS:-10} --out "$OUT" \

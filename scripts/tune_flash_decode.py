@@ -92,6 +92,14 @@ def fill_one_pass() -> list[Candidate]:
             + [Candidate(1, 64, 4, 2, 2, MAX_SPLITS, True, 0, 64), Candidate(1, 64, 4, 3, 1, MAX_SPLITS, True, 0, 32)])
 
 
+def deeper_pipelines() -> list[Candidate]:
+    """Batch 1's 128 programs (8 units x 16 splits: one per SM) with more K/V stages in flight: on
+    the H200 (run 79) the kernel streams KV at 4.0-4.3 TB/s between 4K and 64K tokens where SDPA,
+    with two programs per SM, streams at 4.5-4.6 (docs/performance.md, fourteenth session); 4 and 5
+    stages of 64-token tiles (32 KiB each) fit one program per SM. Not yet measured."""
+    return [Candidate(4, 64, w, st, 1, 16) for w in (4, 8) for st in (4, 5)] + [Candidate(4, 128, 8, 4, 1, 16)]
+
+
 #: Candidates at every batch (run 31's 36, then :func:`light` at 8 splits): the split count from items per
 #: program, or, with one item per program, capped at 4 and 8 (at batch 1 and 2 more splits meant
 #: a longer combine of the unit's partials before the combine was unrolled: run 28, 33 splits
@@ -111,7 +119,7 @@ SMALL_GRID = ([Candidate(4, bn, 4, st, 2, cap) for bn in (32, 64) for st in (2, 
               + light(64)
               + [Candidate(4, 64, 4, 2, pps, cap, True) for pps in (1, 2) for cap in (16, 32)]
               + [Candidate(4, 64, 8, 3, 1, 16, True), Candidate(4, 128, 8, 2, 1, 16, True)]
-              + fill_one_pass())
+              + fill_one_pass() + deeper_pipelines())
 #: ``--grid combine``: the unit combine's loads in flight at once (``combine_unroll``; at least the
 #: split count: all of them) at these split caps, on the current row's tile and on 2 programs per
 #: SM of 4 warps (more splits cost less where their combine is one round of loads).

@@ -840,13 +840,13 @@ def _residency_rank(ctx, resources):
     finally:
         devinfo.sm_limits, kl.KernelLauncher.compile = orig
     sms = devinfo.num_sms(ctx.device)
-    assert local.tune.programs_per_sm == 2 and local.nprog == 2 * sms
+    assert local.tune.programs_per_sm == 2 and local.nprog == min(local.units * local.n_split, 2 * sms)
     compiled = [c for c in seen if c["FUSED"]]
     assert compiled and all(c["mine"] is None and c["out"] == q.dtype
                             and c["n_split"] in (fused.n_split, 2 * fused.n_split) for c in compiled), seen
     assert sorted(bool(c.get("TRACE")) for c in compiled) == [False, True]  # the traced variant checked too
     assert [c["trace"] is None for c in compiled] == [not c.get("TRACE") for c in compiled]
-    return fused.tune.programs_per_sm, fused.n_split, fused.nprog, sms, len(compiled)
+    return fused.tune.programs_per_sm, fused.n_split, fused.nprog, fused.units, sms, len(compiled)
 
 
 @pytest.mark.parametrize("regs,fits", [(255, True), (200, False)])
@@ -856,11 +856,17 @@ def test_residency_guard_caps_programs_per_sm(iris_pool, regs, fits):
     splits and programs; one program per SM needs no check: the fused kernel and its traced
     variant compiled once each)."""
     warps = 4 if fits else 8
-    pps, splits, nprog, sms, compiles = iris_pool(1).run(_residency_rank, (regs, warps, 1024))[0]
+    pps, splits, nprog, units, sms, compiles = iris_pool(1).run(_residency_rank, (regs, warps, 1024))[0]
+    from iris_fw import devinfo
+
+    # the grid fills the slots the units and the split cap allow: every slot on CPU ranks; on a
+    # GPU (132 SMs) the 2 units' 64 splits leave some free
     if fits:
-        assert (pps, nprog, compiles) == (2, 2 * sms, 2), (pps, splits, nprog)
+        assert (pps, nprog, compiles) == (2, min(units * splits, 2 * sms), 2), (pps, splits, nprog)
     else:  # capped at 1: planned again
-        assert (pps, nprog, compiles) == (1, sms, 2), (pps, splits, nprog)
+        assert (pps, nprog, compiles) == (1, min(units * splits, sms), 2), (pps, splits, nprog)
+    if sms == devinfo.CPU_PROGRAMS:
+        assert nprog == pps * sms
 
 
 def _gpu_residency_rank(ctx):

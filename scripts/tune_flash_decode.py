@@ -96,8 +96,9 @@ def deeper_pipelines() -> list[Candidate]:
     """Batch 1's 128 programs (8 units x 16 splits: one per SM) with more K/V stages in flight: on
     the H200 (run 79) the kernel streams KV at 4.0-4.3 TB/s between 4K and 64K tokens where SDPA,
     with two programs per SM, streams at 4.5-4.6 (docs/performance.md, fourteenth session); 4 and 5
-    stages of 64-token tiles (32 KiB each) fit one program per SM. Not yet measured."""
-    return [Candidate(4, 64, w, st, 1, 16) for w in (4, 8) for st in (4, 5)] + [Candidate(4, 128, 8, 4, 1, 16)]
+    stages of 64-token K and V tiles (32 KiB a stage) fit one program per SM's shared memory (128-token
+    tiles would not). Not yet measured."""
+    return [Candidate(4, 64, w, st, 1, 16) for w in (4, 8) for st in (4, 5)]
 
 
 #: Candidates at every batch (run 31's 36, then :func:`light` at 8 splits): the split count from items per

@@ -10,8 +10,9 @@
 #           inputs), the flash-decode by_units and residency-guard tests, and the trace tests whose events come from
 #           the compiled recording path (op events at W = 2, traced graph replay: two ranks on
 #           the GPU under CUDA MPS, scripts/mps.sh), then MPS_TESTS (pytest files, e.g.
-#           "tests/test_flash_decode.py"; MPS_K: their -k) at the worlds MPS_WORLDS (default 1,2) — last: the sweeps check their candidates
-#           against torch themselves; before groups, the least urgent.
+#           "tests/test_flash_decode.py"; MPS_K: their -k) at the worlds MPS_WORLDS (default
+#           1,2) — last: the sweeps check their candidates against torch themselves; before
+#           groups, the least urgent.
 #   gemm    scripts/tune_gemm.py: split-K / block / warps / stages candidates vs cuBLAS at
 #           M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672 (CUDA graphs, interleaved);
 #           gemm_tuning_rows.json = the best per shape as rows of iris_fw/tuning/gemm.json.
@@ -65,6 +66,11 @@ limit() {  # the step's limit: the smaller of $1 and the budget left
     local left=$(( BUDGET - ($(date +%s) - START) ))
     echo $(( left < $1 ? left : $1 ))
 }
+mps_on() {  # ranks share the one GPU, MPS started (stopped by mps_stop, or at exit)
+    [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export IRIS_FW_SHARE_GPUS=1
+    . scripts/mps.sh
+    if mps_needed; then mps_start > "$OUT/mps-start.txt" 2>&1; fi
+}
 mps_tests() {  # MPS_TESTS (pytest files) -k MPS_K at the worlds MPS_WORLDS (default 1,2)
     timeout $(limit ${MPS_TESTS_TIMEOUT:-200}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 150 \
         --iris-worlds=${MPS_WORLDS:-1,2} $MPS_TESTS ${MPS_K:+-k "$MPS_K"} > "$OUT/tests_mps.log" 2>&1
@@ -91,19 +97,14 @@ for step in $STEPS; do
             tests/test_flash_decode.py::test_tuning_by_units tests/test_flash_decode.py::test_residency_guard_on_gpu \
             > "$OUT/tests.log" 2>&1
         r=$?; rc=$(( rc | r )); { echo "rc $r: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
-        # two ranks sharing the GPU run at the same time only under MPS
-        [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export IRIS_FW_SHARE_GPUS=1
-        . scripts/mps.sh
-        if mps_needed; then mps_start > "$OUT/mps-start.txt" 2>&1; fi
+        mps_on  # two ranks sharing the GPU run at the same time only under MPS
         timeout $(limit ${TRACE_TESTS_TIMEOUT:-90}) python3 -m pytest -q -p no:cacheprovider -ra --timeout 120 \
             tests/test_trace.py -k "test_op_events and not every or traced_graph_replay" > "$OUT/tests_trace.log" 2>&1
         r=$?; rc=$(( rc | r )); { echo "trace tests rc $r: $(tail -1 "$OUT/tests_trace.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_trace.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
         [ -n "${MPS_TESTS:-}" ] && mps_tests
         declare -f mps_stop > /dev/null && mps_stop ;;
     mpstests)  # MPS_TESTS alone, the ranks sharing the GPU under MPS
-        [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export IRIS_FW_SHARE_GPUS=1
-        . scripts/mps.sh
-        if mps_needed; then mps_start > "$OUT/mps-start.txt" 2>&1; fi
+        mps_on
         mps_tests
         declare -f mps_stop > /dev/null && mps_stop ;;
     gemm)

@@ -83,9 +83,9 @@ def light(cap: int) -> list[Candidate]:
 
 
 def fill_one_pass() -> list[Candidate]:
-    """One item per program without a cap (the split count fills every slot: at batch 1 16
-    splits on 132 programs, 33 on 264) with the unit's combine in one pass (``combine_unroll``
-    at the split bound)."""
+    """One item per program, the split count left to the grid (at batch 1, 16 splits on 128 of
+    132 slots, 33 on 264), with the unit's combine in one pass (``combine_unroll`` at least the
+    split count; the plan takes at most the split count's power of two)."""
     return ([Candidate(1, bn, w, st, 1, MAX_SPLITS, False, 0, 32) for bn, w in ((64, 4), (64, 8), (128, 4), (128, 8))
              for st in (2, 3)]
             + [Candidate(1, bn, 4, st, 2, MAX_SPLITS, False, 0, 64) for bn in (32, 64) for st in (2, 3)]

@@ -850,22 +850,20 @@ def _residency_rank(ctx, resources):
 
 
 @pytest.mark.parametrize("regs,fits", [(255, True), (200, False)])
-def test_residency_guard_caps_programs_per_sm(iris_pool, regs, fits):
+def test_residency_guard_caps_programs_per_sm(iris_pool, on_gpu, regs, fits):
     """(:meth:`FlashDecode._fit_residency`) 4 warps at 255 registers (32K a program) fit twice
     per SM: the row's 2 stand; 8 warps at 200 (51.2K) once: capped at 1, planned again (fewer
     splits and programs; one program per SM needs no check: the fused kernel and its traced
     variant compiled once each)."""
     warps = 4 if fits else 8
     pps, splits, nprog, units, sms, compiles = iris_pool(1).run(_residency_rank, (regs, warps, 1024))[0]
-    from iris_fw import devinfo
-
     # the grid fills the slots the units and the split cap allow: every slot on CPU ranks; on a
     # GPU (132 SMs) the 2 units' 64 splits leave some free
     if fits:
         assert (pps, nprog, compiles) == (2, min(units * splits, 2 * sms), 2), (pps, splits, nprog)
     else:  # capped at 1: planned again
         assert (pps, nprog, compiles) == (1, min(units * splits, sms), 2), (pps, splits, nprog)
-    if sms == devinfo.CPU_PROGRAMS:
+    if not on_gpu:
         assert nprog == pps * sms
 
 

@@ -42,6 +42,11 @@
 #   ws      scripts/probe_warp_specialized.py at W = 1 (one rank): the warp_specialized scheduler's
 #           Gluon kernel on each GEMM tile path against float64, and its time next to
 #           fused_sequential (the Triton GEMM) and torch.matmul at 4096^3; ws.json.
+#   fdstream  scripts/probe_fd_stream.py: the batch-1 KV read alone (no attention) on the plan's
+#           grids and on balanced ones, by pointer loads and by TMA, 2-6 stages, beside SDPA and
+#           the table's row, at 16K and 64K tokens; fd_stream.json.
+#   fdspans scripts/probe_fd_program_spans.py at FDSPANS_POINTS (default 16384 65536; FDSPANS_ROW
+#           as FDNCU_ROW): each program's start, attention and end from the kernel's own trace.
 #   fdncu   ncu on scripts/probe_fd_small_batch.py at FDNCU_POINTS (default B 1 x 4K and 16K
 #           tokens; "4x16384" for B 4): flash-decode's split-KV kernel beside torch SDPA's kernels
 #           (time, DRAM bytes and throughput, grid, registers, warps active) — why a small batch
@@ -162,6 +167,16 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
             "$OUT/ws.json" > "$OUT/ws.log" 2>&1
         r=$?; rc=$(( rc | r )); echo "rc $r" | tee -a "$SUMMARY"
         grep -E 'us_|error' "$OUT/ws.log" | cut -c1-300 | tee -a "$SUMMARY" ;;
+    fdstream)
+        timeout -k 10 $(limit ${FDSTREAM_TIMEOUT:-150}) python3 scripts/probe_fd_stream.py --out "$OUT" > "$OUT/fdstream.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r" | tee -a "$SUMMARY"
+        grep -E "^\||WRONG|Error" "$OUT/fdstream.log" | cut -c1-250 | tee -a "$SUMMARY" ;;
+    fdspans)
+        for s in ${FDSPANS_POINTS:-16384 65536}; do
+            timeout -k 10 $(limit 60) python3 scripts/probe_fd_program_spans.py $s "${FDSPANS_ROW:-}" > "$OUT/fdspans_$s.log" 2>&1
+            r=$?; rc=$(( rc | r )); echo "spans S $s: rc $r" | tee -a "$SUMMARY"
+            grep -v "^\[" "$OUT/fdspans_$s.log" | tail -12 | tee -a "$SUMMARY"
+        done ;;
     fdncu)
         # flash-decode's split-KV kernel beside SDPA's kernels at batch 1 (the gap of the fd step):
         # time, DRAM bytes and throughput, grid and occupancy of the last round's kernels

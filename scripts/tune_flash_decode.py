@@ -26,6 +26,7 @@ written from those measured).
     python3 scripts/tune_flash_decode.py --out $OUT
     python3 scripts/tune_flash_decode.py --points 1x4096 1x16384 1x65536 16x4096 --out $OUT
     python3 scripts/tune_flash_decode.py --grid combine --batches 1 2 --out $OUT   # the combine's unroll
+    python3 scripts/tune_flash_decode.py --grid deep --points 1x16384 --out $OUT   # more stages, TMA loads
     python3 scripts/tune_flash_decode.py --grid current --out $OUT   # the table's row alone vs SDPA
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
 """
@@ -65,6 +66,7 @@ class Candidate(NamedTuple):
     swap_ab: bool = False
     max_registers: int = 0
     combine_unroll: int = 8
+    tma: bool = False
 
 
 def light(cap: int) -> list[Candidate]:
@@ -136,6 +138,17 @@ def combine_grid(base: "fd.Tuning") -> list[Candidate]:
                    for u in (8, cap)]
 
 
+def deep_grid(base: "fd.Tuning") -> list[Candidate]:
+    """The candidates of ``--grid deep`` around the current row ``base``: its tile with 1 and 2
+    stages more, :func:`deeper_pipelines`, and each of them with the K/V tiles by TMA
+    (``tma``) and with the products swapped the other way round."""
+    same = Candidate(base.items_per_program, base.block_n, base.num_warps, base.num_stages, base.programs_per_sm,
+                     base.max_splits, base.swap_ab, base.max_registers, base.combine_unroll)
+    mine = [same._replace(num_stages=base.num_stages + extra) for extra in (0, 1, 2)] + deeper_pipelines()
+    return [c._replace(tma=tma, swap_ab=c.swap_ab != flip) for c in mine for tma in (False, True)
+            for flip in (False, True)]
+
+
 #: Threads compiling a point's candidates at once.
 COMPILE_THREADS = 8
 
@@ -150,9 +163,10 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds: points not started by then are skipped (the row comes from those measured)")
-    p.add_argument("--grid", choices=("full", "combine", "current"), default="full",
+    p.add_argument("--grid", choices=("full", "combine", "deep", "current"), default="full",
                    help="full: the batch's whole grid; combine: the unit combine's unroll and split caps "
-                        "around the current row (combine_grid); current: the table's row alone (a check of it)")
+                        "around the current row (combine_grid); deep: more stages and TMA loads around it "
+                        "(deep_grid); current: the table's row alone (a check of it)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
@@ -164,7 +178,9 @@ def label(t: fd.Tuning) -> str:
     swap = "_swap" if t.swap_ab else ""
     regs = f"_r{t.max_registers}" if t.max_registers else ""
     unroll = "" if t.combine_unroll == 8 else f"_u{t.combine_unroll}"
-    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
+    tma = "_tma" if t.tma else ""
+    return (f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
+            f"{tma}")
 
 
 def compile_all(plans, log) -> None:
@@ -208,19 +224,21 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
                 Candidate(1, 16, 4, base.num_stages, 1, 4, False, 0, 2)]
     elif opts.grid == "combine":
         grid = combine_grid(base)
+    elif opts.grid == "deep":
+        grid = deep_grid(base)
     elif opts.grid == "current":
         grid = []
     else:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
     candidates = []
     combine = ("MAX_SPLITS", "COMBINE_UNROLL")  # (the split bound decides the combine's passes)
-    seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
+    seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.tma, base.max_registers, current.n_split,
              current.nprog, *(current.constexprs[k] for k in combine))}
     for cand in grid:
         tune = fd.Tuning(**cand._asdict(), max_rows=base.max_rows)
         p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
-        same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.max_registers, p.n_split, p.nprog,
-                *(p.constexprs[k] for k in combine))
+        same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.tma, cand.max_registers, p.n_split,
+                p.nprog, *(p.constexprs[k] for k in combine))
         if same not in seen:  # (another candidate makes this very plan)
             seen.add(same)
             candidates.append(p)
@@ -300,7 +318,7 @@ def table_row(rows: list[dict], fits=None) -> list:
             by_units.append([units, diff])
     if by_units:
         base["by_units"] = by_units
-    for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8)):  # (only what differs)
+    for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8), ("tma", False)):  # (only what differs)
         if base.get(key) == default:
             del base[key]
     return [128, base]

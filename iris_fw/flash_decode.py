@@ -137,7 +137,7 @@ SAMPLE_ADDRESS = 1 << 40
 #: Fields a row's ``by_units`` entries may override (the split count and the tile, not the
 #: query-head tiling that decides the unit count).
 UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits",
-                  "swap_ab", "max_registers", "combine_unroll", "tma")
+                  "swap_ab", "max_registers", "combine_unroll")
 
 
 @dataclass(frozen=True)
@@ -169,18 +169,13 @@ class Tuning:
     #: together), the groups one after another
     #: (:func:`~iris_fw.flash_decode_kernels._combine_partials`)
     combine_unroll: int = 8
-    #: contiguous KV (not paged): the K and V tiles by the tensor memory accelerator, from
-    #: descriptors made on the device (NVIDIA Hopper and later; the interpreter runs them too),
-    #: where a call's K and V are aligned for it (:func:`tma_ready`), else by pointers
-    tma: bool = False
 
     def __post_init__(self):
         if isinstance(self.combine_unroll, bool) or not isinstance(self.combine_unroll, int) or (
                 self.combine_unroll < 1 or self.combine_unroll & (self.combine_unroll - 1)):
             raise ValueError(f"flash_decode tuning: combine_unroll is a power of two >= 1, got {self.combine_unroll!r}")
-        for flag in ("swap_ab", "tma"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"flash_decode tuning: {flag} is true or false, got {getattr(self, flag)!r}")
+        if not isinstance(self.swap_ab, bool):
+            raise ValueError(f"flash_decode tuning: swap_ab is true or false, got {self.swap_ab!r}")
         if isinstance(self.max_registers, bool) or not isinstance(self.max_registers, int) or not (
                 self.max_registers == 0 or MIN_REGISTERS <= self.max_registers <= MAX_REGISTERS):
             raise ValueError(f"flash_decode tuning: max_registers is 0 (the compiler's choice) or "
@@ -203,22 +198,6 @@ class Tuning:
             if units <= bound:
                 return replace(self, by_units=(), **dict(fields))
         return replace(self, by_units=())
-
-
-#: The tensor memory accelerator's alignment of a descriptor's base and row strides (bytes).
-TMA_ALIGN = 16
-
-
-def tma_ready(*tensors: torch.Tensor) -> bool:
-    """Whether a call's contiguous K and V (``[B, S, Hkv, D]``, any strides) can be read by
-    descriptors (:attr:`Tuning.tma`): each head's ``[S, D]`` rows with unit stride along D, the
-    base of every sequence's head and the rows' stride multiples of :data:`TMA_ALIGN` bytes."""
-    for t in tensors:
-        es = t.element_size()
-        sb, ss, sh, sd = t.stride()
-        if sd != 1 or t.data_ptr() % TMA_ALIGN or any(x * es % TMA_ALIGN for x in (sb, ss, sh)):
-            return False
-    return True
 
 
 @functools.lru_cache(maxsize=None)
@@ -531,8 +510,7 @@ class FlashDecode:
                                MAX_SPLITS=max_splits, HAS_LENS=call.has_lens, PAGE=call.page_size,
                                EXACT=call.dtype == torch.float32, SWAP_AB=bool(tune.swap_ab),
                                CROWS=self.combine_rows,
-                               COMBINE_UNROLL=min(tune.combine_unroll, triton.next_power_of_2(self.n_split)),
-                               TMA=bool(tune.tma) and not call.page_size)
+                               COMBINE_UNROLL=min(tune.combine_unroll, triton.next_power_of_2(self.n_split)))
         self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         if tune.max_registers and not torch.version.hip:  # (Triton's AMD backend has no maxnreg)
             self.options["maxnreg"] = tune.max_registers
@@ -671,12 +649,6 @@ class FlashDecode:
             launch.launch_with(((seq_at, seq), (buffer_at, buffer)))  # (a loop on one output: nothing replaced)
             return
         bound = launches[role]
-        if block_table is None and bound.launcher.constexprs.get("TMA") and not tma_ready(k, v):
-            # K or V not aligned for descriptors: this layout's tiles by pointers (a variant made once)
-            role = role + " (pointers)"
-            if role not in launches:
-                launches[role] = bound.variant(TMA=False)
-            bound = launches[role]
         (sqb, sqh, sqd), (skb, sks, skh, skd), (svb, svs, svh, svd) = q.stride(), k.stride(), v.stride()
         args = bound.args(q=q, k=k, v=v, kv_lens=kv_lens, block_table=block_table, seq=seq,
                           stride_qb=sqb, stride_qh=sqh, stride_qd=sqd, stride_kb=skb, stride_ks=sks, stride_kh=skh,

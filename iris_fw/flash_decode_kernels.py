@@ -45,20 +45,16 @@ def _unit(u, HQ: tl.constexpr, HKV: tl.constexpr, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, length, rows_valid, stride_qh, stride_qd, stride_kp,
-                     stride_ks, stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr,
-                     DV: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PAGE: tl.constexpr, EXACT: tl.constexpr, TMA: tl.constexpr = False):
+def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride_qh, stride_qd, stride_kp, stride_ks,
+                     stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr, DV: tl.constexpr,
+                     ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PAGE: tl.constexpr, EXACT: tl.constexpr):
     """Online softmax of the ``rows_valid`` query heads at ``q_ptr`` (``[ROWS, D]`` rows
     ``stride_qh`` apart) over tokens ``first … last-1`` of one kv head of one sequence's slice.
     ``PAGE == 0``: token ``t``'s ``[D]`` key at ``k_ptr + t * stride_ks``; ``PAGE > 0`` (paged
     KV): in page ``table[t // PAGE]``, row ``t % PAGE``: ``k_ptr + page * stride_kp + (t % PAGE)
     * stride_ks``; values likewise (``[Dv]``). Scores are ``q·k · qk_scale`` in base-2 units
-    (``qk_scale`` includes log2(e)). ``TMA`` (contiguous KV, ``PAGE == 0``; NVIDIA Hopper and
-    later): the K and V tiles by the tensor memory accelerator, from descriptors of the
-    sequence's ``[length, D]`` keys and ``[length, Dv]`` values (rows ``stride_ks`` /
-    ``stride_vs`` apart, the last stride 1) that the plan checked aligned; tokens past
-    ``length`` come as zeros. Returns ``(acc [ROWS, BDV], m [ROWS], l [ROWS])`` in fp32:
+    (``qk_scale`` includes log2(e)). Returns ``(acc [ROWS, BDV], m [ROWS], l [ROWS])`` in fp32:
     ``acc / l`` is the attention output, ``m + log2(l)`` the base-2 log-sum-exp."""
     rows = tl.arange(0, ROWS)
     dq = tl.arange(0, BD)
@@ -69,11 +65,7 @@ def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, length, rows_valid
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BDV], dtype=tl.float32)
     tok = tl.arange(0, BLOCK_N)
-    if TMA:
-        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[length, D], strides=[stride_ks, 1], block_shape=[BLOCK_N, BD])
-        v_desc = tl.make_tensor_descriptor(v_ptr, shape=[length, DV], strides=[stride_vs, 1],
-                                           block_shape=[BLOCK_N, BDV])
-    elif PAGE == 0:  # contiguous: the tiles' pointers advance by BLOCK_N tokens
+    if PAGE == 0:  # contiguous: the tiles' pointers advance by BLOCK_N tokens
         k_tile = k_ptr + first.to(tl.int64) * stride_ks + dq[:, None] * stride_kd + tok[None, :] * stride_ks
         v_tile = v_ptr + first.to(tl.int64) * stride_vs + tok[:, None] * stride_vs + dv[None, :] * stride_vd
     for n0 in range(first, last, BLOCK_N):
@@ -83,42 +75,34 @@ def _split_attention(q_ptr, k_ptr, v_ptr, table, first, last, length, rows_valid
             page = tl.load(table + t // PAGE, mask=valid, other=0).to(tl.int64)
             k_tile = k_ptr + (page * stride_kp + (t % PAGE) * stride_ks)[None, :] + dq[:, None] * stride_kd
             v_tile = v_ptr + (page * stride_vp + (t % PAGE) * stride_vs)[:, None] + dv[None, :] * stride_vd
-        if TMA:
-            kt = tl.trans(k_desc.load([n0, 0]))  # [BD, BLOCK_N]: Kᵀ
-        else:
-            kt = tl.load(k_tile, mask=valid[None, :] & (dq[:, None] < D), other=0.0)  # [BD, BLOCK_N]: Kᵀ
+        kt = tl.load(k_tile, mask=valid[None, :] & (dq[:, None] < D), other=0.0)  # [BD, BLOCK_N]: Kᵀ
         s = tiles.dot(qt, kt, None, EXACT) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        if TMA:
-            vt = v_desc.load([n0, 0])  # [BLOCK_N, BDV]
-        else:
-            vt = tl.load(v_tile, mask=valid[:, None] & (dv[None, :] < DV), other=0.0)  # [BLOCK_N, BDV]
+        vt = tl.load(v_tile, mask=valid[:, None] & (dv[None, :] < DV), other=0.0)  # [BLOCK_N, BDV]
         acc = tiles.dot(p.to(vt.dtype), vt, acc * alpha[:, None], EXACT)
         m = m_new
-        if PAGE == 0 and not TMA:
+        if PAGE == 0:
             k_tile += BLOCK_N * stride_ks
             v_tile += BLOCK_N * stride_vs
     return acc, m, l
 
 
 @triton.jit
-def _split_attention_swapped(q_ptr, k_ptr, v_ptr, table, first, last, length, rows_valid, stride_qh, stride_qd,
-                             stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd, qk_scale,
-                             D: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr,
-                             BDV: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, EXACT: tl.constexpr,
-                             TMA: tl.constexpr = False):
+def _split_attention_swapped(q_ptr, k_ptr, v_ptr, table, first, last, rows_valid, stride_qh, stride_qd, stride_kp,
+                             stride_ks, stride_kd, stride_vp, stride_vs, stride_vd, qk_scale, D: tl.constexpr,
+                             DV: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                             BLOCK_N: tl.constexpr, PAGE: tl.constexpr, EXACT: tl.constexpr):
     """:func:`_split_attention` with the products' operands swapped ("swap AB"): the tokens
     (``BLOCK_N``) and the value dims (``BDV``) on the MMA's M side, the ``ROWS`` query heads
     on its N side — ``Sᵀ [BLOCK_N, ROWS] = K · Qᵀ``, ``Oᵀ [BDV, ROWS] += Vᵀ · Pᵀ``. On Hopper
     (M >= 64 a warpgroup) that is ``wgmma`` reading K and V from shared memory, not ``mma.sync``
     with each warp holding its K/V fragments in registers; the K/V tile's addresses come from the
-    tile's first token each step (a scalar carried, not two tiles of pointers). Same inputs
-    (``TMA``: the tiles by descriptors), same returns (``acc [ROWS, BDV]``, ``m [ROWS]``,
-    ``l [ROWS]``)."""
+    tile's first token each step (a scalar carried, not two tiles of pointers). Same inputs,
+    same returns (``acc [ROWS, BDV]``, ``m [ROWS]``, ``l [ROWS]``)."""
     rows = tl.arange(0, ROWS)
     dq = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
@@ -128,39 +112,29 @@ def _split_attention_swapped(q_ptr, k_ptr, v_ptr, table, first, last, length, ro
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([BDV, ROWS], dtype=tl.float32)  # Oᵀ
     tok = tl.arange(0, BLOCK_N)
-    if TMA:
-        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[length, D], strides=[stride_ks, 1], block_shape=[BLOCK_N, BD])
-        v_desc = tl.make_tensor_descriptor(v_ptr, shape=[length, DV], strides=[stride_vs, 1],
-                                           block_shape=[BLOCK_N, BDV])
-    elif PAGE == 0:  # contiguous: a tile's offsets from its first token
+    if PAGE == 0:  # contiguous: a tile's offsets from its first token
         k_first = k_ptr + first.to(tl.int64) * stride_ks
         v_first = v_ptr + first.to(tl.int64) * stride_vs
         k_off = tok[:, None] * stride_ks + dq[None, :] * stride_kd
         v_off = tok[None, :] * stride_vs + dv[:, None] * stride_vd
     for n0 in range(first, last, BLOCK_N):
         valid = (n0 + tok) < last
-        if PAGE == 0 and not TMA:  # (n0 - first: within the split, 32 bits)
+        if PAGE == 0:  # (n0 - first: within the split, 32 bits)
             k_tile = k_first + (n0 - first) * stride_ks + k_off
             v_tile = v_first + (n0 - first) * stride_vs + v_off
-        elif PAGE > 0:  # paged: each token's row from the block table
+        else:  # paged: each token's row from the block table
             t = n0 + tok
             page = tl.load(table + t // PAGE, mask=valid, other=0).to(tl.int64)
             k_tile = k_ptr + (page * stride_kp + (t % PAGE) * stride_ks)[:, None] + dq[None, :] * stride_kd
             v_tile = v_ptr + (page * stride_vp + (t % PAGE) * stride_vs)[None, :] + dv[:, None] * stride_vd
-        if TMA:
-            kk = k_desc.load([n0, 0])  # [BLOCK_N, BD]
-        else:
-            kk = tl.load(k_tile, mask=valid[:, None] & (dq[None, :] < D), other=0.0)  # [BLOCK_N, BD]
+        kk = tl.load(k_tile, mask=valid[:, None] & (dq[None, :] < D), other=0.0)  # [BLOCK_N, BD]
         s = tiles.dot(kk, qt, None, EXACT) * qk_scale  # [BLOCK_N, ROWS]: Sᵀ
         s = tl.where(valid[:, None], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[None, :])
         l = l * alpha + tl.sum(p, axis=0)
-        if TMA:
-            vt = tl.trans(v_desc.load([n0, 0]))  # [BDV, BLOCK_N]: Vᵀ
-        else:
-            vt = tl.load(v_tile, mask=valid[None, :] & (dv[:, None] < DV), other=0.0)  # [BDV, BLOCK_N]: Vᵀ
+        vt = tl.load(v_tile, mask=valid[None, :] & (dv[:, None] < DV), other=0.0)  # [BDV, BLOCK_N]: Vᵀ
         acc = tiles.dot(vt, p.to(vt.dtype), acc * alpha[None, :], EXACT)
         m = m_new
     return tl.trans(acc), m, l
@@ -303,7 +277,7 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
                          MAX_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr,
                          EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0, SWAP_AB: tl.constexpr = False,
-                         CROWS: tl.constexpr = 16, COMBINE_UNROLL: tl.constexpr = 8, TMA: tl.constexpr = False):
+                         CROWS: tl.constexpr = 16, COMBINE_UNROLL: tl.constexpr = 8):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
@@ -379,13 +353,13 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         if SWAP_AB:
             acc, m, l = _split_attention_swapped(
                 q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
-                tl.minimum(start + chunk, length), length, rows_valid, stride_qh, stride_qd, stride_kb, stride_ks,
-                stride_kd, stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT, TMA)
+                tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+                stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         else:
             acc, m, l = _split_attention(
                 q + b64 * stride_qb + h0 * stride_qh, k_ptr, v_ptr, table, start,
-                tl.minimum(start + chunk, length), length, rows_valid, stride_qh, stride_qd, stride_kb, stride_ks,
-                stride_kd, stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT, TMA)
+                tl.minimum(start + chunk, length), rows_valid, stride_qh, stride_qd, stride_kb, stride_ks, stride_kd,
+                stride_vb, stride_vs, stride_vd, qk_scale, D, DV, ROWS, BD, BDV, BLOCK_N, PAGE, EXACT)
         # this split's partial, normalized, and its base-2 log-sum-exp
         safe = tl.where(l > 0, l, 1.0)
         o = acc / safe[:, None]

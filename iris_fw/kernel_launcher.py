@@ -62,8 +62,6 @@ anything ``is_namedtuple`` accepts, classes included, and raises on it.
 
 from __future__ import annotations
 
-import contextvars
-import functools
 import inspect
 import operator
 
@@ -315,27 +313,7 @@ def make_key_fn(flags, sample_args, desc_cls=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def scratch_allocator(size: int, alignment: int, stream) -> torch.Tensor:
-    """Triton's allocator protocol (``triton.set_allocator``): ``size`` bytes of the current
-    CUDA device's memory for a launch's global scratch — where a kernel's device-made tensor
-    descriptors (``tl.make_tensor_descriptor``) are written. torch's allocations are aligned
-    to 512 bytes, beyond any ``alignment`` Triton asks."""
-    return torch.empty(size, dtype=torch.uint8, device="cuda")
-
-
-def with_scratch(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with :func:`scratch_allocator` as Triton's allocator, in a copy of
-    the current context (the caller's allocator, if any, untouched outside it)."""
-    import triton
-
-    def run():
-        triton.set_allocator(scratch_allocator)
-        return fn(*args, **kwargs)
-
-    return contextvars.copy_context().run(run)
-
-
-def launch_entry(kernel, version, programs: int = 0, device=None):
+def launch_entry(kernel, version):
     """``(launch, head, as_tuple)`` for one compiled kernel: the fast path calls
     ``launch(grid_0, grid_1, grid_2, stream, *head, *kernel_args)`` (or ``..., kernel_args)``
     when ``as_tuple``), ``kernel_args`` being what JITFunction.run passes after the hooks.
@@ -344,10 +322,7 @@ def launch_entry(kernel, version, programs: int = 0, device=None):
     enter_hook=None, exit_hook=None)``: JITFunction.run's own call (3.6 and 3.9), None for the
     hooks and metadata being what an empty HookChain amounts to. Where the NVIDIA launcher's
     ``__call__`` was read (3.6.x, 3.9.x) and only passes through, because the kernel needs no
-    profile scratch (and, 3.9, GSan is off), its ``launch`` is called directly — a kernel with
-    global scratch (device-made tensor descriptors) given one buffer of its ``programs``' scratch
-    on ``device``, made here once (the launches of one launcher run in stream order, as a plan's
-    other scratch does); where it is not, ``run`` under :func:`with_scratch`:
+    global or profile scratch (and, 3.9, GSan is off), its ``launch`` is called directly:
 
     * 3.6: ``launch(gx, gy, gz, stream, function, cooperative, pdl, global_scratch=None,
       profile_scratch=None, packed_metadata, launch_metadata, enter, exit, *kernel_args)``; the
@@ -359,27 +334,19 @@ def launch_entry(kernel, version, programs: int = 0, device=None):
       the annotations; ``launch`` wraps it to expand TensorDescriptors at any depth.
     """
     run = kernel.run
-    head = (kernel.function, kernel.packed_metadata, None, None, None)
-    default = (run, head, False)
-    if getattr(run, "global_scratch_size", 0):
-        default = (functools.partial(with_scratch, run), head, False)
+    default = (run, (kernel.function, kernel.packed_metadata, None, None, None), False)
     cls = type(run)
     if cls.__name__ != "CudaLauncher" or cls.__module__ != "triton.backends.nvidia.driver":
         return default
     need = ("launch", "global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "launch_pdl")
-    if not all(hasattr(run, a) for a in need) or run.profile_scratch_size or (run.global_scratch_size and not programs):
+    if not all(hasattr(run, a) for a in need) or run.global_scratch_size or run.profile_scratch_size:
         return default
-    scratch = None
-    if run.global_scratch_size:
-        size = programs * getattr(run, "num_ctas", 1) * run.global_scratch_size
-        scratch = torch.empty(size, dtype=torch.uint8, device=device if device is not None else "cuda")
     coop, pdl = run.launch_cooperative_grid, run.launch_pdl
     if version[:2] == (3, 6):
-        return (run.launch, (kernel.function, coop, pdl, scratch, None, kernel.packed_metadata, None, None, None),
-                False)
+        return (run.launch, (kernel.function, coop, pdl, None, None, kernel.packed_metadata, None, None, None), False)
     if version[:2] == (3, 9) and not getattr(run, "gsan_enabled", True) and \
             hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
-        return (run.launch, (kernel.function, coop, pdl, kernel.packed_metadata, None, None, None, scratch, None,
+        return (run.launch, (kernel.function, coop, pdl, kernel.packed_metadata, None, None, None, None, None,
                              run.arg_annotations, run.kernel_signature), True)
     return default
 
@@ -660,12 +627,11 @@ class KernelLauncher:
         """``kernel[grid](...)`` (on ``stream`` if given); caches the compiled kernel it returns
         under the key."""
         self.slow_calls += 1
-        # (a kernel with global scratch — device-made descriptors — takes it from Triton's allocator)
         if stream is None:
-            kernel = with_scratch(self.kernel[self.grid], *self.bound_args(args), **self.options)
+            kernel = self.kernel[self.grid](*self.bound_args(args), **self.options)
         else:
             with torch.cuda.stream(stream):
-                kernel = with_scratch(self.kernel[self.grid], *self.bound_args(args), **self.options)
+                kernel = self.kernel[self.grid](*self.bound_args(args), **self.options)
         if not self._fast or kernel is None:
             return None
         if self._state is None and not self._init_fast(args):
@@ -682,7 +648,7 @@ class KernelLauncher:
             self._fast = False  # e.g. AMD: specializes on pointer ranges the key does not see
             self._state = None
             return None
-        self._cache[key] = launch_entry(kernel, self._version, self._g0 * self._g1 * self._g2) + (kernel,)
+        self._cache[key] = launch_entry(kernel, self._version) + (kernel,)
         return None
 
     def _driver(self):
@@ -718,10 +684,8 @@ class KernelLauncher:
 
     def fast_levels(self) -> dict:
         """How the fast path launches each variant: ``"launch"`` (the driver launcher's
-        ``launch``, bypassing ``CudaLauncher.__call__``) or ``"run"`` (``CompiledKernel.run``,
-        or it under :func:`with_scratch`)."""
-        return {k: ("run" if v[0] is v[3].run or isinstance(v[0], functools.partial) else "launch")
-                for k, v in self._cache.items()}
+        ``launch``, bypassing ``CudaLauncher.__call__``) or ``"run"`` (``CompiledKernel.run``)."""
+        return {k: ("run" if v[0] is v[3].run else "launch") for k, v in self._cache.items()}
 
 
 _NOT_PRESENT = object()
@@ -747,7 +711,7 @@ class BoundLaunch:
     binds the names natively, then one tuple in the kernel's order is built — a missing or
     unexpected name raises ``TypeError`` naming the kernel and the argument."""
 
-    __slots__ = ("launcher", "free", "args", "__call__", "_on", "_fixed")
+    __slots__ = ("launcher", "free", "args", "__call__", "_on")
 
     def __init__(self, launcher: KernelLauncher, fixed: dict):
         names = launcher.runtime_params
@@ -756,7 +720,6 @@ class BoundLaunch:
             raise ArgumentTypeError(f"{launcher.name}: not runtime parameters of the kernel: {unknown} "
                                     f"(runtime parameters: {list(names)})")
         self.launcher = launcher
-        self._fixed = dict(fixed)
         self.free = tuple(n for n in names if n not in fixed)
         values = [fixed[n] for n in names if n in fixed]
         items, k = [], 0
@@ -778,13 +741,6 @@ class BoundLaunch:
         # (``__call__`` is a slot: ``bound(...)`` finds this instance's generated function)
         self.__call__ = ns[kernel]
         self._on = ns[f"{kernel}_on"]
-
-    def variant(self, **constexprs) -> "BoundLaunch":
-        """This launch with ``constexprs`` replacing its launcher's (the same kernel, grid,
-        options and fixed arguments): another compiled variant of the kernel."""
-        lau = self.launcher
-        return BoundLaunch(KernelLauncher(lau.kernel, lau.grid, constexprs={**lau.constexprs, **constexprs},
-                                          **lau.options), self._fixed)
 
     def launch_on(self, stream, **named) -> None:
         self._on(stream, **named)

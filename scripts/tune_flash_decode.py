@@ -26,7 +26,7 @@ written from those measured).
     python3 scripts/tune_flash_decode.py --out $OUT
     python3 scripts/tune_flash_decode.py --points 1x4096 1x16384 1x65536 16x4096 --out $OUT
     python3 scripts/tune_flash_decode.py --grid combine --batches 1 2 --out $OUT   # the combine's unroll
-    python3 scripts/tune_flash_decode.py --grid deep --points 1x16384 --out $OUT   # more stages, TMA loads
+    python3 scripts/tune_flash_decode.py --grid deep --points 1x16384 --out $OUT   # stages, combine in one pass
     python3 scripts/tune_flash_decode.py --grid current --out $OUT   # the table's row alone vs SDPA
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
 """
@@ -66,7 +66,6 @@ class Candidate(NamedTuple):
     swap_ab: bool = False
     max_registers: int = 0
     combine_unroll: int = 8
-    tma: bool = False
 
 
 def light(cap: int) -> list[Candidate]:
@@ -140,13 +139,20 @@ def combine_grid(base: "fd.Tuning") -> list[Candidate]:
 
 def deep_grid(base: "fd.Tuning") -> list[Candidate]:
     """The candidates of ``--grid deep`` around the current row ``base``: its tile with 1 and 2
-    stages more, :func:`deeper_pipelines`, and each of them with the K/V tiles by TMA
-    (``tma``) and with the products swapped the other way round."""
+    stages more, the products both ways, the unit's combine as the row has it and in one pass
+    (``combine_unroll`` 64: every split's partial loaded at once), and the row's split cap halved
+    and doubled (one-pass combine); then :func:`deeper_pipelines` with a one-pass combine. (Run 81,
+    one H200: 4 and 5 stages of the swapped products took batch 1 from 94-99 % of SDPA to 98-99 %;
+    the K/V tiles by TMA from device-made descriptors were slower than the same candidate's
+    pointer loads in 64 of 69 pairs, their best 3.7-11.1 % behind each point's best, and were
+    taken back.)"""
     same = Candidate(base.items_per_program, base.block_n, base.num_warps, base.num_stages, base.programs_per_sm,
                      base.max_splits, base.swap_ab, base.max_registers, base.combine_unroll)
-    mine = [same._replace(num_stages=base.num_stages + extra) for extra in (0, 1, 2)] + deeper_pipelines()
-    return [c._replace(tma=tma, swap_ab=c.swap_ab != flip) for c in mine for tma in (False, True)
-            for flip in (False, True)]
+    out = [same._replace(num_stages=base.num_stages + extra, swap_ab=swap, combine_unroll=unroll)
+           for extra in (0, 1, 2) for swap in (False, True) for unroll in (base.combine_unroll, 64)]
+    out += [same._replace(num_stages=base.num_stages + 1, swap_ab=swap, max_splits=cap, combine_unroll=64)
+            for swap in (False, True) for cap in (max(1, base.max_splits // 2), 2 * base.max_splits)]
+    return out + [c._replace(combine_unroll=64, swap_ab=swap) for c in deeper_pipelines() for swap in (False, True)]
 
 
 #: Threads compiling a point's candidates at once.
@@ -165,8 +171,8 @@ def parse(argv):
                    help="seconds: points not started by then are skipped (the row comes from those measured)")
     p.add_argument("--grid", choices=("full", "combine", "deep", "current"), default="full",
                    help="full: the batch's whole grid; combine: the unit combine's unroll and split caps "
-                        "around the current row (combine_grid); deep: more stages and TMA loads around it "
-                        "(deep_grid); current: the table's row alone (a check of it)")
+                        "around the current row (combine_grid); deep: more stages and a one-pass combine around "
+                        "it (deep_grid); current: the table's row alone (a check of it)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
@@ -178,9 +184,7 @@ def label(t: fd.Tuning) -> str:
     swap = "_swap" if t.swap_ab else ""
     regs = f"_r{t.max_registers}" if t.max_registers else ""
     unroll = "" if t.combine_unroll == 8 else f"_u{t.combine_unroll}"
-    tma = "_tma" if t.tma else ""
-    return (f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
-            f"{tma}")
+    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
 
 
 def compile_all(plans, log) -> None:
@@ -232,12 +236,12 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
     candidates = []
     combine = ("MAX_SPLITS", "COMBINE_UNROLL")  # (the split bound decides the combine's passes)
-    seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.tma, base.max_registers, current.n_split,
+    seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
              current.nprog, *(current.constexprs[k] for k in combine))}
     for cand in grid:
         tune = fd.Tuning(**cand._asdict(), max_rows=base.max_rows)
         p = fd.FlashDecode(current.group, fd.DecodeCall(**current.call.__dict__), tune)
-        same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.tma, cand.max_registers, p.n_split,
+        same = (cand.block_n, cand.num_warps, cand.num_stages, cand.swap_ab, cand.max_registers, p.n_split,
                 p.nprog, *(p.constexprs[k] for k in combine))
         if same not in seen:  # (another candidate makes this very plan)
             seen.add(same)
@@ -318,7 +322,7 @@ def table_row(rows: list[dict], fits=None) -> list:
             by_units.append([units, diff])
     if by_units:
         base["by_units"] = by_units
-    for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8), ("tma", False)):  # (only what differs)
+    for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8)):  # (only what differs)
         if base.get(key) == default:
             del base[key]
     return [128, base]
@@ -344,11 +348,15 @@ def main(argv=None) -> int:
                 return True
             key = (batch, json.dumps(tune, sort_keys=True))
             if key not in checked:
-                plan = fd.FlashDecode(calls[batch][0], replace(calls[batch][1], scheduler="fused"), fd.Tuning(**tune))
-                checked[key] = plan.tune.programs_per_sm == tune["programs_per_sm"]
+                group, call = calls[batch]
+                local = fd.FlashDecode(group, call, fd.Tuning(**tune))
+                plan = fd.FlashDecode(group, replace(call, scheduler="fused"), fd.Tuning(**tune))
+                # (a grid within one program per SM — batch 1's 128 programs — is the same plan either way)
+                checked[key] = (plan.n_split, plan.nprog) == (local.n_split, local.nprog)
                 if not checked[key]:
                     log(f"  B {batch} {tune}: the fused kernel fits {plan.tune.programs_per_sm} per SM, not "
-                        f"{tune['programs_per_sm']}: not chosen")
+                        f"{tune['programs_per_sm']} ({plan.n_split} splits on {plan.nprog} programs, not "
+                        f"{local.n_split} on {local.nprog}): not chosen")
             return checked[key]
 
         def write_row():

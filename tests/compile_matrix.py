@@ -316,9 +316,6 @@ def _launch_everything(ctx, torch) -> None:
         base = fdm.plan(q, kv, kv, kv_lens=lens, block_table=table, scheduler=scheduler)
         swapped = fdm.FlashDecode(base.group, base.call, replace(base.tune, swap_ab=True, max_registers=128))
         swapped(q, kv, kv, kv_lens=lens, block_table=table)
-        if table is None:  # the K/V tiles by device-made descriptors (a row's tma), both products
-            for swap in (False, True):
-                fdm.FlashDecode(base.group, base.call, replace(base.tune, tma=True, swap_ab=swap))(q, kv, kv)
     # MoE dispatch + combine in both modes, bf16 and fp8
     from iris_fw.ops import moe_combine, moe_dispatch
 

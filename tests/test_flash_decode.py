@@ -229,71 +229,6 @@ def test_flash_decode_swapped_products(world, on_gpu):
     assert world.run(_row_rank, runs, {"swap_ab": True}, (0.21, 0.37))[0][0] == runs
 
 
-#: (scheduler, case, paged) of the TMA loads per world size: every case, both schedulers (paged
-#: KV keeps its pointer loads: checked the same), across worlds 1-2 (3 under ``-m extended``).
-_TMA_RUNS = {1: [("fused", 0, False), ("bulk_sync", 1, False), ("fused", 2, False), ("fused", 3, True)],
-             2: [("fused", 1, False), ("bulk_sync", 3, False), ("fused", 2, True)],
-             3: [("bulk_sync", 0, False), ("fused", 3, False)], 4: [("fused", 1, False)]}
-
-
-def _tma_capable() -> bool:
-    """The GPU reads by descriptors (NVIDIA compute capability 9 and later); the CPU's
-    interpreter runs them."""
-    return not torch.cuda.is_available() or (torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9)
-
-
-@on_worlds(1, 2)  # (W = 3 under -m extended on CPU ranks)
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_flash_decode_tma(world, on_gpu, swap_ab):
-    """The tuning row's ``tma`` (K/V tiles from device-made descriptors, rows past a sequence's
-    length read as zeros) gives what the float64 reference gives: ragged slices (one empty),
-    ``kv_lens`` with zeros, GQA 1/4/8, head dims 16-128 with ``Dv != D`` (tiles wider than the
-    head: zero columns), views of a larger NaN-filled cache, fp16/bf16/fp32, both schedulers and
-    both products; bitwise the same on every rank."""
-    if not _tma_capable():
-        pytest.skip("descriptor loads need an NVIDIA GPU of compute capability 9 or later")
-    runs = [r for rs in _TMA_RUNS.values() for r in rs] if on_gpu else _TMA_RUNS[world.world_size]
-    scales = (0.19, 0.41) if swap_ab else (0.17, 0.43)  # (a plan of its own per row)
-    assert world.run(_row_rank, runs, {"tma": True, "swap_ab": swap_ab}, scales)[0][0] == runs
-
-
-def test_tma_falls_back_to_pointers_where_unaligned(iris_pool, on_gpu):
-    """K or V that descriptors cannot read (a row stride or a head's base not a multiple of 16
-    bytes) take the same plan's pointer loads — a variant made once for the layout — and give
-    what the float64 reference gives; aligned ones keep the descriptors."""
-    if not _tma_capable():
-        pytest.skip("descriptor loads need an NVIDIA GPU of compute capability 9 or later")
-    iris_pool(1).run(_tma_fallback_rank)
-
-
-def _tma_fallback_rank(ctx):
-    from dataclasses import replace
-
-    from iris_fw import flash_decode as fd
-
-    dev = ctx.device
-    g = torch.Generator().manual_seed(fresh_seed(ctx))
-    b, hq, hkv, d, s = 2, 4, 1, 24, (700 if dev.type != "cpu" else 37)
-    q = torch.randn(b, hq, d, generator=g).to(torch.float16).to(dev)
-    big = torch.randn(b, s, hkv, d + 4, generator=g).to(torch.float16).to(dev)  # rows of 56 bytes
-    k, v = big[..., :d], big[..., 4:]
-    assert not fd.tma_ready(k, v) and fd.tma_ready(k.contiguous(), v.contiguous())
-    orig = fd.tuning
-    fd.tuning = lambda device, head_dim: replace(orig(device, head_dim), by_units=(), tma=True)
-    try:
-        plan = fd.plan(q, k, v, sm_scale=0.29, scheduler="bulk_sync", ctx=ctx)
-    finally:
-        fd.tuning = orig
-    assert plan.constexprs["TMA"]
-    want = flash_decode_reference(q.cpu(), [k.cpu()], [v.cpu()], sm_scale=0.29)
-    for kk, vv, layout in ((k, v, "local (pointers)"), (k.contiguous(), v.contiguous(), "local")):
-        o, _ = plan.unpack(plan.partial(q, kk, vv).clone())
-        err = (o.cpu().double() - want).abs().max()
-        assert err < 2e-3, (layout, err)
-        assert layout in plan._untraced
-    assert plan._untraced["local (pointers)"].launcher.constexprs["TMA"] is False
-
-
 #: One split per unit, per world size (both kernels' products, both schedulers, paged too).
 _ONE_SPLIT_RUNS = {1: [("fused", 2, False), ("bulk_sync", 1, True)], 2: [("fused", 0, True), ("bulk_sync", 3, False)],
                    3: [("fused", 1, False)], 4: [("fused", 3, False)]}
@@ -708,14 +643,6 @@ _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
     ("_flash_decode_kernel", "fp32", {"HQ": 8, "HKV": 2, "D": 64, "DV": 32, "ROWS": 16, "BD": 64, "BDV": 32,
                                       "BLOCK_N": 64, "MAX_SPLITS": 8, "HAS_LENS": True, "PAGE": 0,
                                       "FUSED": True, "EXACT": True, "SWAP_AB": True}),
-    # the K/V tiles by device-made descriptors (a tuning row's tma), both products, local and fused
-    ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
-                                      "BLOCK_N": 64, "MAX_SPLITS": 16, "HAS_LENS": False, "PAGE": 0,
-                                      "FUSED": False, "EXACT": False, "CROWS": 4, "COMBINE_UNROLL": 16,
-                                      "TMA": True}),
-    ("_flash_decode_kernel", "fp16", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
-                                      "BLOCK_N": 32, "MAX_SPLITS": 4, "HAS_LENS": True, "PAGE": 0,
-                                      "FUSED": True, "EXACT": False, "SWAP_AB": True, "TMA": True}),
 ]
 
 

@@ -812,42 +812,29 @@ def _cuda_launcher_like(scratch):
 @pytest.mark.parametrize("scratch", [0, 128])
 def test_launch_entry(scratch):
     """The direct ``launch`` call gets, per version, what CudaLauncher.__call__ hands its
-    ``launch`` (hand-made lists from reading 3.6's and 3.9's driver.py) — a kernel with global
-    scratch (device-made descriptors) one buffer of its programs' scratch, made once;
-    elsewhere the fast path calls ``run`` as JITFunction.run does (with global scratch: under
-    :func:`iris_fw.kernel_launcher.with_scratch`, Triton's allocator set)."""
-    fake = _cuda_launcher_like(0)
-    fake.global_scratch_size = scratch
+    ``launch`` (hand-made lists from reading 3.6's and 3.9's driver.py); elsewhere, or when the
+    kernel needs scratch, the fast path calls ``run`` as JITFunction.run does."""
+    fake = _cuda_launcher_like(scratch)
 
     class Compiled:
         run, function, packed_metadata = fake, 77, (4, 1, 0)
 
     full = (_t(), 3, (_t(), 1.5), None, 64)
     for version in [(3, 6), (3, 9), (3, 10), (3, 7)]:
-        launch, head, as_tuple = lmod.launch_entry(Compiled(), version, 5, "cpu")
-        if version not in ((3, 6), (3, 9)):
-            assert head == (77, (4, 1, 0), None, None, None) and not as_tuple
-            assert launch is fake if not scratch else (launch.func is lmod.with_scratch and launch.args == (fake,))
+        launch, head, as_tuple = lmod.launch_entry(Compiled(), version)
+        if scratch or version not in ((3, 6), (3, 9)):
+            assert launch is fake and head == (77, (4, 1, 0), None, None, None) and not as_tuple
             continue
         assert launch == fake.launch
         fake.got.clear()
         launch(5, 2, 1, 99, *head, full) if as_tuple else launch(5, 2, 1, 99, *head, *full)
-        got = list(fake.got[0])
-        at = 7 if version == (3, 6) else 11  # the global scratch's place
-        buf, got[at] = got[at], None
-        assert (buf is None) if not scratch else (buf.numel() == 5 * scratch and buf.dtype == torch.uint8)
         if version == (3, 6):  # gx gy gz stream function coop pdl gscratch pscratch meta lmeta enter exit *args
-            assert got == [5, 2, 1, 99, 77, False, True, None, None, (4, 1, 0), None, None, None, *full]
+            assert fake.got == [(5, 2, 1, 99, 77, False, True, None, None, (4, 1, 0), None, None, None, *full)]
         else:  # gx gy gz stream function coop pdl meta lmeta enter exit gscratch pscratch ann sig args
-            assert got == [5, 2, 1, 99, 77, False, True, (4, 1, 0), None, None, None, None, None,
-                           ["ann"], b"sig", full]
-    # without the grid's size (no buffer to make) the scratch comes from the allocator at each launch
-    assert lmod.launch_entry(Compiled(), (3, 6))[0].func is lmod.with_scratch if scratch else True
-    fake.profile_scratch_size = 64  # profile scratch: run, as Triton does
-    assert lmod.launch_entry(Compiled(), (3, 6), 5, "cpu")[0] is not fake.launch
-    fake.profile_scratch_size = 0
+            assert fake.got == [(5, 2, 1, 99, 77, False, True, (4, 1, 0), None, None, None, None, None,
+                                 ["ann"], b"sig", full)]
     fake.gsan_enabled = True
-    assert lmod.launch_entry(Compiled(), (3, 9), 5, "cpu")[0] is not fake.launch
+    assert lmod.launch_entry(Compiled(), (3, 9))[0] is fake
 
 
 def test_launch_entry_matches_this_tritons_cudalauncher():

@@ -95,10 +95,12 @@ def fill_one_pass() -> list[Candidate]:
 
 def deeper_pipelines() -> list[Candidate]:
     """Batch 1's 128 programs (8 units x 16 splits: one per SM) with more K/V stages in flight: on
-    the H200 (run 79) the kernel streams KV at 4.0-4.3 TB/s between 4K and 64K tokens where SDPA,
+    the H200 (run 79) the kernel streamed KV at 4.0-4.3 TB/s between 4K and 64K tokens where SDPA,
     with two programs per SM, streams at 4.5-4.6 (docs/performance.md, fourteenth session); 4 and 5
     stages of 64-token K and V tiles (32 KiB a stage) fit one program per SM's shared memory (128-token
-    tiles would not). Not yet measured."""
+    tiles would not). Run 81 (one H200): with 4 warps the same plans as the row's two-per-SM 4-warp
+    candidates (128 programs either way), the swapped products' 4 stages the best at batch 1; with
+    8 warps 25-36 % slower."""
     return [Candidate(4, 64, w, st, 1, 16) for w in (4, 8) for st in (4, 5)]
 
 
@@ -137,22 +139,23 @@ def combine_grid(base: "fd.Tuning") -> list[Candidate]:
                    for u in (8, cap)]
 
 
-def deep_grid(base: "fd.Tuning") -> list[Candidate]:
-    """The candidates of ``--grid deep`` around the current row ``base``: its tile with 1 and 2
-    stages more, the products both ways, the unit's combine as the row has it and in one pass
-    (``combine_unroll`` 64: every split's partial loaded at once), and the row's split cap halved
-    and doubled (one-pass combine); then :func:`deeper_pipelines` with a one-pass combine. (Run 81,
-    one H200: 4 and 5 stages of the swapped products took batch 1 from 94-99 % of SDPA to 98-99 %;
-    the K/V tiles by TMA from device-made descriptors were slower than the same candidate's
-    pointer loads in 64 of 69 pairs, their best 3.7-11.1 % behind each point's best, and were
-    taken back.)"""
+def deep_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
+    """The candidates of ``--grid deep`` around the current row ``base`` for a call of ``units``
+    work units on ``sms`` SMs: its tile with 1 and 2 stages more, the products both ways, the
+    unit's combine as the row has it and in one pass (``combine_unroll`` 64: every split's partial
+    loaded at once); then the grids of one work item per program — one program per SM (``sms //
+    units`` splits, 64-token tiles, 3-5 stages) and two per SM (twice the splits, 32- and 64-token
+    tiles) — with a one-pass combine. (Run 81, one H200: 4 and 5 stages of the swapped products
+    took batch 1 from 94-99 % of SDPA to 98-99 %; the K/V tiles by TMA from device-made descriptors
+    were slower than the same candidate's pointer loads in 64 of 69 pairs, their best 3.7-11.1 %
+    behind each point's best, and were taken back.)"""
     same = Candidate(base.items_per_program, base.block_n, base.num_warps, base.num_stages, base.programs_per_sm,
                      base.max_splits, base.swap_ab, base.max_registers, base.combine_unroll)
     out = [same._replace(num_stages=base.num_stages + extra, swap_ab=swap, combine_unroll=unroll)
            for extra in (0, 1, 2) for swap in (False, True) for unroll in (base.combine_unroll, 64)]
-    out += [same._replace(num_stages=base.num_stages + 1, swap_ab=swap, max_splits=cap, combine_unroll=64)
-            for swap in (False, True) for cap in (max(1, base.max_splits // 2), 2 * base.max_splits)]
-    return out + [c._replace(combine_unroll=64, swap_ab=swap) for c in deeper_pipelines() for swap in (False, True)]
+    one, two = max(1, sms // max(units, 1)), max(1, 2 * sms // max(units, 1))
+    out += [Candidate(4, 64, 4, st, 1, one, swap, 0, 64) for st in (3, 4, 5) for swap in (False, True)]
+    return out + [Candidate(4, bn, 4, st, 2, two, swap, 0, 64) for bn, st in ((64, 3), (32, 4)) for swap in (False, True)]
 
 
 #: Threads compiling a point's candidates at once.
@@ -229,7 +232,7 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     elif opts.grid == "combine":
         grid = combine_grid(base)
     elif opts.grid == "deep":
-        grid = deep_grid(base)
+        grid = deep_grid(base, devinfo.num_sms(dev), current.units)
     elif opts.grid == "current":
         grid = []
     else:

@@ -674,6 +674,8 @@ def _by_units_rank(ctx):
     """A tuning row's ``by_units`` entry (more splits and another tile for few units; the
     products swapped and a register cap) changes the local kernel's split count, tile and
     variant, not its values; bad ``swap_ab`` / ``max_registers`` are refused."""
+    from dataclasses import replace
+
     from iris_fw import flash_decode as fd
 
     g = torch.Generator().manual_seed(fresh_seed(ctx))
@@ -681,7 +683,9 @@ def _by_units_rank(ctx):
     q = torch.randn(1, 4, 16, generator=g).to(dev)
     k, v = (torch.randn(1, 77, 2, 16, generator=g).to(dev) for _ in range(2))  # 2 units
     plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
-    base = plan.tune
+    # (the device's row for this many units as the base, its products unswapped and uncapped)
+    base = replace(plan.tune, swap_ab=False, max_registers=0)
+    plan = fd.FlashDecode(plan.group, fd.DecodeCall(**plan.call.__dict__), base)
     tune = fd.Tuning(**{**base.__dict__, "by_units": [[plan.units, {"items_per_program": 4 * base.items_per_program,
                                                                     "max_splits": 4 * base.max_splits,
                                                                     "block_n": 2 * base.block_n}]]})

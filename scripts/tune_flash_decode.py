@@ -144,9 +144,10 @@ def deep_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
     work units on ``sms`` SMs: its tile with 1 and 2 stages more, the products both ways, the
     unit's combine as the row has it and in one pass (``combine_unroll`` 64: every split's partial
     loaded at once); then the grids of one work item per program — one program per SM (``sms //
-    units`` splits, 64-token tiles in 3-5 stages, 128-token ones in 3) and two per SM (twice the splits, 32- and 64-token
-    tiles) — with a one-pass combine. (Run 81, one H200: 4 and 5 stages of the swapped products
-    took batch 1 from 94-99 % of SDPA to 98-99 %; the K/V tiles by TMA from device-made descriptors
+    units`` splits, 64-token tiles in 3-5 stages, 128-token ones in 3) and two per SM (twice the
+    splits, 32- and 64-token tiles) — with a one-pass combine. (Run 81, one H200: 4 and 5 stages
+    of the swapped products took batch 1 from 94-99 % of SDPA to 98-99 %; run 82 chose the H200's
+    rows of batches 1, 2 and 4 from this grid; the K/V tiles by TMA from device-made descriptors
     were slower than the same candidate's pointer loads in 64 of 69 pairs, their best 3.7-11.1 %
     behind each point's best, and were taken back.)"""
     same = Candidate(base.items_per_program, base.block_n, base.num_warps, base.num_stages, base.programs_per_sm,
@@ -157,7 +158,8 @@ def deep_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
     out += [Candidate(4, bn, w, st, 1, one, swap, 0, 64) for bn, w, st in ((64, 4, 3), (64, 4, 4), (64, 4, 5),
                                                                            (128, 4, 3), (128, 8, 3))
             for swap in (False, True)]
-    return out + [Candidate(4, bn, 4, st, 2, two, swap, 0, 64) for bn, st in ((64, 3), (32, 4)) for swap in (False, True)]
+    return out + [Candidate(4, bn, 4, st, 2, two, swap, 0, 64) for bn, st in ((64, 3), (32, 4))
+                  for swap in (False, True)]
 
 
 #: Threads compiling a point's candidates at once.

@@ -33,10 +33,9 @@ import triton
 import triton.language as tl
 from iris_fw import devinfo
 from iris_fw import flash_decode as fd
-from tune_gemm import graph_of, interleaved  # (this folder leads sys.path)
-
-KV_HEADS, HEAD_DIM, Q_HEADS = 8, 128, 32
-ROTATE_BYTES = 256 << 20
+from iris_fw.bench.flash_decode import HEAD_DIM, KV_HEADS, Q_HEADS
+from tune_flash_decode import ROTATE_BYTES, sdpa_replay  # (this folder leads sys.path)
+from tune_gemm import graph_of, interleaved
 
 
 @triton.jit
@@ -148,19 +147,13 @@ def main(argv=None) -> int:
             mine = torch.empty(plan.pack, dtype=torch.float32, device=dev)
             replays["flash_decode_partial"] = graph_of(
                 lambda i: plan.partial(q, ks[i % copies], vs[i % copies], None, mine), opts.calls, dev)
-            import torch.nn.functional as F
-
-            q4 = q.unsqueeze(2)
-            kt = [k.transpose(1, 2).contiguous() for k in ks]
-            vt = [v.transpose(1, 2).contiguous() for v in vs]
-            replays["torch_sdpa"] = graph_of(lambda i: F.scaled_dot_product_attention(
-                q4, kt[i % copies], vt[i % copies], enable_gqa=True), opts.calls, dev)
+            replays["torch_sdpa"] = sdpa_replay(q, ks, vs, opts.calls, dev)
             times = interleaved(replays, opts.rounds, opts.calls, dev)
             print(f"| S | method | us | KV TB/s |  (B 1 x {tokens}: {one / 1e6:.1f} MB)")
             for name, us in sorted(times.items(), key=lambda kv: kv[1]):
                 rows.append({"tokens": tokens, "method": name, "us": us, "TBps": one / us / 1e6})
                 print(f"| {tokens} | {name} | {us:.1f} | {one / us / 1e6:.2f} |")
-            del ks, vs, kt, vt, replays
+            del ks, vs, replays
             if dev.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()

@@ -68,6 +68,11 @@ class Candidate(NamedTuple):
     combine_unroll: int = 8
 
 
+def candidate_of(tune: "fd.Tuning") -> Candidate:
+    """A row as a candidate (its fields but ``max_rows`` and ``by_units``)."""
+    return Candidate(**{f: getattr(tune, f) for f in Candidate._fields})
+
+
 def light(cap: int) -> list[Candidate]:
     """The lighter kernels (issue 32, item 2), splits capped at ``cap``: the products swapped
     (``swap_ab``: tokens on the MMA's M side, Hopper's wgmma reading K/V from shared memory:
@@ -132,8 +137,7 @@ COMBINE_UNROLLS, COMBINE_CAPS = (8, 16, 32, 64), (8, 16, 32, 64)
 
 def combine_grid(base: "fd.Tuning") -> list[Candidate]:
     """The candidates of ``--grid combine`` around the current row ``base``."""
-    same = [Candidate(base.items_per_program, base.block_n, base.num_warps, base.num_stages, base.programs_per_sm,
-                      cap, base.swap_ab, base.max_registers, u)
+    same = [candidate_of(base)._replace(max_splits=cap, combine_unroll=u)
             for cap in COMBINE_CAPS for u in COMBINE_UNROLLS if u <= cap]
     return same + [Candidate(4, bn, 4, 3, 2, cap, False, 0, u) for bn in (32, 64) for cap in (16, 32)
                    for u in (8, cap)]
@@ -150,8 +154,7 @@ def deep_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
     rows of batches 1, 2 and 4 from this grid; the K/V tiles by TMA from device-made descriptors
     were slower than the same candidate's pointer loads in 64 of 69 pairs, their best 3.7-11.1 %
     behind each point's best, and were taken back.)"""
-    same = Candidate(base.items_per_program, base.block_n, base.num_warps, base.num_stages, base.programs_per_sm,
-                     base.max_splits, base.swap_ab, base.max_registers, base.combine_unroll)
+    same = candidate_of(base)
     out = [same._replace(num_stages=base.num_stages + extra, swap_ab=swap, combine_unroll=unroll)
            for extra in (0, 1, 2) for swap in (False, True) for unroll in (base.combine_unroll, 64)]
     one, two = max(1, sms // max(units, 1)), max(1, 2 * sms // max(units, 1))
@@ -216,6 +219,19 @@ def compile_all(plans, log) -> None:
     log(f"  ({len(plans)} candidates compiled in {time.perf_counter() - t0:.1f} s)")
 
 
+def sdpa_replay(q, ks, vs, calls: int, dev):
+    """A replay (:func:`tune_gemm.graph_of`) of ``calls`` torch SDPA calls (``enable_gqa``) of
+    ``q [B, Hq, D]`` on the K/V copies ``ks``, ``vs`` (``[B, S, Hkv, D]``) in turn, the copies put
+    in SDPA's ``[B, Hkv, S, D]`` layout once, here."""
+    import torch.nn.functional as F
+
+    q4 = q.unsqueeze(2)
+    kt = [k.transpose(1, 2).contiguous() for k in ks]
+    vt = [v.transpose(1, 2).contiguous() for v in vs]
+    return graph_of(lambda i: F.scaled_dot_product_attention(q4, kt[i % len(kt)], vt[i % len(vt)], enable_gqa=True),
+                    calls, dev)
+
+
 def point(ctx, batch, tokens, opts, log) -> list[dict]:
     dev = ctx.device
     hq, hkv, d = (8, 2, 32) if opts.quick else (Q_HEADS, KV_HEADS, HEAD_DIM)
@@ -271,13 +287,7 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
         mine = outs[name] = torch.empty(p.pack, dtype=torch.float32, device=dev)
         replays[name] = graph_of(lambda i, p=p, mine=mine: p.partial(q, ks[i % copies], vs[i % copies], None, mine),
                                  opts.calls, dev)
-    import torch.nn.functional as F
-
-    q4 = q.unsqueeze(2)
-    kt = [k.transpose(1, 2).contiguous() for k in ks]
-    vt = [v.transpose(1, 2).contiguous() for v in vs]
-    replays["torch_sdpa"] = graph_of(lambda i: F.scaled_dot_product_attention(q4, kt[i % copies], vt[i % copies],
-                                                                              enable_gqa=True), opts.calls, dev)
+    replays["torch_sdpa"] = sdpa_replay(q, ks, vs, opts.calls, dev)
     times = interleaved(replays, opts.rounds, opts.calls, dev)
     sdpa = times.pop("torch_sdpa")
     rows = []
@@ -293,7 +303,7 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     log(f"| {batch} | {tokens} | {one / sdpa / 1e6:.2f} ({sdpa:.1f} us) | {cur['kv_TBps']:.2f} ({cur['us']:.1f} us, "
         f"{cur['splits']} splits) | {rows[0]['kv_TBps']:.2f} ({rows[0]['us']:.1f} us, {rows[0]['method']}, "
         f"{rows[0]['splits']} splits) | {100 * rows[0]['vs_sdpa']:.0f} |")
-    del ks, vs, kt, vt, plans, replays
+    del ks, vs, plans, replays
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -303,8 +313,8 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
 def table_row(rows: list[dict], fits=None) -> list:
     """The device's row ``[128, config]``: per batch the candidate with the least geometric
     mean of time / that point's best over the token counts; the largest batch's as the base,
-    the others as ``by_units`` entries (bound: the batch's units). ``fits(batch, tune)``: false
-    for a candidate the ``fused`` plan would not run as measured (then the batch's next best)."""
+    the others as ``by_units`` entries (bound: the batch's units). ``fits(batch, row)``: false
+    for a measured row whose launch the ``fused`` plan would not make (then the batch's next best)."""
     chosen = {}
     for batch in sorted({r["batch"] for r in rows}):
         mine = [r for r in rows if r["batch"] == batch]
@@ -315,7 +325,7 @@ def table_row(rows: list[dict], fits=None) -> list:
         complete = {m: v for m, v in score.items() if len(v) == len(best)} or score
         for method in sorted(complete, key=lambda m: sum(x for _, x in complete[m]) / len(complete[m])):
             r = complete[method][0][0]
-            if fits is None or fits(batch, r["tune"]):
+            if fits is None or fits(batch, r):
                 break
         chosen[batch] = (r["units"], r["tune"])
     batches = sorted(chosen)
@@ -348,22 +358,22 @@ def main(argv=None) -> int:
         log("| B | S | SDPA TB/s | current TB/s | best TB/s (row) | best % of SDPA |\n|---:|---:|---:|---:|---|---:|")
         rows, calls, checked = [], {}, {}
 
-        def fits(batch, tune) -> bool:
-            """The fused plan of this batch keeps the candidate's programs per SM (compiled, its
-            kernel fits that many times per SM; the CPU keeps any)."""
+        def fits(batch, row) -> bool:
+            """The fused plan of this batch makes the measured ``row``'s launch — its split count
+            on its programs — with the row's tuning (compiled, its kernel fits the programs per SM
+            the grid needs; the CPU keeps any)."""
+            tune = row["tune"]
             if tune["programs_per_sm"] == 1:
                 return True
             key = (batch, json.dumps(tune, sort_keys=True))
             if key not in checked:
-                group, call = calls[batch]
-                local = fd.FlashDecode(group, call, fd.Tuning(**tune))
-                plan = fd.FlashDecode(group, replace(call, scheduler="fused"), fd.Tuning(**tune))
+                plan = fd.FlashDecode(calls[batch][0], replace(calls[batch][1], scheduler="fused"), fd.Tuning(**tune))
                 # (a grid within one program per SM — batch 1's 128 programs — is the same plan either way)
-                checked[key] = (plan.n_split, plan.nprog) == (local.n_split, local.nprog)
+                checked[key] = (plan.n_split, plan.nprog) == (row["splits"], row["programs"])
                 if not checked[key]:
                     log(f"  B {batch} {tune}: the fused kernel fits {plan.tune.programs_per_sm} per SM, not "
                         f"{tune['programs_per_sm']} ({plan.n_split} splits on {plan.nprog} programs, not "
-                        f"{local.n_split} on {local.nprog}): not chosen")
+                        f"{row['splits']} on {row['programs']}): not chosen")
             return checked[key]
 
         def write_row():

@@ -105,7 +105,7 @@ def deeper_pipelines() -> list[Candidate]:
     stages of 64-token K and V tiles (32 KiB a stage) fit one program per SM's shared memory (128-token
     tiles would not). Run 81 (one H200): with 4 warps the same plans as the row's two-per-SM 4-warp
     candidates (128 programs either way), the swapped products' 4 stages the best at batch 1; with
-    8 warps 25-36 % slower."""
+    8 warps 9-41 % slower than the same stages with 4 (docs/performance.md, fifteenth session)."""
     return [Candidate(4, 64, w, st, 1, 16) for w in (4, 8) for st in (4, 5)]
 
 

@@ -359,6 +359,13 @@ def push_exchange(src, recv, slots, epoch, n, rank, world_size, heap_bases, BLOC
 # (:func:`lamport_clear`) for the buffer's next use, and alternates between two buffers (by
 # call parity): a peer can run at most one call ahead, because it cannot finish a call before
 # receiving this rank's data for it. Floating dtypes only (an integer has no spare pattern).
+# A polled tile must give each lane to one thread (at least as many elements as the program has
+# threads, as the collectives' 4 KiB tiles do): where Triton's layout repeats a small tile over
+# several threads, each copy of a lane is loaded on its own, and the poll's count can come from a
+# copy that saw the data while another copy still holds the empty pattern. (Our reading of run 84,
+# one H200: flash-decode's splits combined this way — a [16, 4] tile of log-sum-exps on 8 warps —
+# gave wrong values, where on 4 warps it passed its checks; that combine was slower as well, and
+# was taken back.)
 
 
 def lamport_empty(bits: int) -> int:

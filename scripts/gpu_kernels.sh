@@ -22,6 +22,11 @@
 #           (default 360 s): the step's limit; the sweep starts no point in its last 60 s.
 #           FD_ARGS: more arguments of the sweep, e.g. FD_ARGS="--points 1x4096 1x16384 1x65536
 #           16x4096" (only those batch x tokens points).
+#   fdrow   the row the fd step wrote ($OUT/flash_decode_tuning_row.json) made the device's row of
+#           iris_fw/tuning/flash_decode.json in this checkout: the steps after it (fdcheck, the
+#           tests) run on the row as it would be committed.
+#   fdcheck scripts/tune_flash_decode.py --grid current (the table's row alone vs SDPA, a fresh
+#           process) at every point, FDCHECK_ROUNDS rounds (default 16); logs in $OUT/check.
 #   trace   scripts/trace_overhead.py at W = 1 (8192^3 bf16, gemm_all_scatter and all_gather_gemm,
 #           every schedule, untraced vs traced interleaved; cases print as they finish).
 #           TRACE_EXTRA="--comm-sms 16" also times the two-role schedules with 16 communication
@@ -124,6 +129,25 @@ for step in $STEPS; do
         r=$?; rc=$(( rc | r )); echo "rc $r"
         { grep -E "^\||tuning row|^\[128|compiled in|not chosen" "$OUT/fd.log"; grep -E "WRONG|Error" "$OUT/fd.log" | head -10; } \
             | tee -a "$SUMMARY" ;;
+    fdrow)
+        python3 - "$OUT/flash_decode_tuning_row.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+got = json.load(open(sys.argv[1]))
+path = "iris_fw/tuning/flash_decode.json"
+table = json.load(open(path))
+table["devices"][got["device"]] = [[got["row"][0], {**got["row"][1], "measured": got["measured"]}]]
+with open(path, "w") as f:
+    json.dump(table, f, indent=2, ensure_ascii=False)
+    f.write("\n")
+print(f"fdrow: {got['device']}'s row of {path} is now {json.dumps(got['row'])}")
+PY
+        ;;
+    fdcheck)
+        mkdir -p "$OUT/check"
+        timeout -k 10 $(limit ${FDCHECK_TIMEOUT:-150}) python3 scripts/tune_flash_decode.py --grid current \
+            --rounds ${FDCHECK_ROUNDS:-16} --out "$OUT/check" > "$OUT/check/fd.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r"
+        { grep -E "^\|" "$OUT/check/fd.log"; grep -E "WRONG|Error" "$OUT/check/fd.log" | head -10; } | tee -a "$SUMMARY" ;;
     trace)
         timeout -k 10 $(limit ${TRACE_TIMEOUT:-140}) python3 scripts/trace_overhead.py --patterns gemm_all_scatter all_gather_gemm \
             --iters 10 --rounds 3 --no-collectives ${TRACE_EXTRA:-} --out "$OUT/trace" > "$OUT/trace.log" 2>&1

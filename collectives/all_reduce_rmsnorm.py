@@ -8,12 +8,12 @@ per call (no separate all-reduce launch)::
     out      = h * rsqrt(mean(h^2, -1) + eps) * weight       # weight: [H]; fp32, stored as x
 
 **Work decomposition.** A row is ``H`` elements; its columns are cut into tiles of ``BLOCK``
-elements (one 4 KiB tile, a shorter row masked: :func:`column_block`). A
-*work item* is a segment of ``seg`` columns (whole tiles) of one row; each row has ``segments``
-of them (``segments * seg >= H``). The host picks ``segments = 1`` when there are enough rows
-to keep every program busy, and splits the hidden dim otherwise (``T`` of 1 … a few tokens,
-``H`` large): about ``programs / T`` segments per row, so a decode step's push is spread over
-as many programs as an all-reduce of the same bytes would use. Programs take the items
+elements (the next power of two of ``H``, at least one element a thread, at most one 4 KiB tile:
+:func:`column_block`). A *work item* is a segment of ``seg`` columns (whole tiles) of one row;
+each row has ``segments`` of them (``segments * seg >= H``). The host picks ``segments = 1`` when
+there are enough rows to keep every program busy, and splits the hidden dim otherwise (``T`` of 1
+… a few tokens, ``H`` large): about ``programs / T`` segments per row, so a decode step's push is
+spread over as many programs as an all-reduce of the same bytes would use. Programs take the items
 ``pid, pid + programs, …`` (the same mapping on every rank):
 
 1. push: each item's slice of ``x`` goes to every rank's receive slot of this rank
@@ -66,11 +66,17 @@ from iris_fw.hookspecs import hookimpl
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def column_block(dtype: torch.dtype) -> int:
-    """Elements of a column tile: one :data:`~iris_fw.ccl.algorithm.TILE_BYTES` tile of ``dtype``
-    at any row width (a shorter row masked), so never fewer elements than the program has
-    threads: the Lamport poll's tile must give each lane to one thread (:mod:`iris_fw.tilecomm`)."""
-    return al.block_elems(dtype)
+#: Threads of a warp at most (AMD's wavefront; NVIDIA's warp is 32).
+WIDEST_WARP = 64
+
+
+def column_block(hidden: int, dtype: torch.dtype) -> int:
+    """Elements of a column tile: the next power of two of ``hidden``, at most one
+    :data:`~iris_fw.ccl.algorithm.TILE_BYTES` tile of ``dtype``, and at least as many as the
+    program has threads on any GPU (:data:`~iris_fw.ccl.algorithm.NUM_WARPS` warps of
+    :data:`WIDEST_WARP`; a shorter row masked): the Lamport poll's tile must give each lane to
+    one thread (:mod:`iris_fw.tilecomm`)."""
+    return min(max(triton.next_power_of_2(max(hidden, 1)), al.NUM_WARPS * WIDEST_WARP), al.block_elems(dtype))
 
 
 def split(rows: int, hidden: int, block: int, nprog: int) -> tuple[int, int]:
@@ -318,7 +324,7 @@ class _AllReduceRMSNorm(al.Algorithm):
                                 f"largest receive buffer of the group's workspace ({al.max_chunk(group, self)} "
                                 f"bytes); create the group with a larger workspace_bytes")
         cap = al.capacity(group, self, call.nbytes) // call.element_size
-        block = column_block(call.dtype)
+        block = column_block(hidden, call.dtype)
         nprog = al.programs(group, cap, al.block_elems(call.dtype))
         launch, bufs = al.kernel_config(
             group, (self.key, call.dtype, cap), self.kernel, nprog=nprog,

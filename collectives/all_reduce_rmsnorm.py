@@ -66,17 +66,14 @@ from iris_fw.hookspecs import hookimpl
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-#: Threads of a warp at most (AMD's wavefront; NVIDIA's warp is 32).
-WIDEST_WARP = 64
-
-
 def column_block(hidden: int, dtype: torch.dtype) -> int:
     """Elements of a column tile: the next power of two of ``hidden``, at most one
     :data:`~iris_fw.ccl.algorithm.TILE_BYTES` tile of ``dtype``, and at least as many as the
     program has threads on any GPU (:data:`~iris_fw.ccl.algorithm.NUM_WARPS` warps of
-    :data:`WIDEST_WARP`; a shorter row masked): the Lamport poll's tile must give each lane to
-    one thread (:mod:`iris_fw.tilecomm`)."""
-    return min(max(triton.next_power_of_2(max(hidden, 1)), al.NUM_WARPS * WIDEST_WARP), al.block_elems(dtype))
+    :data:`~iris_fw.devinfo.WIDEST_WARP`; a shorter row masked): the Lamport poll's tile must
+    give each lane to one thread (:mod:`iris_fw.tilecomm`)."""
+    threads = al.NUM_WARPS * devinfo.WIDEST_WARP
+    return min(max(triton.next_power_of_2(max(hidden, 1)), threads), al.block_elems(dtype))
 
 
 def split(rows: int, hidden: int, block: int, nprog: int) -> tuple[int, int]:

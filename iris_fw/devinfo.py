@@ -75,6 +75,9 @@ REGISTER_ALLOC_UNIT = 256
 SHARED_RESERVED_PER_PROGRAM = 1024
 #: Resident programs (blocks) per SM at most (sm_90: 32).
 MAX_PROGRAMS_PER_SM = 32
+#: Threads of a warp on any GPU at most (AMD's wavefront: 64; NVIDIA's warp: 32): a tile that
+#: must give each lane to one thread on any GPU has ``num_warps * WIDEST_WARP`` elements at least.
+WIDEST_WARP = 64
 
 
 @dataclass(frozen=True)

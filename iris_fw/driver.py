@@ -2,10 +2,13 @@
 ctypes: an event record and a stream's wait on an event (a workspace's side stream,
 :class:`iris_fw.engine.scheduler.SideStream`) and a CUDA graph's launch (a call replayed by the
 call path, :class:`iris_fw.callpath.Replay`) — no torch object and no torch bookkeeping per call;
-and the raw handle of torch's current stream they run on (:func:`current_stream`).
+the raw handle of torch's current stream they run on (:func:`current_stream`); and, on CUDA, what
+a launch in thread-block clusters needs of a compiled kernel's function handle
+(:func:`cluster_calls`: its dynamic shared memory allowed, how many clusters the GPU holds at once).
 
-:func:`calls` loads them once per process; None where the driver library or one of its
-symbols is not found (the callers then take torch's own path).
+:func:`calls` and :func:`cluster_calls` load them once per process; None where the driver
+library or one of its symbols is not found (the callers then take torch's own path, or launch
+no clusters).
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ import torch
 
 from .errors import IrisError
 
-__all__ = ["DriverCalls", "calls", "current_stream"]
+__all__ = ["ClusterCalls", "DriverCalls", "calls", "cluster_calls", "current_stream"]
 
 #: Per platform: the libraries tried in order and the symbols of event record, stream wait and
 #: graph launch.
 _CUDA = (("libcuda.so.1", "libcuda.so"), ("cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch"))
 _HIP = (("libamdhip64.so",), ("hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch"))
+#: cuda.h's values: ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``,
+#: ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED``, ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``.
+_MAX_DYNAMIC_SHARED, _NON_PORTABLE_CLUSTER, _CLUSTER_DIMENSION = 8, 14, 4
+#: The largest cluster every sm_90 GPU launches (CUDA's portable size); up to
+#: :data:`MAX_CLUSTER` with the function's non-portable attribute set.
+PORTABLE_CLUSTER, MAX_CLUSTER = 8, 16
 
 
 class DriverCalls:
@@ -75,6 +84,92 @@ def calls() -> DriverCalls | None:
         found = DriverCalls(record, wait, launch, names)
         break
     _loaded = found
+    return found
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+class ClusterCalls:
+    """What a launch in thread-block clusters (sm_90 and later) needs of a kernel's raw function
+    handle (``CompiledKernel.function``), a nonzero status raising
+    :class:`~iris_fw.errors.IrisError` naming the call."""
+
+    def __init__(self, set_attribute, max_clusters):
+        self._set, self._max = set_attribute, max_clusters
+        self._shared = {}  # function handle -> the dynamic shared memory allowed so far
+
+    def _attribute(self, function: int, attribute: int, value: int) -> None:
+        rc = self._set(function, attribute, value)
+        if rc:
+            raise IrisError(f"cuFuncSetAttribute({attribute}, {value}) failed with error {rc}")
+
+    def allow_shared(self, function: int, nbytes: int) -> None:
+        """Let ``function`` launch with ``nbytes`` of dynamic shared memory (beyond 48 KiB it
+        must be allowed; Triton allows what it compiled for). Only ever raised: a launch that
+        asked for more earlier keeps it."""
+        if nbytes > self._shared.get(function, 0):
+            self._attribute(function, _MAX_DYNAMIC_SHARED, nbytes)
+            self._shared[function] = nbytes
+
+    def allow_cluster(self, function: int, size: int) -> None:
+        """Let ``function`` launch in clusters of ``size`` programs (beyond
+        :data:`PORTABLE_CLUSTER`, CUDA's non-portable sizes, up to 16)."""
+        if size > PORTABLE_CLUSTER:
+            self._attribute(function, _NON_PORTABLE_CLUSTER, 1)
+
+    def max_active_clusters(self, function: int, cluster: int, threads: int, shared: int) -> int:
+        """How many clusters of ``cluster`` programs of ``function`` (``threads`` a program,
+        ``shared`` bytes of dynamic shared memory, allowed first) the GPU holds at once — a
+        cluster's programs share one GPC, so this can be less than the SMs divided by the
+        cluster size (cuOccupancyMaxActiveClusters)."""
+        self.allow_cluster(function, cluster)
+        self.allow_shared(function, shared)
+        attr = _LaunchAttribute(id=_CLUSTER_DIMENSION)
+        attr.value[0], attr.value[1], attr.value[2] = cluster, 1, 1
+        config = _LaunchConfig(shared=shared, attrs=ctypes.pointer(attr), num_attrs=1)
+        config.grid[0], config.grid[1], config.grid[2] = cluster, 1, 1
+        config.block[0], config.block[1], config.block[2] = threads, 1, 1
+        out = ctypes.c_int(0)
+        rc = self._max(ctypes.byref(out), function, ctypes.byref(config))
+        if rc:
+            raise IrisError(f"cuOccupancyMaxActiveClusters(cluster {cluster}, {threads} threads, {shared} B) "
+                            f"failed with error {rc}")
+        return out.value
+
+
+_clusters: Any = False
+
+
+def cluster_calls() -> ClusterCalls | None:
+    """The cluster launch's driver calls (CUDA; loaded on first use), or None where they are not
+    found (ROCm, no driver)."""
+    global _clusters
+    if _clusters is not False:
+        return _clusters
+    found = None
+    if not torch.version.hip:
+        for name in _CUDA[0]:
+            try:
+                lib = ctypes.CDLL(name)
+            except OSError:
+                continue
+            set_attribute = getattr(lib, "cuFuncSetAttribute", None)
+            max_clusters = getattr(lib, "cuOccupancyMaxActiveClusters", None)
+            if set_attribute is None or max_clusters is None:
+                continue
+            vp = ctypes.c_void_p
+            set_attribute.argtypes, set_attribute.restype = [vp, ctypes.c_int, ctypes.c_int], ctypes.c_int
+            max_clusters.argtypes, max_clusters.restype = [vp, vp, vp], ctypes.c_int
+            found = ClusterCalls(set_attribute, max_clusters)
+            break
+    _clusters = found
     return found
 
 

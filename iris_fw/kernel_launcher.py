@@ -55,6 +55,18 @@ argument type the key does not know (JIT functions, ``constexpr`` objects, Gluon
 numpy scalars, constexprs of other values, ...), a non-CUDA target (AMD specializes on more than the key covers), a Triton
 release whose launch path was not read here (any but 3.6.x and 3.9.x), or ``IRIS_FW_SLOW_LAUNCH=1``.
 
+**Clustered launches** (``cluster=n``: sm_90 and later, NVIDIA): the kernel, compiled as always
+for one CTA a program, is launched as ``grid[0] / n`` thread-block clusters of ``n`` programs
+(consecutive program ids), each program with ``cluster_shared`` bytes of dynamic shared memory
+beyond what Triton compiled for (its own region at the end, which Triton never touches: a
+cluster's programs exchange data there, e.g. :mod:`iris_fw.flash_decode_kernels`' split combine).
+The generated launchers of 3.6 and 3.9 launch a kernel as clusters of its ``packed_metadata``'s
+``num_ctas`` (gridDimX = grid × num_ctas) with its ``shared`` bytes: a clustered launch passes that
+triple with ``n`` and the larger size (:func:`launch_entry`). ``kernel[grid](...)`` cannot, so a
+clustered launcher never takes the slow path: a specialization's first call compiles (Triton's
+``warmup``, not launched) and launches through the entry; launch hooks are not called for it.
+:func:`cluster_launch_supported` says where it is possible.
+
 Compiled kernels only: a NamedTuple *class* given as a constexpr is passed as
 ``tl.constexpr(cls)``, because ``JITFunction.run``'s cache key (3.6 and 3.9) iterates
 anything ``is_namedtuple`` accepts, classes included, and raises on it.
@@ -68,13 +80,14 @@ import operator
 import torch
 from triton.language import constexpr as _Constexpr
 
-from . import env
+from . import driver, env
 from .device import DeviceHeaps as _DH
-from .errors import ArgumentTypeError
+from .errors import ArgumentTypeError, IrisError
 from .interpreter import interpreting
 
-__all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "compiled_resources",
-           "fast_path_supported", "launch_entry", "make_key_fn", "spec_key", "triton_launch_hooked"]
+__all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "cluster_launch_supported",
+           "compiled_resources", "fast_path_supported", "launch_entry", "make_key_fn", "spec_key",
+           "triton_launch_hooked"]
 
 try:  # Triton's runtime switches (3.6 and >= 3.9 have them)
     from triton import knobs as _knobs
@@ -313,7 +326,7 @@ def make_key_fn(flags, sample_args, desc_cls=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def launch_entry(kernel, version):
+def launch_entry(kernel, version, cluster: tuple[int, int] | None = None):
     """``(launch, head, as_tuple)`` for one compiled kernel: the fast path calls
     ``launch(grid_0, grid_1, grid_2, stream, *head, *kernel_args)`` (or ``..., kernel_args)``
     when ``as_tuple``), ``kernel_args`` being what JITFunction.run passes after the hooks.
@@ -332,23 +345,58 @@ def launch_entry(kernel, version):
       launch_metadata, enter, exit, global_scratch=None, profile_scratch=None, arg_annotations,
       kernel_signature, kernel_args)``; ``driver.c`` flattens tuples and drops constexprs along
       the annotations; ``launch`` wraps it to expand TensorDescriptors at any depth.
+
+    ``cluster=(n, extra)``: the entry of a clustered launch — ``packed_metadata``'s ``(num_warps,
+    num_ctas, shared)`` as ``(num_warps, n, shared + extra)``, the function allowed that much
+    dynamic shared memory — which must be a direct ``launch`` (raises otherwise: the default's
+    scratch would be sized for one CTA a program of the cluster grid).
     """
     run = kernel.run
-    default = (run, (kernel.function, kernel.packed_metadata, None, None, None), False)
+    packed = kernel.packed_metadata
+    if cluster:
+        size, extra = cluster
+        if len(packed) != 3:
+            raise IrisError(f"a clustered launch reads Triton's packed metadata as (num_warps, num_ctas, shared), "
+                            f"got {packed!r}")
+        calls = driver.cluster_calls()
+        if calls is None:
+            raise IrisError("a clustered launch needs the CUDA driver's cuFuncSetAttribute")
+        packed = (packed[0], size, packed[2] + extra)
+        calls.allow_cluster(kernel.function, size)
+        calls.allow_shared(kernel.function, packed[2])
+    default = (run, (kernel.function, packed, None, None, None), False)
     cls = type(run)
-    if cls.__name__ != "CudaLauncher" or cls.__module__ != "triton.backends.nvidia.driver":
-        return default
     need = ("launch", "global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "launch_pdl")
-    if not all(hasattr(run, a) for a in need) or run.global_scratch_size or run.profile_scratch_size:
-        return default
-    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
-    if version[:2] == (3, 6):
-        return (run.launch, (kernel.function, coop, pdl, None, None, kernel.packed_metadata, None, None, None), False)
-    if version[:2] == (3, 9) and not getattr(run, "gsan_enabled", True) and \
-            hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
-        return (run.launch, (kernel.function, coop, pdl, kernel.packed_metadata, None, None, None, None, None,
-                             run.arg_annotations, run.kernel_signature), True)
-    return default
+    direct = (cls.__name__ == "CudaLauncher" and cls.__module__ == "triton.backends.nvidia.driver"
+              and all(hasattr(run, a) for a in need) and not run.global_scratch_size and not run.profile_scratch_size)
+    entry = default
+    if direct:
+        coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+        if version[:2] == (3, 6):
+            entry = (run.launch, (kernel.function, coop, pdl, None, None, packed, None, None, None), False)
+        elif version[:2] == (3, 9) and not getattr(run, "gsan_enabled", True) and \
+                hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
+            entry = (run.launch, (kernel.function, coop, pdl, packed, None, None, None, None, None,
+                                  run.arg_annotations, run.kernel_signature), True)
+    if cluster and entry is default:
+        raise IrisError(f"a clustered launch needs Triton's direct launch (3.6.x or 3.9.x on NVIDIA, no global or "
+                        f"profile scratch, GSan off); {kernel.name if hasattr(kernel, 'name') else 'the kernel'} "
+                        f"has none here")
+    return entry
+
+
+def cluster_launch_supported(device: torch.device) -> bool:
+    """Whether a :class:`KernelLauncher` with ``cluster=`` can launch on ``device``: a compiled
+    kernel (not the interpreter) on an NVIDIA GPU of compute capability 9.0 or later, a Triton
+    release whose launch path was read (:func:`fast_path_supported`), ``IRIS_FW_SLOW_LAUNCH``
+    unset, and the driver's cluster calls found."""
+    import triton
+
+    if interpreting() or device.type != "cuda" or torch.version.hip or env.get("IRIS_FW_SLOW_LAUNCH"):
+        return False
+    if not fast_path_supported(triton.__version__) or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    return driver.cluster_calls() is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,7 +478,8 @@ class KernelLauncher:
     through ``kernel[grid](...)``), :meth:`variants` (the cached compiled kernels)."""
 
     def __init__(self, kernel, grid: tuple[int, ...], *, constexprs: dict, num_warps: int | None = None,
-                 num_stages: int | None = None, maxnreg: int | None = None):
+                 num_stages: int | None = None, maxnreg: int | None = None, cluster: int = 0,
+                 cluster_shared: int = 0):
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
@@ -477,6 +526,17 @@ class KernelLauncher:
                             if hasattr(params[i], "do_not_specialize") else (True, True) for i in runtime)
         g = grid + (1, 1)
         self._g0, self._g1, self._g2 = g[0], g[1], g[2]
+        #: programs a thread-block cluster (0: no clusters) and the dynamic shared memory each
+        #: program has beyond Triton's (see the module's docstring)
+        self.cluster, self.cluster_shared = cluster, cluster_shared
+        if cluster:
+            if self.interpreted:
+                raise IrisError(f"{self.name}: no clustered launch under Triton's interpreter")
+            if len(grid) != 1 or not 1 <= cluster <= driver.MAX_CLUSTER or grid[0] % cluster or cluster_shared < 0:
+                raise ArgumentTypeError(f"{self.name}: a clustered launch takes a 1-D grid of whole clusters of 1 to "
+                                        f"{driver.MAX_CLUSTER} programs, got grid {grid} with clusters of {cluster} "
+                                        f"and {cluster_shared} B of shared memory")
+            self._g0 = grid[0] // cluster  # (the launcher launches gridX x num_ctas programs)
 
         self.slow_calls = 0
         self._cache = {}
@@ -489,6 +549,9 @@ class KernelLauncher:
         self._fast = (not self.interpreted and isinstance(kernel, JITFunction)
                       and fast_path_supported(triton.__version__)
                       and not env.get("IRIS_FW_SLOW_LAUNCH"))
+        if cluster and not self._fast:
+            raise IrisError(f"{self.name}: a clustered launch needs the fast launch path (Triton 3.6.x or 3.9.x, "
+                            f"IRIS_FW_SLOW_LAUNCH unset): see cluster_launch_supported()")
 
     def __repr__(self):
         return (f"KernelLauncher({self.name}, grid={self.grid}, constexprs={self.constexprs}, "
@@ -627,6 +690,8 @@ class KernelLauncher:
         """``kernel[grid](...)`` (on ``stream`` if given); caches the compiled kernel it returns
         under the key."""
         self.slow_calls += 1
+        if self.cluster:
+            return self._first_cluster_launch(args, key, stream)
         if stream is None:
             kernel = self.kernel[self.grid](*self.bound_args(args), **self.options)
         else:
@@ -650,6 +715,28 @@ class KernelLauncher:
             return None
         self._cache[key] = launch_entry(kernel, self._version) + (kernel,)
         return None
+
+    def _first_cluster_launch(self, args, key, stream) -> None:
+        """A clustered launcher's call that found no entry (a new specialization, or hooks set):
+        compiled (not launched) as ``kernel[grid]`` would, its clustered entry cached under the
+        key, and launched through it (``kernel[grid](...)`` cannot launch clusters)."""
+        kernel = self.compile(*args)
+        if hasattr(kernel, "result"):
+            kernel = kernel.result()
+        entry = launch_entry(kernel, self._version, (self.cluster, self.cluster_shared)) + (kernel,)
+        if self._state is None:
+            self._init_fast(args)
+        if key is None:
+            key = self._state[7](args, self._state[5](), self._opts_key())
+        if key is not None:
+            self._cache[key] = entry
+        launch, head, as_tuple = entry[0], entry[1], entry[2]
+        full = self.bound_args(args)
+        handle = self._state[6](self._state[5]()) if stream is None else stream.cuda_stream
+        if as_tuple:
+            launch(self._g0, self._g1, self._g2, handle, *head, full)
+        else:
+            launch(self._g0, self._g1, self._g2, handle, *head, *full)
 
     def _driver(self):
         import triton

@@ -27,6 +27,7 @@ from iris_fw import gluon_tiles  # noqa: F401  (Gluon imported now, under the in
 #                                 binder below would import it lazily under TRITON_INTERPRET=0, which its
 #                                 module-level code asserts against when this file runs alone)
 from iris_fw.device import DeviceHeaps
+from iris_fw import dsmem
 from iris_fw import kernel_launcher as lmod
 from iris_fw.kernel_launcher import KernelLauncher, bound_args_template, make_key_fn, spec_key
 
@@ -899,3 +900,107 @@ def test_interpreter_takes_the_public_path():
         pytest.skip("compiled Triton here")
     lau = KernelLauncher(_axpy, (1,), constexprs={"BLOCK": BLOCK})
     assert lau.interpreted and not lau._fast
+
+
+def test_launch_entry_of_a_clustered_launch(monkeypatch):
+    """``cluster=(n, extra)``: the launcher's packed metadata becomes ``(num_warps, n, shared +
+    extra)`` (3.6's and 3.9's launchers launch gridX x num_ctas programs in clusters of
+    num_ctas), the function is allowed that much shared memory first; without a direct launch
+    (scratch, an unread release) it raises rather than launch one CTA a program."""
+    from iris_fw import driver
+    from iris_fw.errors import IrisError
+
+    allowed = []
+
+    class Calls:
+        def allow_shared(self, function, nbytes):
+            allowed.append((function, nbytes))
+
+        def allow_cluster(self, function, size):
+            allowed.append((function, "cluster", size))
+
+    monkeypatch.setattr(driver, "cluster_calls", lambda: Calls())
+    for scratch, version in ((0, (3, 6)), (0, (3, 9)), (128, (3, 6)), (0, (3, 10))):
+        fake = _cuda_launcher_like(scratch)
+
+        class Compiled:
+            run, function, packed_metadata = fake, 77, (4, 1, 1000)
+
+        if scratch or version == (3, 10):
+            with pytest.raises(IrisError, match="direct launch"):
+                lmod.launch_entry(Compiled(), version, (8, 24))
+            continue
+        launch, head, as_tuple = lmod.launch_entry(Compiled(), version, (8, 24))
+        assert launch == fake.launch and (4, 8, 1024) in head and (4, 1, 1000) not in head
+        assert allowed[-2:] == [(77, "cluster", 8), (77, 1024)]
+
+
+def test_clustered_launcher_needs_a_compiled_kernel_and_whole_clusters():
+    """Under the interpreter a clustered launcher is refused (and cluster_launch_supported says
+    so); a grid that is not whole clusters is refused everywhere."""
+    from iris_fw.errors import IrisError
+
+    if iris_fw.interpreting():
+        assert not lmod.cluster_launch_supported(torch.device("cpu"))
+        with pytest.raises(IrisError, match="interpreter"):
+            KernelLauncher(_cluster_sum, (8,), constexprs={"CLUSTER": 4}, cluster=4, cluster_shared=16)
+        return
+    with pytest.raises(TypeError, match="whole clusters"):
+        KernelLauncher(_cluster_sum, (6,), constexprs={"CLUSTER": 4}, cluster=4, cluster_shared=16)
+    with pytest.raises(TypeError, match="whole clusters"):  # (beyond CUDA's 16)
+        KernelLauncher(_cluster_sum, (64,), constexprs={"CLUSTER": 32}, cluster=32, cluster_shared=16)
+
+
+@triton.jit
+def _cluster_sum(out, zeros, CLUSTER: tl.constexpr):
+    """Each program of a cluster stores pid + 1 into slot ``rank`` of its cluster's program 0's
+    region (:mod:`iris_fw.dsmem`); program 0 stores the slots' sum and their product with the
+    slot index into ``out[2 * cluster]`` and ``out[2 * cluster + 1]``. (``zeros``: 512 zeros
+    summed across the warps, so Triton allocates shared memory — the region is found from it.)"""
+    pid = tl.program_id(0)
+    nothing = tl.sum(tl.load(zeros + tl.arange(0, 512)))
+    rank = pid % CLUSTER
+    dsmem.arrive(True)
+    base = dsmem.region(CLUSTER * 4)
+    one = tl.arange(0, 2)
+    dsmem.wait()
+    dsmem.store_remote(base + rank * 4 + one * 0, (pid + 1 + one * 0).to(tl.float32), 0, one == 0)
+    dsmem.arrive(False)
+    dsmem.wait()
+    if rank == 0:
+        i = tl.arange(0, CLUSTER)
+        got = dsmem.load_local(base + i * 4, tl.float32)
+        tl.store(out + 2 * (pid // CLUSTER), tl.sum(got) + nothing)
+        tl.store(out + 2 * (pid // CLUSTER) + 1, tl.sum(got * i.to(tl.float32)))
+
+
+@pytest.mark.parametrize("cluster", [2, 4, 8, 16])
+def test_clustered_launch_exchanges_through_shared_memory(cluster):
+    """On an sm_90+ GPU: a kernel launched in clusters of 2-16 programs (16: CUDA's non-portable
+    size) exchanges values through distributed shared memory — every cluster's program 0 sees
+    each program's value in its slot — launched again through the cached entry and inside a
+    CUDA graph replay."""
+    if iris_fw.interpreting() or not lmod.cluster_launch_supported(torch.device("cuda")):
+        pytest.skip("thread-block clusters need a compiled kernel on an NVIDIA GPU of compute capability 9.0+")
+    clusters = 12
+    lau = KernelLauncher(_cluster_sum, (cluster * clusters,), constexprs={"CLUSTER": cluster}, num_warps=4,
+                         cluster=cluster, cluster_shared=cluster * 4)
+    want = torch.empty(2 * clusters, dtype=torch.float64)
+    for c in range(clusters):
+        ids = torch.arange(c * cluster + 1, (c + 1) * cluster + 1, dtype=torch.float64)
+        want[2 * c], want[2 * c + 1] = ids.sum(), (ids * torch.arange(cluster, dtype=torch.float64)).sum()
+    out = torch.full((2 * clusters,), float("nan"), device="cuda")
+    zeros = torch.zeros(512, device="cuda")
+    for _ in range(2):  # the first call compiles; the second takes the cached entry
+        out.fill_(float("nan"))
+        lau(out, zeros)
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu().double(), want), (out, want)
+    assert lau.slow_calls == 1 and len(lau.variants()) == 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lau(out, zeros)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu().double(), want)

@@ -36,7 +36,11 @@ shared memory, fewer registers a thread), and stores its partial (normalized
 ``o`` and log-sum-exp) in a local scratch. It then counts itself on the unit's counter (local
 atomic); the split that arrives *last* combines the unit's ``n_split`` partials (in split
 order; their loads in unrolled groups, in flight together) into this rank's partial of the
-unit. What follows is the *algorithm*'s
+unit. Or, where the row says ``cluster_combine`` and the plan can (NVIDIA sm_90+, one work item
+a program, the GPU holding every cluster of the grid at once: :meth:`FlashDecode._fit_clusters`),
+the unit's splits are one thread-block cluster: each stores its partial into the shared memory
+of the unit's first split (:mod:`iris_fw.dsmem`), which combines them after the cluster's
+barrier — no counter, no L2 round trips in series. What follows is the *algorithm*'s
 (``scheduler=``; see below): ``fused`` (``"auto"``) pushes the partial to every rank, waits
 for theirs and combines them in the same kernel (one launch per call, no host
 synchronization); ``bulk_sync`` stores it locally, all-gathers the partials and combines
@@ -90,13 +94,13 @@ import triton
 
 from . import callpath as cp
 from . import context as _context
-from . import devinfo
+from . import devinfo, driver
 from . import tuning as tuning_tables
 from .ccl import algorithm as al
 from .ccl import api
 from .errors import ArgumentError, ArgumentTypeError, IrisError
-from .flash_decode_kernels import LOG2E, _flash_decode_kernel
-from .kernel_launcher import KernelLauncher
+from .flash_decode_kernels import LOG2E, _flash_decode_kernel, cluster_region_bytes
+from .kernel_launcher import KernelLauncher, cluster_launch_supported
 from .trace_session import clock_mode
 
 __all__ = ["AUTO_SCHEDULER", "DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "DecodeAlgorithm", "FlashDecode",
@@ -137,7 +141,10 @@ SAMPLE_ADDRESS = 1 << 40
 #: Fields a row's ``by_units`` entries may override (the split count and the tile, not the
 #: query-head tiling that decides the unit count).
 UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits",
-                  "swap_ab", "max_registers", "combine_unroll")
+                  "swap_ab", "max_registers", "combine_unroll", "cluster_combine")
+#: The most splits a unit's thread-block cluster holds (:attr:`Tuning.cluster_combine`; beyond
+#: :data:`iris_fw.driver.PORTABLE_CLUSTER` the launch sets CUDA's non-portable cluster size).
+MAX_CLUSTER = driver.MAX_CLUSTER
 
 
 @dataclass(frozen=True)
@@ -169,13 +176,22 @@ class Tuning:
     #: together), the groups one after another
     #: (:func:`~iris_fw.flash_decode_kernels._combine_partials`)
     combine_unroll: int = 8
+    #: the unit's splits launched as one thread-block cluster and combined in its distributed
+    #: shared memory (each split stores its partial into the shared memory of the unit's first
+    #: split, which combines them after the cluster's barrier: no L2 round trips in series),
+    #: where the plan can — an NVIDIA GPU of compute capability 9.0 or later, every work item a
+    #: program of its own, a power-of-two split count of at most :data:`MAX_CLUSTER`, and every
+    #: cluster of the grid resident at once (:meth:`FlashDecode._fit_clusters`); else (and False)
+    #: the unit's counter and its last split's loads (``combine_unroll``)
+    cluster_combine: bool = False
 
     def __post_init__(self):
         if isinstance(self.combine_unroll, bool) or not isinstance(self.combine_unroll, int) or (
                 self.combine_unroll < 1 or self.combine_unroll & (self.combine_unroll - 1)):
             raise ValueError(f"flash_decode tuning: combine_unroll is a power of two >= 1, got {self.combine_unroll!r}")
-        if not isinstance(self.swap_ab, bool):
-            raise ValueError(f"flash_decode tuning: swap_ab is true or false, got {self.swap_ab!r}")
+        for name in ("swap_ab", "cluster_combine"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"flash_decode tuning: {name} is true or false, got {getattr(self, name)!r}")
         if isinstance(self.max_registers, bool) or not isinstance(self.max_registers, int) or not (
                 self.max_registers == 0 or MIN_REGISTERS <= self.max_registers <= MAX_REGISTERS):
             raise ValueError(f"flash_decode tuning: max_registers is 0 (the compiler's choice) or "
@@ -399,7 +415,9 @@ class DecodeAlgorithm(al.Algorithm):
       ``group.carve``, :func:`iris_fw.ccl.algorithm.kernel_config`);
     * :meth:`launches` (per plan, and again per trace session with ``tracer``): its launches
       by role, each a :class:`~iris_fw.kernel_launcher.BoundLaunch` with the plan's arguments
-      bound by name (:meth:`FlashDecode.kernel_args`, :meth:`FlashDecode.trace_handle`);
+      bound by name (:meth:`FlashDecode.kernel_args`, :meth:`FlashDecode.trace_handle`); a
+      launch of the attention kernel takes ``fd.constexprs`` *with* ``fd.options`` (which carry
+      the clustered launch a ``CLUSTER`` constexpr needs: launched otherwise, the kernel traps);
     * :meth:`run` (every call, the hit path: keep it short): enqueue the call on the current
       stream — through :meth:`FlashDecode.launch` for a launch that takes the attention
       kernel's per-call operands, by calling the bound launch for the others.
@@ -475,6 +493,7 @@ class FlashDecode:
         self._split(tune.for_units(self.units))  # the split count and tile for this many units
         self.qk_scale = call.sm_scale * LOG2E
         self._fit_residency()
+        self._fit_clusters()
         self.pack = call.batch * call.q_heads * (call.v_head_dim + 1)
         f32 = torch.float32
         self.partials = torch.empty(max(1, self.units * self.n_split * self.combine_rows * call.v_head_dim),
@@ -503,6 +522,12 @@ class FlashDecode:
         self.n_split = max(1, min(tune.max_splits, slots * tune.items_per_program // max(self.units, 1)))
         self.nprog = max(1, min(self.units * self.n_split, slots))
         max_splits = triton.next_power_of_2(min(tune.max_splits, slots * tune.items_per_program))
+        n = self.n_split
+        #: programs a thread-block cluster: the unit's splits combined in its shared memory (the
+        #: row's ``cluster_combine``, where this plan can), else 0
+        self.cluster = n if (tune.cluster_combine and 1 < n <= MAX_CLUSTER and not n & (n - 1)
+                             and self.nprog == self.units * n
+                             and cluster_launch_supported(self.group.ctx.device)) else 0
         #: the attention kernel's constexprs and launch options (an algorithm's variants add theirs)
         self.constexprs = dict(HQ=call.q_heads, HKV=call.kv_heads, D=call.head_dim, DV=call.v_head_dim,
                                ROWS=self.rows, BD=max(MIN_DOT, triton.next_power_of_2(call.head_dim)),
@@ -510,10 +535,50 @@ class FlashDecode:
                                MAX_SPLITS=max_splits, HAS_LENS=call.has_lens, PAGE=call.page_size,
                                EXACT=call.dtype == torch.float32, SWAP_AB=bool(tune.swap_ab),
                                CROWS=self.combine_rows,
-                               COMBINE_UNROLL=min(tune.combine_unroll, triton.next_power_of_2(self.n_split)))
+                               COMBINE_UNROLL=min(tune.combine_unroll, triton.next_power_of_2(self.n_split)),
+                               CLUSTER=self.cluster)
         self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
         if tune.max_registers and not torch.version.hip:  # (Triton's AMD backend has no maxnreg)
             self.options["maxnreg"] = tune.max_registers
+        if self.cluster:  # (KernelLauncher's clustered launch, with the combine's shared memory)
+            self.options.update(cluster=self.cluster, cluster_shared=cluster_region_bytes(
+                self.cluster, self.combine_rows, self.constexprs["BDV"]))
+
+    def _fit_clusters(self) -> None:
+        """Where the splits run as clusters (:attr:`cluster`), keep that only if the GPU holds
+        every cluster of the grid at once, with the combine's shared memory: a cluster's programs
+        share one GPC, so fewer may fit than SMs / cluster size, and more would run in waves (and
+        ``fused``'s programs, waiting for other ranks, must all be resident). The variant the
+        algorithm runs (:meth:`DecodeAlgorithm.resident_constexprs`, else the local one; and its
+        traced one where it must be resident) is compiled and the driver asked
+        (cuOccupancyMaxActiveClusters); else plan again without clusters (the counter combine)."""
+        if not self.cluster:
+            return
+        from .kernel_launcher import compiled_resources
+
+        resident = self.algorithm.resident_constexprs(self)
+        variants = [resident or {"FUSED": False}]
+        if resident is not None:
+            variants.append({**resident, "TRACE": clock_mode(self.group.ctx)})
+        limits = devinfo.sm_limits(self.group.ctx.device)
+        calls = driver.cluster_calls()
+        for variant in variants:
+            kernel = self.compile(variant)
+            if hasattr(kernel, "result"):
+                kernel = kernel.result()
+            _, warps, shared = compiled_resources(kernel)
+            shared += self.options["cluster_shared"]
+            try:
+                fits = calls is not None and limits is not None and \
+                    shared <= limits.shared_bytes - limits.shared_reserved and \
+                    calls.max_active_clusters(kernel.function, self.cluster, warps * limits.warp_size,
+                                              shared) * self.cluster >= self.nprog
+            except IrisError:  # the driver refused the size or the shared memory: no clusters
+                fits = False
+            if not fits:
+                self._split(replace(self.tune, cluster_combine=False))
+                self._fit_residency()  # (the counter's variant, checked as the row's programs per SM)
+                return
 
     def _fit_residency(self) -> None:
         """Where the algorithm's kernel needs every program resident at once
@@ -543,7 +608,9 @@ class FlashDecode:
         from .kernel_launcher import compiled_resources
 
         limits = limits or devinfo.sm_limits(self.group.ctx.device)
-        return devinfo.resident_programs(limits, *compiled_resources(self.compile(variant)))
+        regs, warps, shared = compiled_resources(self.compile(variant))
+        # (a cluster's combine region comes on top of Triton's shared memory)
+        return devinfo.resident_programs(limits, regs, warps, shared + self.options.get("cluster_shared", 0))
 
     def compile(self, variant: dict | None = None):
         """The attention kernel's ``variant`` (constexprs beside :attr:`constexprs`; default

@@ -15,11 +15,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import dsmem
 from . import gemm_tiles as tiles
 from . import tilecomm as tc
 from . import trace as tr
 
-__all__ = ["LOG2E", "SLOT_GROUP"]
+__all__ = ["LOG2E", "SLOT_GROUP", "cluster_region_bytes"]
 
 #: log2(e): scores are kept in base 2 (``qk_scale`` includes it).
 LOG2E = 1.4426950408889634
@@ -28,6 +29,15 @@ _LOG2E = tl.constexpr(LOG2E)  # the kernels' copy (a global a kernel reads must 
 #: more ranks: groups one after another).
 SLOT_GROUP = 4
 _SLOT_GROUP = tl.constexpr(SLOT_GROUP)
+
+
+
+
+def cluster_region_bytes(cluster: int, crows: int, bdv: int) -> int:
+    """Dynamic shared memory a program of the attention kernel's cluster combine (``CLUSTER`` =
+    ``cluster`` splits, ``CROWS``, ``BDV``) needs beyond Triton's own: each split's ``o [CROWS,
+    BDV]`` and ``lse [CROWS]``, fp32 (:func:`_cluster_exchange`)."""
+    return cluster * crows * (bdv + 1) * 4
 
 
 # ---- device functions -------------------------------------------------------------------------------
@@ -183,11 +193,7 @@ def _combine_partials(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, L
     if MAX_COUNT > 0 and GROUP >= MAX_COUNT:  # one tile holds every partial: one pass
         x, o = _partials_group(o_ptr, lse_ptr, o_stride, lse_stride, 0, count, rows_valid, LSE_TO_LOG2, GROUP, DV,
                                ROWS, BDV)
-        top = tl.max(x, axis=0)
-        base = tl.where(top == float("-inf"), 0.0, top)
-        w = tl.exp2(x - base[None, :])  # [GROUP, ROWS]; 0 past count and rows_valid
-        total = tl.sum(w, axis=0)
-        acc = tl.sum(w[:, :, None] * o, axis=0)
+        return _combine_tile(x, o)
     else:
         top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         if MAX_COUNT > 0:  # every log-sum-exp in one tile
@@ -210,8 +216,65 @@ def _combine_partials(o_ptr, lse_ptr, o_stride, lse_stride, count, rows_valid, L
             accs += w[:, :, None] * o
         total = tl.sum(totals, axis=0)  # (the partial axis summed once, after every group)
         acc = tl.sum(accs, axis=0)
+        return _normalized(acc, total, base)
+
+
+@triton.jit
+def _combine_tile(x, o):
+    """The combine of partials given as one tile — ``x [N, ROWS]`` their base-2 log-sum-exps
+    (``-inf``: none there), ``o [N, ROWS, BDV]`` their normalized outputs (0 there) — in one
+    pass, the maximum from the tile itself: ``(o [ROWS, BDV], lse [ROWS] in base 2)``, as
+    :func:`_combine_partials` returns them."""
+    top = tl.max(x, axis=0)
+    base = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.exp2(x - base[None, :])  # [N, ROWS]; 0 where x is -inf
+    return _normalized(tl.sum(w[:, :, None] * o, axis=0), tl.sum(w, axis=0), base)
+
+
+@triton.jit
+def _normalized(acc, total, base):
+    """``(acc / total, base + log2(total))`` of weighted sums ``acc [ROWS, BDV]`` and weights'
+    ``total [ROWS]`` relative to ``base``; ``(0, -inf)`` where the total is 0 (no token)."""
     safe = tl.where(total > 0, total, 1.0)
     return acc / safe[:, None], tl.where(total > 0, base + tl.log2(safe), float("-inf"))
+
+
+@triton.jit
+def _cluster_exchange(o, lse2, s, rows_valid, CLUSTER: tl.constexpr, ROWS: tl.constexpr, CROWS: tl.constexpr,
+                      DV: tl.constexpr, BDV: tl.constexpr):
+    """Split ``s``'s partial — ``o [ROWS, BDV]`` (normalized) and ``lse2 [ROWS]`` (base 2) of
+    its ``rows_valid`` heads — stored into the shared memory of its cluster's program 0 (the
+    unit's ``CLUSTER`` splits are one thread-block cluster: :mod:`iris_fw.dsmem`), slot ``s`` of
+    the region :func:`cluster_region_bytes` sizes: ``o [CLUSTER, CROWS, BDV]`` then ``lse
+    [CLUSTER, CROWS]``, fp32. Then the cluster's barrier (release; acquire): after it, program 0
+    holds every split's partial. (Phase 0 of the barrier, arrived on at the kernel's start, is
+    waited for first: every program of the cluster has started.)"""
+    base = dsmem.region(CLUSTER * CROWS * (BDV + 1) * 4)  # (cluster_region_bytes)
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BDV)
+    dsmem.wait()
+    dsmem.store_remote(base + ((s * CROWS + rows[:, None]) * BDV + cols[None, :]) * 4, o, 0,
+                       (rows[:, None] < rows_valid) & (cols[None, :] < DV))
+    dsmem.store_remote(base + (CLUSTER * CROWS * BDV + s * CROWS + rows) * 4, lse2, 0, rows < rows_valid)
+    dsmem.arrive(False)
+    dsmem.wait()
+
+
+@triton.jit
+def _cluster_partials(rows_valid, CLUSTER: tl.constexpr, CROWS: tl.constexpr, DV: tl.constexpr,
+                      BDV: tl.constexpr):
+    """Program 0's view of the partials :func:`_cluster_exchange` gathered, as the tile
+    :func:`_combine_tile` takes: ``(lse [CLUSTER, CROWS]`` in base 2, ``-inf`` past
+    ``rows_valid``; ``o [CLUSTER, CROWS, BDV]``, 0 there``)``."""
+    base = dsmem.region(CLUSTER * CROWS * (BDV + 1) * 4)  # (cluster_region_bytes)
+    i = tl.arange(0, CLUSTER)
+    rows = tl.arange(0, CROWS)
+    cols = tl.arange(0, BDV)
+    live = (i[:, None] < CLUSTER) & (rows[None, :] < rows_valid)
+    x = dsmem.load_local(base + (CLUSTER * CROWS * BDV + i[:, None] * CROWS + rows[None, :]) * 4, tl.float32)
+    o = dsmem.load_local(base + ((i[:, None, None] * CROWS + rows[None, :, None]) * BDV + cols[None, None, :]) * 4,
+                         tl.float32)
+    return tl.where(live, x, float("-inf")), tl.where(live[:, :, None] & (cols[None, None, :] < DV), o, 0.0)
 
 
 @triton.jit
@@ -277,7 +340,7 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
                          MAX_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr,
                          EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0, SWAP_AB: tl.constexpr = False,
-                         CROWS: tl.constexpr = 16, COMBINE_UNROLL: tl.constexpr = 8):
+                         CROWS: tl.constexpr = 16, COMBINE_UNROLL: tl.constexpr = 8, CLUSTER: tl.constexpr = 0):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
@@ -294,9 +357,15 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     ``n_split``: splits per unit, at most ``MAX_SPLITS`` (a power of two: the splits' combine,
     :func:`_combine_partials`, takes their maximum from one tile and loads ``COMBINE_UNROLL``
     splits' partials at once). ``CROWS``: the rows of a unit's combined tiles — its query heads,
-    not the ``ROWS`` padded for the products (``min(ROWS, next_power_of_2(HQ // HKV))``). Local
-    scratch: ``partials`` fp32 ``[units, n_split, CROWS, DV]``, ``partial_lse`` fp32 ``[units,
-    n_split, CROWS]``, ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's
+    not the ``ROWS`` padded for the products (``min(ROWS, next_power_of_2(HQ // HKV))``).
+    ``CLUSTER > 0`` (NVIDIA sm_90+, launched in thread-block clusters of ``CLUSTER`` programs with
+    :func:`cluster_region_bytes` of shared memory beyond Triton's: ``n_split == CLUSTER``, one
+    work item a program, item = program): the unit's splits are one cluster, and instead of the
+    scratch, counter and loads below each split stores its partial into the shared memory of
+    the cluster's program 0, which combines them after the cluster's barrier
+    (:func:`_cluster_exchange`) — no L2 round trip in series. Local scratch: ``partials`` fp32
+    ``[units, n_split, CROWS, DV]``, ``partial_lse`` fp32 ``[units, n_split, CROWS]``,
+    ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's
     partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]`` then natural-log
     ``lse [B, HQ]``; not ``FUSED``: stored into ``mine [pack]``. ``FUSED``:
     ``recv`` symmetric fp32 ``[2, world_size, pack]``, ``slots`` symmetric int64
@@ -324,6 +393,9 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         buf = recv  # None
     if TRACE:
         started = tr.record_start(trace, TRACE)
+    if CLUSTER > 0:  # launched in clusters of CLUSTER (else: trap); phase 0 of the barrier: started
+        dsmem.require_cluster(CLUSTER)
+        dsmem.arrive(True)
     live = 1
     for item in range(pid, units * n_split, nprog):
         if TRACE:
@@ -364,7 +436,7 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         safe = tl.where(l > 0, l, 1.0)
         o = acc / safe[:, None]
         lse2 = tl.where(l > 0, m + tl.log2(safe), float("-inf"))
-        if n_split > 1:  # (CROWS rows a slot: rows past rows_valid <= CROWS are not stored)
+        if CLUSTER == 0 and n_split > 1:  # (CROWS rows a slot: rows past rows_valid <= CROWS are not stored)
             slot = u * n_split + s
             tl.store(partials + slot * CROWS * DV + rows[:, None] * DV + cols[None, :], o,
                      mask=(rows[:, None] < rows_valid) & (cols[None, :] < DV))
@@ -375,7 +447,14 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         # one split: its partial is the unit's (the values the combine of one split gives) — no
         # scratch, no counter, no combine; else the unit's last split to get here combines them
         # (every thread's stores before the release) in tiles of the unit's CROWS heads
-        if n_split > 1:
+        if CLUSTER > 0:  # the unit's splits are this cluster: program 0 combines them
+            _cluster_exchange(o, lse2, s, rows_valid, CLUSTER, ROWS, CROWS, DV, BDV)
+            if s == 0:
+                x, parts = _cluster_partials(rows_valid, CLUSTER, CROWS, DV, BDV)
+                oc, lc = _combine_tile(x, parts)
+                live = _deliver_unit(oc, lc, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank,
+                                     world_size, heap_bases, pack, lse_at, trace, t0, HQ, DV, CROWS, BDV, FUSED, TRACE)
+        elif n_split > 1:
             tl.debug_barrier()
             done = tl.atomic_add(unit_counters + u, 1, sem="acq_rel", scope="gpu")
             tl.debug_barrier()

@@ -38,7 +38,7 @@ SEQ = 4096
 
 
 def compile_variant(block_n, num_warps, num_stages, swap_ab, max_registers, fused=False, traced=False,
-                    max_splits=64, arch=90, combine_unroll=8):
+                    max_splits=64, arch=90, combine_unroll=8, cluster=0):
     """The kernel compiled for ``sm_<arch>`` as the JIT compiles a call of the bench's shape."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -62,7 +62,8 @@ def compile_variant(block_n, num_warps, num_stages, swap_ab, max_registers, fuse
                 trace=(1 << 40) if traced else None,
                 HQ=hq, HKV=hkv, D=d, DV=d, ROWS=16, BD=d, BDV=d, BLOCK_N=block_n, MAX_SPLITS=max_splits,
                 HAS_LENS=False, PAGE=0, FUSED=fused, EXACT=False, TRACE=1 if traced else 0, SWAP_AB=swap_ab,
-                CROWS=min(16, hq // hkv), COMBINE_UNROLL=min(combine_unroll, max_splits))  # (the plan's values)
+                CROWS=min(16, hq // hkv), COMBINE_UNROLL=min(combine_unroll, max_splits),
+                CLUSTER=cluster)  # (the plan's values)
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)

@@ -11,7 +11,7 @@
 #           the compiled recording path (op events at W = 2, traced graph replay: two ranks on
 #           the GPU under CUDA MPS, scripts/mps.sh), then MPS_TESTS (pytest files, e.g.
 #           "tests/test_flash_decode.py"; MPS_K: their -k) at the worlds MPS_WORLDS (default
-#           1,2) — last: the sweeps check their candidates against torch themselves; before
+#           1,2; "other" selects the tests of no world size, e.g. tests/test_launcher.py's) — last: the sweeps check their candidates against torch themselves; before
 #           groups, the least urgent.
 #   gemm    scripts/tune_gemm.py: split-K / block / warps / stages candidates vs cuBLAS at
 #           M 16, 64, 256 x N 8192 x K 4096, 8192, 14336, 28672 (CUDA graphs, interleaved);
@@ -50,6 +50,9 @@
 #   fdstream  scripts/probe_fd_stream.py: the batch-1 KV read alone (no attention) on the plan's
 #           grids and on balanced ones, by pointer loads and by TMA, 2-6 stages, beside SDPA and
 #           the table's row, at 16K and 64K tokens; fd_stream.json.
+#   fdclusters  scripts/probe_fd_clusters.py: per batch the row's plan with the splits' combine in
+#           a thread-block cluster (the cluster it keeps) and how many clusters of 2-16 programs of
+#           the row's tile the GPU holds at once (cuOccupancyMaxActiveClusters); fd_clusters.json.
 #   fdspans scripts/probe_fd_program_spans.py at FDSPANS_POINTS (default 16384 65536; FDSPANS_ROW
 #           as FDNCU_ROW): each program's start, attention and end from the kernel's own trace.
 #   fdncu   ncu on scripts/probe_fd_small_batch.py at FDNCU_POINTS (default B 1 x 4K and 16K
@@ -113,6 +116,9 @@ for step in $STEPS; do
         r=$?; rc=$(( rc | r )); { echo "trace tests rc $r: $(tail -1 "$OUT/tests_trace.log")"; grep -E "^(FAILED|ERROR) " "$OUT/tests_trace.log" | cut -c1-250 | head; } | tee -a "$SUMMARY"
         [ -n "${MPS_TESTS:-}" ] && mps_tests
         declare -f mps_stop > /dev/null && mps_stop ;;
+    fdclusters)
+        timeout -k 10 $(limit 120) python3 scripts/probe_fd_clusters.py --out "$OUT" > "$OUT/fd_clusters.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r"; tee -a "$SUMMARY" < "$OUT/fd_clusters.log" | tail -20 ;;
     mpstests)  # MPS_TESTS alone, the ranks sharing the GPU under MPS
         mps_on
         mps_tests

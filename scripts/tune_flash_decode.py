@@ -27,6 +27,7 @@ written from those measured).
     python3 scripts/tune_flash_decode.py --points 1x4096 1x16384 1x65536 16x4096 --out $OUT
     python3 scripts/tune_flash_decode.py --grid combine --batches 1 2 --out $OUT   # the combine's unroll
     python3 scripts/tune_flash_decode.py --grid deep --points 1x16384 --out $OUT   # stages, combine in one pass
+    python3 scripts/tune_flash_decode.py --grid cluster --batches 1 2 4 --out $OUT   # combine in a cluster
     python3 scripts/tune_flash_decode.py --grid current --out $OUT   # the table's row alone vs SDPA
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
 """
@@ -66,6 +67,7 @@ class Candidate(NamedTuple):
     swap_ab: bool = False
     max_registers: int = 0
     combine_unroll: int = 8
+    cluster_combine: bool = False
 
 
 def candidate_of(tune: "fd.Tuning") -> Candidate:
@@ -165,6 +167,24 @@ def deep_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
                   for swap in (False, True)]
 
 
+def cluster_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
+    """The candidates of ``--grid cluster``: the unit's splits as one thread-block cluster
+    combined in distributed shared memory (``cluster_combine``), beside the same launch with the
+    counter combine — the current row ``base``; one work item per program on one program per SM
+    (``sms // units`` splits: 64-token tiles in 3-5 stages, 128-token ones in 3, the products
+    both ways); and on two programs per SM (twice the splits, every SM holding two of the grid's
+    programs: 32-token tiles in 3-4 stages, 64-token ones in 2, light enough for two programs and
+    the combine's shared memory an SM). A plan that cannot cluster (split count, GPU, residency)
+    measures as its counter twin, once."""
+    one, two = max(1, sms // max(units, 1)), max(1, 2 * sms // max(units, 1))
+    tiles = [candidate_of(base)] + [Candidate(4, bn, w, st, 1, one, swap, 0, 64)
+                                    for bn, w, st in ((64, 4, 3), (64, 4, 4), (64, 4, 5), (128, 4, 3), (128, 8, 3))
+                                    for swap in (False, True)]
+    tiles += [Candidate(4, bn, 4, st, 2, two, swap, 0, 64) for bn, st in ((32, 3), (32, 4), (64, 2))
+              for swap in (False, True)]
+    return [c._replace(cluster_combine=cl) for c in tiles for cl in (True, False)]
+
+
 #: Threads compiling a point's candidates at once.
 COMPILE_THREADS = 8
 
@@ -179,10 +199,11 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds: points not started by then are skipped (the row comes from those measured)")
-    p.add_argument("--grid", choices=("full", "combine", "deep", "current"), default="full",
+    p.add_argument("--grid", choices=("full", "combine", "deep", "cluster", "current"), default="full",
                    help="full: the batch's whole grid; combine: the unit combine's unroll and split caps "
                         "around the current row (combine_grid); deep: more stages and a one-pass combine around "
-                        "it (deep_grid); current: the table's row alone (a check of it)")
+                        "it (deep_grid); cluster: the splits' combine in a thread-block cluster beside the "
+                        "counter's (cluster_grid); current: the table's row alone (a check of it)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
@@ -194,7 +215,9 @@ def label(t: fd.Tuning) -> str:
     swap = "_swap" if t.swap_ab else ""
     regs = f"_r{t.max_registers}" if t.max_registers else ""
     unroll = "" if t.combine_unroll == 8 else f"_u{t.combine_unroll}"
-    return f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
+    cluster = "_cluster" if t.cluster_combine else ""
+    return (f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
+            f"{cluster}")
 
 
 def compile_all(plans, log) -> None:
@@ -253,12 +276,14 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
         grid = combine_grid(base)
     elif opts.grid == "deep":
         grid = deep_grid(base, devinfo.num_sms(dev), current.units)
+    elif opts.grid == "cluster":
+        grid = cluster_grid(base, devinfo.num_sms(dev), current.units)
     elif opts.grid == "current":
         grid = []
     else:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
     candidates = []
-    combine = ("MAX_SPLITS", "COMBINE_UNROLL")  # (the split bound decides the combine's passes)
+    combine = ("MAX_SPLITS", "COMBINE_UNROLL", "CLUSTER")  # (the split bound decides the combine's passes)
     seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
              current.nprog, *(current.constexprs[k] for k in combine))}
     for cand in grid:
@@ -294,7 +319,7 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     for name, us in times.items():
         p = plans[name]
         rows.append({"batch": batch, "tokens": tokens, "method": name, "us": us, "kv_TBps": one / us / 1e6,
-                     "splits": p.n_split, "programs": p.nprog, "units": p.units,
+                     "splits": p.n_split, "programs": p.nprog, "units": p.units, "cluster": p.cluster,
                      "sdpa_us": sdpa, "sdpa_TBps": one / sdpa / 1e6, "vs_sdpa": sdpa / us,
                      "tune": {k: v for k, v in p.tune.__dict__.items() if k != "by_units"},
                      "plan": (p.group, p.call)})  # (not written: for the fused check of the row)
@@ -339,7 +364,8 @@ def table_row(rows: list[dict], fits=None) -> list:
             by_units.append([units, diff])
     if by_units:
         base["by_units"] = by_units
-    for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8)):  # (only what differs)
+    for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8),
+                         ("cluster_combine", False)):  # (only what differs)
         if base.get(key) == default:
             del base[key]
     return [128, base]
@@ -363,17 +389,19 @@ def main(argv=None) -> int:
             on its programs — with the row's tuning (compiled, its kernel fits the programs per SM
             the grid needs; the CPU keeps any)."""
             tune = row["tune"]
-            if tune["programs_per_sm"] == 1:
+            if tune["programs_per_sm"] == 1 and not row.get("cluster"):
                 return True
             key = (batch, json.dumps(tune, sort_keys=True))
             if key not in checked:
                 plan = fd.FlashDecode(calls[batch][0], replace(calls[batch][1], scheduler="fused"), fd.Tuning(**tune))
                 # (a grid within one program per SM — batch 1's 128 programs — is the same plan either way)
-                checked[key] = (plan.n_split, plan.nprog) == (row["splits"], row["programs"])
+                checked[key] = (plan.n_split, plan.nprog, plan.cluster) == (row["splits"], row["programs"],
+                                                                            row.get("cluster", 0))
                 if not checked[key]:
                     log(f"  B {batch} {tune}: the fused kernel fits {plan.tune.programs_per_sm} per SM, not "
-                        f"{tune['programs_per_sm']} ({plan.n_split} splits on {plan.nprog} programs, not "
-                        f"{row['splits']} on {row['programs']}): not chosen")
+                        f"{tune['programs_per_sm']} ({plan.n_split} splits on {plan.nprog} programs in clusters of "
+                        f"{plan.cluster}, not {row['splits']} on {row['programs']} in clusters of "
+                        f"{row.get('cluster', 0)}): not chosen")
             return checked[key]
 
         def write_row():

@@ -569,7 +569,47 @@ def test_bench_rows(iris_pool, on_gpu):
 # ---- CUDA graphs (GPU) ----------------------------------------------------------------------------
 
 
-def _graph_rank(ctx, scheduler, is_paged):
+def _cluster_rank(ctx, runs, scales):
+    """:func:`_row_rank` with the unit's splits combined in a thread-block cluster (8 splits, one
+    work item a program): the plans' cluster sizes beside the runs done."""
+    from iris_fw.kernel_launcher import cluster_launch_supported
+
+    fields = {"cluster_combine": True, "max_splits": 8, "programs_per_sm": 1, "items_per_program": 4}
+    done, _ = _row_rank(ctx, runs, fields, scales)
+    plans = [p for p in callpath.state(ctx).groups[None].calls.values()
+             if isinstance(p, FlashDecode) and p.call.sm_scale in scales]
+    return done, sorted({p.cluster for p in plans}), cluster_launch_supported(ctx.device)
+
+
+@on_worlds(1, 2)
+def test_flash_decode_cluster_combine(world, on_gpu):
+    """The tuning row's ``cluster_combine``: on a GPU of compute capability 9.0+ the unit's 8
+    splits run as one thread-block cluster and combine in distributed shared memory, right
+    against float64 for every case, both schedulers, paged and contiguous KV, and bitwise the
+    same on every rank; elsewhere (the CPU's interpreter) the plan keeps the counter combine and
+    gives the same."""
+    runs = list(dict.fromkeys(r for rs in _SWAPPED_RUNS.values() for r in rs)) if on_gpu else \
+        _SWAPPED_RUNS[world.world_size]
+    done, clusters, can = world.run(_cluster_rank, runs, (0.17, 0.29))[0]
+    assert done == runs
+    assert clusters == ([8] if can else [0]), (clusters, can)  # (every case: at most 6 units, 48 programs)
+
+
+def _graph_rank(ctx, scheduler, is_paged, fields=None, sm_scale=None):
+    """Captured once, replayed with fresh inputs; returns the cluster sizes of the plans made.
+    ``fields``: the tuning row's fields replaced (e.g. the splits' combine in a thread-block
+    cluster), on an ``sm_scale`` no other test's call has (so its plans are made here)."""
+    if fields:
+        from dataclasses import replace
+
+        from iris_fw import flash_decode as fd
+
+        orig = fd.tuning
+        fd.tuning = lambda device, head_dim: replace(orig(device, head_dim), by_units=(), **fields)
+        try:
+            return _graph_rank(ctx, scheduler, is_paged, sm_scale=0.19 if is_paged else 0.13)
+        finally:
+            fd.tuning = orig
     from iris_fw.flash_decode import flash_decode
 
     case = (4, 32, 8, 128, 128, torch.bfloat16, True)
@@ -588,9 +628,10 @@ def _graph_rank(ctx, scheduler, is_paged):
 
     def step():
         for o in outs:
-            flash_decode(q, k, v, kv_lens=kv_lens, out=o, scheduler=scheduler, block_table=table)
+            flash_decode(q, k, v, kv_lens=kv_lens, out=o, scheduler=scheduler, block_table=table, sm_scale=sm_scale)
 
     graph = capture_graph(ctx, step)
+    plans = [p for p in callpath.state(ctx).groups[None].calls.values() if isinstance(p, FlashDecode)]
     for rep in range(4):
         data = _draw(ctx, case, 0, fresh_seed(ctx), 1, gpu_scale=False)[0]
         for mine, new in zip((q, k, v, table, kv_lens), inputs(data, rep + 1)):
@@ -601,17 +642,31 @@ def _graph_rank(ctx, scheduler, is_paged):
         graph.replay()
         ctx.synchronize()
         for i, o in enumerate(outs):
-            check(ctx, o, data, None, f"graph {scheduler}{' paged' * is_paged} replay {rep} call {i}")
+            check(ctx, o, data, sm_scale, f"graph {scheduler}{' paged' * is_paged} replay {rep} call {i}")
         ctx.barrier()
+    scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
+    return sorted({p.cluster for p in plans if p.call.scheduler == scheduler and p.call.sm_scale == scale})
 
 
-@pytest.mark.parametrize("scheduler,is_paged", [("fused", False), ("bulk_sync", False), ("fused", True)])
-def test_graph_replay(iris_pool, on_gpu, scheduler, is_paged):
+#: The tuning row's fields of the cluster combine's graph replays: 2 splits a unit, one work item
+#: a program (batch 4's 32 units: 64 programs in 32 clusters of 2, which an H100 or H200 holds).
+_CLUSTER_ROW = {"cluster_combine": True, "max_splits": 2, "programs_per_sm": 1, "items_per_program": 4}
+
+
+@pytest.mark.parametrize("scheduler,is_paged,cluster", [("fused", False, False), ("bulk_sync", False, False),
+                                                        ("fused", True, False), ("fused", False, True),
+                                                        ("bulk_sync", True, True)])
+def test_graph_replay(iris_pool, on_gpu, scheduler, is_paged, cluster):
     """Captured once (three calls), replayed with fresh q, k, v and kv_lens (and, paged, a new
-    block table) in the same tensors: right every time (GPU only)."""
+    block table) in the same tensors: right every time (GPU only); ``cluster``: with the unit's
+    splits combined in a thread-block cluster (where the GPU holds the grid's clusters)."""
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
-    iris_pool(2).run(_graph_rank, scheduler, is_paged)
+    from iris_fw.kernel_launcher import cluster_launch_supported
+
+    got = iris_pool(2).run(_graph_rank, scheduler, is_paged, _CLUSTER_ROW if cluster else None)
+    clustered = cluster and cluster_launch_supported(torch.device("cuda"))
+    assert all(g == ([2] if clustered else [0]) for g in got), got
 
 
 # ---- the kernels compiled for NVIDIA and AMD targets (no GPU needed) -------------------------------
@@ -646,12 +701,29 @@ _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
 ]
 
 
+#: Jobs for NVIDIA targets only: the unit's splits combined in a thread-block cluster (inline PTX),
+#: fused and local, the swapped products of the H200's batch-2 tile.
+_NVIDIA_JOBS = [
+    ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
+                                      "BLOCK_N": 128, "MAX_SPLITS": 8, "HAS_LENS": False, "PAGE": 0,
+                                      "FUSED": False, "EXACT": False, "SWAP_AB": True, "CROWS": 4, "CLUSTER": 8}),
+    ("_flash_decode_kernel", "fp16", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
+                                      "BLOCK_N": 32, "MAX_SPLITS": 16, "HAS_LENS": True, "PAGE": 16,
+                                      "FUSED": True, "EXACT": False, "CROWS": 8, "CLUSTER": 16}),
+]
+
+
+def _jobs(target_name):
+    """The compile jobs of one target."""
+    return _COMPILE_JOBS + (_NVIDIA_JOBS if COMPILE_TARGETS[target_name][0] == "cuda" else [])
+
+
 def _compile_all(target_name):
     """Compile every job for one target; print a line per job (in a child process that set
     TRITON_INTERPRET=0 before importing Triton)."""
     from iris_fw import flash_decode_kernels as mod
 
-    for name, elem, constexprs in _COMPILE_JOBS:
+    for name, elem, constexprs in _jobs(target_name):
         types = {"q": elem, "k": elem, "v": elem, "out": elem, "kv_lens": "i32", "partials": "fp32",
                  "partial_lse": "fp32", "mine": "fp32", "recv": "fp32", "gathered": "fp32", "unit_counters": "i64",
                  "slots": "i64", "epochs": "i64", "heap_bases": "i64"}
@@ -667,7 +739,7 @@ def _compile_all(target_name):
 def test_kernels_compile(tmp_path, target):
     """Triton's interpreter accepts code the compilers reject: compile the kernels for sm_90 and
     (extended) gfx942 in a child process (Triton >= 3.9 builds AMD code without a GPU)."""
-    compile_in_child(tmp_path, "test_flash_decode", "_compile_all", target, len(_COMPILE_JOBS))
+    compile_in_child(tmp_path, "test_flash_decode", "_compile_all", target, len(_jobs(target)))
 
 
 def _by_units_rank(ctx):

@@ -620,8 +620,10 @@ class FlashDecode:
         :data:`SAMPLE_SEQ` tokens (a multiple of 16, as such calls' strides are) is: that call
         then finds it compiled. GPU only."""
         variant = {"FUSED": False} if variant is None else variant
+        # (the clustered launch's options are the launch's, not the compile's: a kernel compiles alike)
+        options = {k: v for k, v in self.options.items() if k not in ("cluster", "cluster_shared")}
         launcher = KernelLauncher(_flash_decode_kernel, (self.nprog,), constexprs={**self.constexprs, **variant},
-                                  **self.options)
+                                  **options)
         args = self._sample_args(variant.get("FUSED", False), bool(variant.get("TRACE", 0)))
         return launcher.compile(*(args[n] for n in launcher.runtime_params))
 

@@ -925,6 +925,75 @@ def _residency_rank(ctx, resources):
     return fused.tune.programs_per_sm, fused.n_split, fused.nprog, fused.units, sms, len(compiled)
 
 
+def _cluster_guard_rank(ctx, max_clusters, scheduler, pps):
+    """A plan whose row asks for the cluster combine, on a faked sm_90 GPU of 132 SMs (the
+    compiled kernel, the driver's cluster count and the launches faked: the CPU compiles
+    nothing and launches no clusters): what ``_fit_clusters`` keeps. ``max_clusters``: what the
+    driver says fits (an exception: the driver refused)."""
+    from iris_fw import devinfo, driver
+    from iris_fw import flash_decode as fd
+    from iris_fw import kernel_launcher as kl
+    from iris_fw.errors import IrisError
+
+    h100 = devinfo.SMLimits(registers=65536, register_unit=256, shared_bytes=233472, shared_reserved=1024,
+                            threads=2048, warp_size=32, programs=32)
+    compiled, asked = [], []
+
+    class Calls:
+        def max_active_clusters(self, function, cluster, threads, shared):
+            asked.append((function, cluster, threads, shared))
+            if isinstance(max_clusters, Exception):
+                raise max_clusters
+            return max_clusters
+
+    def compile_(self, *args):
+        compiled.append(dict(self.constexprs))
+        fake = _FakeCompiled(128, 4, 100 * 1024)
+        fake.function = 77
+        return fake
+
+    q = torch.zeros(2, 8, 16, device=ctx.device)
+    k = torch.zeros(2, 64, 2, 16, device=ctx.device)
+    base = fd.plan(q, k, k, scheduler=scheduler, ctx=ctx)
+    tune = fd.Tuning(**{**base.tune.__dict__, "cluster_combine": True, "max_splits": 8, "items_per_program": 4,
+                        "programs_per_sm": pps, "by_units": ()})
+    saved = (fd.cluster_launch_supported, driver.cluster_calls, devinfo.sm_limits, devinfo.num_sms,
+             kl.KernelLauncher.compile, fd.FlashDecode._launches)
+    fd.cluster_launch_supported, driver.cluster_calls = (lambda device: True), (lambda: Calls())
+    devinfo.sm_limits, devinfo.num_sms = (lambda device: h100), (lambda device: 132)
+    kl.KernelLauncher.compile, fd.FlashDecode._launches = compile_, (lambda self, tracer: {})
+    try:
+        p = fd.FlashDecode(base.group, fd.DecodeCall(**base.call.__dict__), tune)
+    finally:
+        (fd.cluster_launch_supported, driver.cluster_calls, devinfo.sm_limits, devinfo.num_sms,
+         kl.KernelLauncher.compile, fd.FlashDecode._launches) = saved
+    assert all(a == (77, 8, 128, 100 * 1024 + fd.cluster_region_bytes(8, 4, 16)) for a in asked), asked
+    return p.cluster, p.n_split, p.nprog, p.constexprs["CLUSTER"], p.options, compiled
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_cluster_guard(iris_pool, scheduler):
+    """(:meth:`FlashDecode._fit_clusters`) 4 units of 8 splits (32 programs in clusters of 8):
+    kept where the GPU holds 4 such clusters — the launch options carry the cluster and its
+    shared memory, ``fused`` checked its kernel and its traced variant — and planned again with
+    the counter where it holds 3, or where the driver refuses; a row of 2 programs per SM that
+    loses its clusters has its residency checked again (the counter's variant)."""
+    from iris_fw.errors import IrisError
+
+    pool = iris_pool(1)
+    cluster, splits, nprog, cx, options, compiled = pool.run(_cluster_guard_rank, 4, scheduler, 1)[0]
+    assert (cluster, splits, nprog, cx) == (8, 8, 32, 8)
+    assert options["cluster"] == 8 and options["cluster_shared"] == 8 * 4 * (16 + 1) * 4
+    assert [bool(c.get("TRACE")) for c in compiled] == ([False, True] if scheduler == "fused" else [False])
+    assert all(c["CLUSTER"] == 8 for c in compiled)
+    for fits in (3, IrisError("refused")):
+        cluster, splits, nprog, cx, options, _ = pool.run(_cluster_guard_rank, fits, scheduler, 1)[0]
+        assert (cluster, cx, splits, nprog) == (0, 0, 8, 32) and "cluster" not in options
+    if scheduler == "fused":  # 2 programs per SM: the counter's variant checked after the fallback
+        *_, compiled = pool.run(_cluster_guard_rank, 3, scheduler, 2)[0]
+        assert [c["CLUSTER"] for c in compiled if c["FUSED"]][-2:] == [0, 0], compiled
+
+
 @pytest.mark.parametrize("regs,fits", [(255, True), (200, False)])
 def test_residency_guard_caps_programs_per_sm(iris_pool, on_gpu, regs, fits):
     """(:meth:`FlashDecode._fit_residency`) 4 warps at 255 registers (32K a program) fit twice

@@ -59,6 +59,24 @@ class DriverCalls:
         raise IrisError(f"{self._names[2]} failed with error {rc}")
 
 
+def _symbols(libs, names, argtypes) -> tuple | None:
+    """The functions ``names`` (each returning a status, ``int``) of the first of the libraries
+    ``libs`` that loads and has them all, their argument types set (``argtypes``, one list per
+    name); None where none has them."""
+    for name in libs:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        found = tuple(getattr(lib, n, None) for n in names)
+        if any(f is None for f in found):
+            continue
+        for f, types in zip(found, argtypes):
+            f.argtypes, f.restype = types, ctypes.c_int
+        return found
+    return None
+
+
 _loaded: Any = False
 
 
@@ -68,23 +86,10 @@ def calls() -> DriverCalls | None:
     if _loaded is not False:
         return _loaded
     libs, names = _HIP if torch.version.hip else _CUDA
-    found = None
-    for name in libs:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        record, wait, launch = (getattr(lib, n, None) for n in names)
-        if record is None or wait is None or launch is None:
-            continue
-        vp = ctypes.c_void_p
-        record.argtypes, record.restype = [vp, vp], ctypes.c_int
-        wait.argtypes, wait.restype = [vp, vp, ctypes.c_uint], ctypes.c_int
-        launch.argtypes, launch.restype = [vp, vp], ctypes.c_int
-        found = DriverCalls(record, wait, launch, names)
-        break
-    _loaded = found
-    return found
+    vp = ctypes.c_void_p
+    found = _symbols(libs, names, ([vp, vp], [vp, vp, ctypes.c_uint], [vp, vp]))
+    _loaded = None if found is None else DriverCalls(*found, names)
+    return _loaded
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte union
@@ -155,22 +160,11 @@ def cluster_calls() -> ClusterCalls | None:
         return _clusters
     found = None
     if not torch.version.hip:
-        for name in _CUDA[0]:
-            try:
-                lib = ctypes.CDLL(name)
-            except OSError:
-                continue
-            set_attribute = getattr(lib, "cuFuncSetAttribute", None)
-            max_clusters = getattr(lib, "cuOccupancyMaxActiveClusters", None)
-            if set_attribute is None or max_clusters is None:
-                continue
-            vp = ctypes.c_void_p
-            set_attribute.argtypes, set_attribute.restype = [vp, ctypes.c_int, ctypes.c_int], ctypes.c_int
-            max_clusters.argtypes, max_clusters.restype = [vp, vp, vp], ctypes.c_int
-            found = ClusterCalls(set_attribute, max_clusters)
-            break
-    _clusters = found
-    return found
+        vp = ctypes.c_void_p
+        found = _symbols(_CUDA[0], ("cuFuncSetAttribute", "cuOccupancyMaxActiveClusters"),
+                         ([vp, ctypes.c_int, ctypes.c_int], [vp, vp, vp]))
+    _clusters = None if found is None else ClusterCalls(*found)
+    return _clusters
 
 
 def current_stream():

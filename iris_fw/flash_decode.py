@@ -142,9 +142,6 @@ SAMPLE_ADDRESS = 1 << 40
 #: query-head tiling that decides the unit count).
 UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits",
                   "swap_ab", "max_registers", "combine_unroll", "cluster_combine")
-#: The most splits a unit's thread-block cluster holds (:attr:`Tuning.cluster_combine`; beyond
-#: :data:`iris_fw.driver.PORTABLE_CLUSTER` the launch sets CUDA's non-portable cluster size).
-MAX_CLUSTER = driver.MAX_CLUSTER
 
 
 @dataclass(frozen=True)
@@ -180,7 +177,7 @@ class Tuning:
     #: shared memory (each split stores its partial into the shared memory of the unit's first
     #: split, which combines them after the cluster's barrier: no L2 round trips in series),
     #: where the plan can — an NVIDIA GPU of compute capability 9.0 or later, every work item a
-    #: program of its own, a power-of-two split count of at most :data:`MAX_CLUSTER`, and every
+    #: program of its own, a power-of-two split count of at most :data:`iris_fw.driver.MAX_CLUSTER`, and every
     #: cluster of the grid resident at once (:meth:`FlashDecode._fit_clusters`); else (and False)
     #: the unit's counter and its last split's loads (``combine_unroll``)
     cluster_combine: bool = False
@@ -525,7 +522,7 @@ class FlashDecode:
         n = self.n_split
         #: programs a thread-block cluster: the unit's splits combined in its shared memory (the
         #: row's ``cluster_combine``, where this plan can), else 0
-        self.cluster = n if (tune.cluster_combine and 1 < n <= MAX_CLUSTER and not n & (n - 1)
+        self.cluster = n if (tune.cluster_combine and 1 < n <= driver.MAX_CLUSTER and not n & (n - 1)
                              and self.nprog == self.units * n
                              and cluster_launch_supported(self.group.ctx.device)) else 0
         #: the attention kernel's constexprs and launch options (an algorithm's variants add theirs)

@@ -31,8 +31,6 @@ SLOT_GROUP = 4
 _SLOT_GROUP = tl.constexpr(SLOT_GROUP)
 
 
-
-
 def cluster_region_bytes(cluster: int, crows: int, bdv: int) -> int:
     """Dynamic shared memory a program of the attention kernel's cluster combine (``CLUSTER`` =
     ``cluster`` splits, ``CROWS``, ``BDV``) needs beyond Triton's own: each split's ``o [CROWS,
@@ -240,16 +238,16 @@ def _normalized(acc, total, base):
 
 
 @triton.jit
-def _cluster_exchange(o, lse2, s, rows_valid, CLUSTER: tl.constexpr, ROWS: tl.constexpr, CROWS: tl.constexpr,
-                      DV: tl.constexpr, BDV: tl.constexpr):
+def _cluster_exchange(o, lse2, s, rows_valid, base, CLUSTER: tl.constexpr, ROWS: tl.constexpr,
+                      CROWS: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
     """Split ``s``'s partial — ``o [ROWS, BDV]`` (normalized) and ``lse2 [ROWS]`` (base 2) of
     its ``rows_valid`` heads — stored into the shared memory of its cluster's program 0 (the
     unit's ``CLUSTER`` splits are one thread-block cluster: :mod:`iris_fw.dsmem`), slot ``s`` of
     the region :func:`cluster_region_bytes` sizes: ``o [CLUSTER, CROWS, BDV]`` then ``lse
     [CLUSTER, CROWS]``, fp32. Then the cluster's barrier (release; acquire): after it, program 0
-    holds every split's partial. (Phase 0 of the barrier, arrived on at the kernel's start, is
-    waited for first: every program of the cluster has started.)"""
-    base = dsmem.region(CLUSTER * CROWS * (BDV + 1) * 4)  # (cluster_region_bytes)
+    holds every split's partial. ``base``: the region's address (:func:`iris_fw.dsmem.region`).
+    (Phase 0 of the barrier, arrived on at the kernel's start, is waited for first: every program
+    of the cluster has started.)"""
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BDV)
     dsmem.wait()
@@ -261,12 +259,11 @@ def _cluster_exchange(o, lse2, s, rows_valid, CLUSTER: tl.constexpr, ROWS: tl.co
 
 
 @triton.jit
-def _cluster_partials(rows_valid, CLUSTER: tl.constexpr, CROWS: tl.constexpr, DV: tl.constexpr,
+def _cluster_partials(rows_valid, base, CLUSTER: tl.constexpr, CROWS: tl.constexpr, DV: tl.constexpr,
                       BDV: tl.constexpr):
-    """Program 0's view of the partials :func:`_cluster_exchange` gathered, as the tile
-    :func:`_combine_tile` takes: ``(lse [CLUSTER, CROWS]`` in base 2, ``-inf`` past
-    ``rows_valid``; ``o [CLUSTER, CROWS, BDV]``, 0 there``)``."""
-    base = dsmem.region(CLUSTER * CROWS * (BDV + 1) * 4)  # (cluster_region_bytes)
+    """Program 0's view of the partials :func:`_cluster_exchange` gathered in its region at
+    ``base``, as the tile :func:`_combine_tile` takes: ``(lse [CLUSTER, CROWS]`` in base 2,
+    ``-inf`` past ``rows_valid``; ``o [CLUSTER, CROWS, BDV]``, 0 there``)``."""
     i = tl.arange(0, CLUSTER)
     rows = tl.arange(0, CROWS)
     cols = tl.arange(0, BDV)
@@ -448,9 +445,10 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         # scratch, no counter, no combine; else the unit's last split to get here combines them
         # (every thread's stores before the release) in tiles of the unit's CROWS heads
         if CLUSTER > 0:  # the unit's splits are this cluster: program 0 combines them
-            _cluster_exchange(o, lse2, s, rows_valid, CLUSTER, ROWS, CROWS, DV, BDV)
+            region = dsmem.region(CLUSTER * CROWS * (BDV + 1) * 4)  # (cluster_region_bytes)
+            _cluster_exchange(o, lse2, s, rows_valid, region, CLUSTER, ROWS, CROWS, DV, BDV)
             if s == 0:
-                x, parts = _cluster_partials(rows_valid, CLUSTER, CROWS, DV, BDV)
+                x, parts = _cluster_partials(rows_valid, region, CLUSTER, CROWS, DV, BDV)
                 oc, lc = _combine_tile(x, parts)
                 live = _deliver_unit(oc, lc, b, h0, u, rows_valid, live, out, mine, buf, slots, epoch, rank,
                                      world_size, heap_bases, pack, lse_at, trace, t0, HQ, DV, CROWS, BDV, FUSED, TRACE)

@@ -380,7 +380,7 @@ def launch_entry(kernel, version, cluster: tuple[int, int] | None = None):
                                   run.arg_annotations, run.kernel_signature), True)
     if cluster and entry is default:
         raise IrisError(f"a clustered launch needs Triton's direct launch (3.6.x or 3.9.x on NVIDIA, no global or "
-                        f"profile scratch, GSan off); {kernel.name if hasattr(kernel, 'name') else 'the kernel'} "
+                        f"profile scratch, GSan off); {getattr(kernel, 'name', 'the kernel')} "
                         f"has none here")
     return entry
 

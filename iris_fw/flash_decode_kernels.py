@@ -411,8 +411,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         chunk = ((length + n_split - 1) // n_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         start = tl.minimum(s * chunk, length)
         b64 = b.to(tl.int64)
-        k_ptr = k + kvh * stride_kh
-        v_ptr = v + kvh * stride_vh
+        k_ptr = k + kvh.to(tl.int64) * stride_kh  # (64 bits: a head-major cache's head stride is S·D)
+        v_ptr = v + kvh.to(tl.int64) * stride_vh
         table = block_table  # None unless paged
         if PAGE == 0:
             k_ptr += b64 * stride_kb

@@ -27,6 +27,7 @@
 #           tests) run on the row as it would be committed.
 #   fdcheck scripts/tune_flash_decode.py --grid current (the table's row alone vs SDPA, a fresh
 #           process) at every point, FDCHECK_ROUNDS rounds (default 16); logs in $OUT/check.
+#           FDCHECK_ARGS: more arguments (e.g. "--layouts hnd nhd": also on SDPA's own tensors).
 #   trace   scripts/trace_overhead.py at W = 1 (8192^3 bf16, gemm_all_scatter and all_gather_gemm,
 #           every schedule, untraced vs traced interleaved; cases print as they finish).
 #           TRACE_EXTRA="--comm-sms 16" also times the two-role schedules with 16 communication
@@ -151,7 +152,7 @@ PY
     fdcheck)
         mkdir -p "$OUT/check"
         timeout -k 10 $(limit ${FDCHECK_TIMEOUT:-150}) python3 scripts/tune_flash_decode.py --grid current \
-            --rounds ${FDCHECK_ROUNDS:-16} --out "$OUT/check" > "$OUT/check/fd.log" 2>&1
+            --rounds ${FDCHECK_ROUNDS:-16} ${FDCHECK_ARGS:-} --out "$OUT/check" > "$OUT/check/fd.log" 2>&1
         r=$?; rc=$(( rc | r )); echo "rc $r"
         { grep -E "^\|" "$OUT/check/fd.log"; grep -E "WRONG|Error" "$OUT/check/fd.log" | head -10; } | tee -a "$SUMMARY" ;;
     trace)

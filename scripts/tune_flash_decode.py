@@ -29,6 +29,8 @@ written from those measured).
     python3 scripts/tune_flash_decode.py --grid deep --points 1x16384 --out $OUT   # stages, combine in one pass
     python3 scripts/tune_flash_decode.py --grid cluster --batches 1 2 4 --out $OUT   # combine in a cluster
     python3 scripts/tune_flash_decode.py --grid current --out $OUT   # the table's row alone vs SDPA
+    python3 scripts/tune_flash_decode.py --grid current --layouts hnd nhd --out $OUT   # on SDPA's own tensors too
+    python3 scripts/tune_flash_decode.py --grid current --caps 6 7 --batches 2 --out $OUT   # fewer programs
     python3 scripts/tune_flash_decode.py --quick          # CPU smoke run (interpreter)
 """
 
@@ -208,6 +210,12 @@ def parse(argv):
                         "around the current row (combine_grid); deep: more stages and a one-pass combine around "
                         "it (deep_grid); cluster: the splits' combine in a thread-block cluster beside the "
                         "counter's (cluster_grid); current: the table's row alone (a check of it)")
+    p.add_argument("--caps", type=int, nargs="+", default=[],
+                   help="also the current row's tile at these split caps (fewer programs than SMs: e.g. batch 2's "
+                        "16 units at 6 splits are 96 programs), with the grid's combines")
+    p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=["nhd"],
+                   help="where the kernel's K/V copies live (LAYOUTS; each plan measured on each, interleaved; "
+                        "the tuning row from the first)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT") or "flash-decode-tune")
     return p.parse_args(argv)
@@ -246,17 +254,21 @@ def compile_all(plans, log) -> None:
     log(f"  ({len(plans)} candidates compiled in {time.perf_counter() - t0:.1f} s)")
 
 
-def sdpa_replay(q, ks, vs, calls: int, dev):
+def sdpa_replay(q, kt, vt, calls: int, dev):
     """A replay (:func:`tune_gemm.graph_of`) of ``calls`` torch SDPA calls (``enable_gqa``) of
-    ``q [B, Hq, D]`` on the K/V copies ``ks``, ``vs`` (``[B, S, Hkv, D]``) in turn, the copies put
-    in SDPA's ``[B, Hkv, S, D]`` layout once, here."""
+    ``q [B, Hq, D]`` on the K/V copies ``kt``, ``vt`` (``[B, Hkv, S, D]``: SDPA's layout) in turn."""
     import torch.nn.functional as F
 
     q4 = q.unsqueeze(2)
-    kt = [k.transpose(1, 2).contiguous() for k in ks]
-    vt = [v.transpose(1, 2).contiguous() for v in vs]
     return graph_of(lambda i: F.scaled_dot_product_attention(q4, kt[i % len(kt)], vt[i % len(vt)], enable_gqa=True),
                     calls, dev)
+
+
+#: Where the K/V copies of ``--layouts`` live: ``nhd`` — ``[B, S, Hkv, D]`` contiguous (a token's
+#: heads side by side: the paged caches' order, vLLM's); ``hnd`` — ``[B, Hkv, S, D]`` contiguous
+#: (each head's tokens in one run: SDPA's own layout, the very tensors SDPA reads), given to the
+#: kernel as their ``[B, S, Hkv, D]`` view. SDPA always reads ``[B, Hkv, S, D]`` contiguous copies.
+LAYOUTS = ("nhd", "hnd")
 
 
 def point(ctx, batch, tokens, opts, log) -> list[dict]:
@@ -268,6 +280,13 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     copies = 1 if opts.quick else max(1, math.ceil(ROTATE_BYTES / one))
     ks = [torch.randn(batch, tokens, hkv, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(copies)]
     vs = [torch.randn(batch, tokens, hkv, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(copies)]
+    kt = [k.transpose(1, 2).contiguous() for k in ks]  # SDPA's [B, Hkv, S, D]
+    vt = [v.transpose(1, 2).contiguous() for v in vs]
+    kv = {"nhd": (ks, vs), "hnd": ([k.transpose(1, 2) for k in kt], [v.transpose(1, 2) for v in vt])}
+    if "nhd" not in opts.layouts:
+        del ks, vs
+    kv = {name: kv[name] for name in opts.layouts}
+    ks, vs = kv[opts.layouts[0]]  # (the checks' and the plans' operands)
     current = fd.plan(q, ks[0], vs[0], scheduler="bulk_sync", ctx=ctx)
     want = current.partial(q, ks[0], vs[0]).clone()
     base = current.tune
@@ -286,6 +305,9 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
         grid = []
     else:
         grid = SMALL_GRID if batch <= SMALL_BATCH else GRID
+    combines = {c.cluster_combine for c in grid} | {False}
+    grid = grid + [candidate_of(base)._replace(max_splits=cap, cluster_combine=cl)
+                   for cap in opts.caps for cl in sorted(combines)]
     candidates = []
     combine = ("MAX_SPLITS", "COMBINE_UNROLL", "CLUSTER")  # (the split bound decides the combine's passes)
     seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
@@ -310,29 +332,41 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
             plans[label(tune)] = p
         except Exception as exc:  # shared memory / registers
             log(f"  B {batch} S {tokens} {label(tune)}: {type(exc).__name__}: {str(exc)[:160]}")
-    outs = {}
-    replays = {}
-    for name, p in plans.items():
-        mine = outs[name] = torch.empty(p.pack, dtype=torch.float32, device=dev)
-        replays[name] = graph_of(lambda i, p=p, mine=mine: p.partial(q, ks[i % copies], vs[i % copies], None, mine),
-                                 opts.calls, dev)
-    replays["torch_sdpa"] = sdpa_replay(q, ks, vs, opts.calls, dev)
+    replays, runs = {}, {}
+    for layout, (lk, lv) in kv.items():
+        for name, p in plans.items():
+            if layout != opts.layouts[0]:  # the same plan on the other layout: the same partial?
+                got = p.partial(q, lk[0], lv[0])
+                err = float((got - want).abs().max())
+                if not err <= 1e-3 * max(1.0, float(want.abs().max())):
+                    log(f"  B {batch} S {tokens} {name} on {layout}: WRONG (max err {err:.3g}): not measured")
+                    continue
+            key = name if len(kv) == 1 else f"{name} @{layout}"
+            mine = torch.empty(p.pack, dtype=torch.float32, device=dev)
+            replays[key] = graph_of(lambda i, p=p, mine=mine, lk=lk, lv=lv: p.partial(q, lk[i % copies], lv[i % copies],
+                                                                                        None, mine), opts.calls, dev)
+            runs[key] = (p, layout)
+    replays["torch_sdpa"] = sdpa_replay(q, kt, vt, opts.calls, dev)
     times = interleaved(replays, opts.rounds, opts.calls, dev)
     sdpa = times.pop("torch_sdpa")
     rows = []
     for name, us in times.items():
-        p = plans[name]
-        rows.append({"batch": batch, "tokens": tokens, "method": name, "us": us, "kv_TBps": one / us / 1e6,
+        p, layout = runs[name]
+        rows.append({"batch": batch, "tokens": tokens, "method": name, "layout": layout, "us": us,
+                     "kv_TBps": one / us / 1e6,
                      "splits": p.n_split, "programs": p.nprog, "units": p.units, "cluster": p.cluster,
                      "sdpa_us": sdpa, "sdpa_TBps": one / sdpa / 1e6, "vs_sdpa": sdpa / us,
                      "tune": {k: v for k, v in p.tune.__dict__.items() if k != "by_units"},
                      "plan": (p.group, p.call)})  # (not written: for the fused check of the row)
     rows.sort(key=lambda r: r["us"])
-    cur = next(r for r in rows if r["method"].startswith("current"))
-    log(f"| {batch} | {tokens} | {one / sdpa / 1e6:.2f} ({sdpa:.1f} us) | {cur['kv_TBps']:.2f} ({cur['us']:.1f} us, "
-        f"{cur['splits']} splits) | {rows[0]['kv_TBps']:.2f} ({rows[0]['us']:.1f} us, {rows[0]['method']}, "
-        f"{rows[0]['splits']} splits) | {100 * rows[0]['vs_sdpa']:.0f} |")
-    del ks, vs, plans, replays
+    for layout in kv:
+        mine = [r for r in rows if r["layout"] == layout]
+        cur = next(r for r in mine if r["method"].startswith("current"))
+        log(f"| {batch} | {tokens} |{f' {layout} |' if len(kv) > 1 else ''} {one / sdpa / 1e6:.2f} ({sdpa:.1f} us) | "
+            f"{cur['kv_TBps']:.2f} ({cur['us']:.1f} us, {cur['splits']} splits) | {mine[0]['kv_TBps']:.2f} "
+            f"({mine[0]['us']:.1f} us, {mine[0]['method']}, {mine[0]['splits']} splits) | "
+            f"{100 * mine[0]['vs_sdpa']:.1f} |")
+    del ks, vs, kt, vt, kv, plans, replays
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -385,7 +419,9 @@ def main(argv=None) -> int:
         name = devinfo.info(ctx.device).name
         log(f"device {name}; local kernel vs torch SDPA, KV read TB/s; {opts.calls} calls per graph, "
             f"{opts.rounds} rounds", flush=True) if ctx.rank == 0 else None
-        log("| B | S | SDPA TB/s | current TB/s | best TB/s (row) | best % of SDPA |\n|---:|---:|---:|---:|---|---:|")
+        both = len(opts.layouts) > 1
+        log(f"| B | S |{' K/V |' if both else ''} SDPA TB/s | current TB/s | best TB/s (row) | best % of SDPA |\n"
+            f"|---:|---:|{'---|' if both else ''}---:|---:|---|---:|")
         rows, calls, checked = [], {}, {}
 
         def fits(batch, row) -> bool:
@@ -409,7 +445,7 @@ def main(argv=None) -> int:
             return checked[key]
 
         def write_row():
-            row = table_row(rows, fits)
+            row = table_row([r for r in rows if r["layout"] == opts.layouts[0]], fits)
             stamp = time.strftime("%Y-%m-%d", time.gmtime())
             with open(os.path.join(opts.out, "flash_decode_tuning_row.json"), "w") as f:
                 json.dump({"device": name, "row": row, "measured": f"{name} {stamp}, scripts/tune_flash_decode.py"},

@@ -101,10 +101,16 @@ def check(ctx, got, data, sm_scale, what):
 
 
 def _strided(t, idx):
-    """Odd cases read K/V through a view of a larger cache (tokens and heads around it)."""
-    if idx % 2 == 0:
+    """Cases 1-3 read K/V through a view of a larger cache (tokens and heads around it): odd ones
+    a token-major cache (``[B, S, Hkv, D]``), case 2 (two kv heads) a head-major one (``[B, Hkv,
+    S, D]``, SDPA's layout, viewed as ``[B, S, Hkv, D]``: a head's stride is the cache's S·D)."""
+    if idx % 4 == 0:
         return t
     b, s, h, d = t.shape
+    if idx % 4 == 2:
+        big = torch.full((b, h + 1, s + 3, d), float("nan"), dtype=t.dtype, device=t.device)
+        big[:, 1:, 2:2 + s].copy_(t.transpose(1, 2))
+        return big[:, 1:, 2:2 + s].transpose(1, 2)
     big = torch.full((b, s + 3, h + 1, d), float("nan"), dtype=t.dtype, device=t.device)
     big[:, 2:2 + s, 1:].copy_(t)
     return big[:, 2:2 + s, 1:]

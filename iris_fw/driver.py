@@ -14,7 +14,7 @@ no clusters).
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+import functools
 
 import torch
 
@@ -77,19 +77,13 @@ def _symbols(libs, names, argtypes) -> tuple | None:
     return None
 
 
-_loaded: Any = False
-
-
+@functools.cache
 def calls() -> DriverCalls | None:
     """The driver's calls (loaded on first use), or None where they are not found."""
-    global _loaded
-    if _loaded is not False:
-        return _loaded
     libs, names = _HIP if torch.version.hip else _CUDA
     vp = ctypes.c_void_p
     found = _symbols(libs, names, ([vp, vp], [vp, vp, ctypes.c_uint], [vp, vp]))
-    _loaded = None if found is None else DriverCalls(*found, names)
-    return _loaded
+    return None if found is None else DriverCalls(*found, names)
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte union
@@ -149,22 +143,16 @@ class ClusterCalls:
         return out.value
 
 
-_clusters: Any = False
-
-
+@functools.cache
 def cluster_calls() -> ClusterCalls | None:
     """The cluster launch's driver calls (CUDA; loaded on first use), or None where they are not
     found (ROCm, no driver)."""
-    global _clusters
-    if _clusters is not False:
-        return _clusters
-    found = None
-    if not torch.version.hip:
-        vp = ctypes.c_void_p
-        found = _symbols(_CUDA[0], ("cuFuncSetAttribute", "cuOccupancyMaxActiveClusters"),
-                         ([vp, ctypes.c_int, ctypes.c_int], [vp, vp, vp]))
-    _clusters = None if found is None else ClusterCalls(*found)
-    return _clusters
+    if torch.version.hip:
+        return None
+    vp = ctypes.c_void_p
+    found = _symbols(_CUDA[0], ("cuFuncSetAttribute", "cuOccupancyMaxActiveClusters"),
+                     ([vp, ctypes.c_int, ctypes.c_int], [vp, vp, vp]))
+    return None if found is None else ClusterCalls(*found)
 
 
 def current_stream():

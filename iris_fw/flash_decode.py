@@ -100,7 +100,7 @@ from .ccl import algorithm as al
 from .ccl import api
 from .errors import ArgumentError, ArgumentTypeError, IrisError
 from .flash_decode_kernels import LOG2E, _flash_decode_kernel, cluster_region_bytes
-from .kernel_launcher import KernelLauncher, cluster_launch_supported
+from .kernel_launcher import KernelLauncher, cluster_launch_supported, compiled_resources, resolved
 from .trace_session import clock_mode
 
 __all__ = ["AUTO_SCHEDULER", "DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "DecodeAlgorithm", "FlashDecode",
@@ -551,8 +551,6 @@ class FlashDecode:
         (cuOccupancyMaxActiveClusters); else plan again without clusters (the counter combine)."""
         if not self.cluster:
             return
-        from .kernel_launcher import compiled_resources
-
         resident = self.algorithm.resident_constexprs(self)
         variants = [resident or {"FUSED": False}]
         if resident is not None:
@@ -560,9 +558,7 @@ class FlashDecode:
         limits = devinfo.sm_limits(self.group.ctx.device)
         calls = driver.cluster_calls()
         for variant in variants:
-            kernel = self.compile(variant)
-            if hasattr(kernel, "result"):
-                kernel = kernel.result()
+            kernel = resolved(self.compile(variant))
             _, warps, shared = compiled_resources(kernel)
             shared += self.options["cluster_shared"]
             try:
@@ -602,8 +598,6 @@ class FlashDecode:
         """How many programs of the attention kernel's ``variant`` (constexprs beside
         :attr:`constexprs`, e.g. ``{"FUSED": True}``) one SM of this GPU (``limits``: default
         :func:`iris_fw.devinfo.sm_limits`) holds at once, as :meth:`compile` makes it."""
-        from .kernel_launcher import compiled_resources
-
         limits = limits or devinfo.sm_limits(self.group.ctx.device)
         regs, warps, shared = compiled_resources(self.compile(variant))
         # (a cluster's combine region comes on top of Triton's shared memory)

@@ -86,7 +86,7 @@ from .errors import ArgumentTypeError, IrisError
 from .interpreter import interpreting
 
 __all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "cluster_launch_supported",
-           "compiled_resources", "fast_path_supported", "launch_entry", "make_key_fn", "spec_key",
+           "compiled_resources", "fast_path_supported", "launch_entry", "make_key_fn", "resolved", "spec_key",
            "triton_launch_hooked"]
 
 try:  # Triton's runtime switches (3.6 and >= 3.9 have them)
@@ -706,8 +706,7 @@ class KernelLauncher:
             key = self._state[7](args, self._state[5](), self._opts_key())
             if key is None:
                 return None
-        if hasattr(kernel, "result"):
-            kernel = kernel.result()  # an async-compile future (3.9 returns it, 3.6 resolves it)
+        kernel = resolved(kernel)
         target = getattr(getattr(kernel, "metadata", None), "target", None)
         if getattr(target, "backend", None) != "cuda":
             self._fast = False  # e.g. AMD: specializes on pointer ranges the key does not see
@@ -720,9 +719,7 @@ class KernelLauncher:
         """A clustered launcher's call that found no entry (a new specialization, or hooks set):
         compiled (not launched) as ``kernel[grid]`` would, its clustered entry cached under the
         key, and launched through it (``kernel[grid](...)`` cannot launch clusters)."""
-        kernel = self.compile(*args)
-        if hasattr(kernel, "result"):
-            kernel = kernel.result()
+        kernel = resolved(self.compile(*args))
         entry = launch_entry(kernel, self._version, (self.cluster, self.cluster_shared)) + (kernel,)
         if self._state is None:
             self._init_fast(args)
@@ -778,12 +775,18 @@ class KernelLauncher:
 _NOT_PRESENT = object()
 
 
+def resolved(kernel):
+    """The compiled kernel of a :meth:`KernelLauncher.compile` (or ``kernel[grid]``) result: an
+    async-compile future (Triton 3.9 returns one under ``AsyncCompileMode``; 3.6 resolves it)
+    waited for, else the kernel itself."""
+    return kernel.result() if hasattr(kernel, "result") else kernel
+
+
 def compiled_resources(kernel) -> tuple[int, int, int]:
     """``(registers a thread, warps, shared memory bytes)`` of a compiled kernel
     (:meth:`KernelLauncher.compile`); loads its binary on the current device to learn the
     register count (what ``ptxas`` allotted). A future of one (async compile) is waited for."""
-    if hasattr(kernel, "result"):
-        kernel = kernel.result()
+    kernel = resolved(kernel)
     kernel._init_handles()
     return int(kernel.n_regs), int(kernel.metadata.num_warps), int(kernel.metadata.shared)
 

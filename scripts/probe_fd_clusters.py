@@ -22,7 +22,7 @@ from iris_fw import driver
 from iris_fw import flash_decode as fd
 from iris_fw.bench.flash_decode import HEAD_DIM, KV_HEADS, Q_HEADS
 from iris_fw.flash_decode_kernels import cluster_region_bytes
-from iris_fw.kernel_launcher import compiled_resources
+from iris_fw.kernel_launcher import compiled_resources, resolved
 
 
 def main(argv=None) -> int:
@@ -43,9 +43,7 @@ def main(argv=None) -> int:
             base = fd.plan(q, k, k, scheduler="bulk_sync", ctx=ctx)
             tune = replace(base.tune, cluster_combine=True)
             plan = fd.FlashDecode(base.group, fd.DecodeCall(**base.call.__dict__), tune)
-            kernel = base.compile()
-            if hasattr(kernel, "result"):
-                kernel = kernel.result()
+            kernel = resolved(base.compile())
             regs, warps, shared = compiled_resources(kernel)
             fits = []
             for size in (2, 4, 8, 16):

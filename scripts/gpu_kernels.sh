@@ -56,6 +56,9 @@
 #           the row's tile the GPU holds at once (cuOccupancyMaxActiveClusters); fd_clusters.json.
 #   fdspans scripts/probe_fd_program_spans.py at FDSPANS_POINTS (default 16384 65536; FDSPANS_ROW
 #           as FDNCU_ROW): each program's start, attention and end from the kernel's own trace.
+#   fdspread  scripts/probe_fd_sm_spread.py at FDSPREAD_POINTS (default "1x16384 1x65536 2x4096
+#           2x16384 4x4096"), FDSPREAD_CALLS calls each (default 8): whether an SM, a GPC, a split or
+#           a unit decides how long a work item streams (the GPC map from clustered launches).
 #   fdncu   ncu on scripts/probe_fd_small_batch.py at FDNCU_POINTS (default B 1 x 4K and 16K
 #           tokens; "4x16384" for B 4): flash-decode's split-KV kernel beside torch SDPA's kernels
 #           (time, DRAM bytes and throughput, grid, registers, warps active) — why a small batch
@@ -208,6 +211,11 @@ torch.cuda.synchronize()" > "$OUT/ncu_${spec//,/x}_g$g.csv" 2>&1
             r=$?; rc=$(( rc | r )); echo "spans S $s: rc $r" | tee -a "$SUMMARY"
             grep -v "^\[" "$OUT/fdspans_$s.log" | tail -12 | tee -a "$SUMMARY"
         done ;;
+    fdspread)
+        timeout -k 10 $(limit 150) python3 scripts/probe_fd_sm_spread.py --points ${FDSPREAD_POINTS:-1x16384 1x65536 \
+            2x4096 2x16384 4x4096} --calls ${FDSPREAD_CALLS:-8} > "$OUT/sm_spread.log" 2>&1
+        r=$?; rc=$(( rc | r )); echo "rc $r" | tee -a "$SUMMARY"
+        grep -v "^  |\|^  {\|^\s*$" "$OUT/sm_spread.log" | cut -c1-300 | tee -a "$SUMMARY" ;;
     fdncu)
         # flash-decode's split-KV kernel beside SDPA's kernels at batch 1 (the gap of the fd step):
         # time, DRAM bytes and throughput, grid and occupancy of the last round's kernels

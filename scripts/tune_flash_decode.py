@@ -147,12 +147,20 @@ def combine_grid(base: "fd.Tuning") -> list[Candidate]:
                    for u in (8, cap)]
 
 
-def one_per_sm(splits: int) -> list[Candidate]:
-    """One work item per program on one program per SM (``splits`` a unit): 64-token tiles of 4
-    warps in 3-5 stages, 128-token ones of 4 and 8 warps in 3, the products both ways, the unit's
-    combine in one pass."""
+def one_per_sm(sms: int, units: int) -> list[Candidate]:
+    """One work item per program on one program per SM (``sms // units`` splits a unit): 64-token
+    tiles of 4 warps in 3-5 stages, 128-token ones of 4 and 8 warps in 3, the products both ways,
+    the unit's combine in one pass."""
+    splits = max(1, sms // max(units, 1))
     return [Candidate(4, bn, w, st, 1, splits, swap, 0, 64)
             for bn, w, st in ((64, 4, 3), (64, 4, 4), (64, 4, 5), (128, 4, 3), (128, 8, 3)) for swap in (False, True)]
+
+
+def two_per_sm(sms: int, units: int, tiles) -> list[Candidate]:
+    """One work item per program on two programs per SM (twice :func:`one_per_sm`'s splits): each
+    ``(block_n, stages)`` of ``tiles`` in 4 warps, the products both ways, the combine in one pass."""
+    splits = max(1, 2 * sms // max(units, 1))
+    return [Candidate(4, bn, 4, st, 2, splits, swap, 0, 64) for bn, st in tiles for swap in (False, True)]
 
 
 def deep_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
@@ -169,10 +177,7 @@ def deep_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
     same = candidate_of(base)
     out = [same._replace(num_stages=base.num_stages + extra, swap_ab=swap, combine_unroll=unroll)
            for extra in (0, 1, 2) for swap in (False, True) for unroll in (base.combine_unroll, 64)]
-    one, two = max(1, sms // max(units, 1)), max(1, 2 * sms // max(units, 1))
-    out += one_per_sm(one)
-    return out + [Candidate(4, bn, 4, st, 2, two, swap, 0, 64) for bn, st in ((64, 3), (32, 4))
-                  for swap in (False, True)]
+    return out + one_per_sm(sms, units) + two_per_sm(sms, units, ((64, 3), (32, 4)))
 
 
 def cluster_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
@@ -184,10 +189,7 @@ def cluster_grid(base: "fd.Tuning", sms: int, units: int) -> list[Candidate]:
     programs: 32-token tiles in 3-4 stages, 64-token ones in 2, light enough for two programs and
     the combine's shared memory an SM). A plan that cannot cluster (split count, GPU, residency)
     measures as its counter twin, once."""
-    one, two = max(1, sms // max(units, 1)), max(1, 2 * sms // max(units, 1))
-    tiles = [candidate_of(base)] + one_per_sm(one)
-    tiles += [Candidate(4, bn, 4, st, 2, two, swap, 0, 64) for bn, st in ((32, 3), (32, 4), (64, 2))
-              for swap in (False, True)]
+    tiles = [candidate_of(base)] + one_per_sm(sms, units) + two_per_sm(sms, units, ((32, 3), (32, 4), (64, 2)))
     return [c._replace(cluster_combine=cl) for c in tiles for cl in (True, False)]
 
 

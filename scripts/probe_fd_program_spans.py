@@ -33,25 +33,37 @@ def _spread(values) -> str:
     return f"{values[0]:.2f} / {statistics.median(values):.2f} / {values[-1]:.2f}" if values else "-"
 
 
-def main() -> int:
-    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(1, 32, 128, generator=g, device=dev).to(torch.bfloat16)
-    k = torch.randn(1, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
-    v = torch.randn(1, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
-    with iris_fw.init(heap_size=1 << 26, bootstrap="single") as ctx:
-        plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
-        if len(sys.argv) > 2 and sys.argv[2]:  # the row's fields replaced (for this many units)
-            plan = fd.FlashDecode(plan.group, plan.call, replace(plan.tune, by_units=(), **json.loads(sys.argv[2])))
-        plain = plan(q, k, v).clone()
-        print(plan, plan.constexprs, flush=True)
-        with ctx.trace(None, label="fd spans") as session:  # one call: every event is its
+def traced_calls(ctx, batch: int, tokens: int, fields: dict, calls: int):
+    """``(plan, events)``: the table row's plan (``fields`` replacing its fields for this many
+    units) at B ``batch`` x ``tokens`` tokens, 32 q / 8 kv heads, D 128, bf16, run once untraced
+    and then ``calls`` times traced, one trace session a call; ``events``, per call, the local
+    kernel's complete events (each call's result checked bitwise against the untraced one's)."""
+    dev = ctx.device
+    g = torch.Generator(device=dev).manual_seed(batch * 7 + tokens)
+    q = torch.randn(batch, 32, 128, generator=g, device=dev).to(torch.bfloat16)
+    k = torch.randn(batch, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
+    v = torch.randn(batch, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
+    plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
+    if fields:
+        plan = fd.FlashDecode(plan.group, plan.call, replace(plan.tune, by_units=(), **fields))
+    plain = plan(q, k, v).clone()
+    events = []
+    for _ in range(calls):
+        with ctx.trace(None, label="fd spans") as session:  # one call a session: every event is its
             got = plan(q, k, v)
             ctx.synchronize()
         assert torch.equal(plain, got), "traced result differs"
-        events = [e for e in session.trace["traceEvents"] if e.get("ph") == "X"
-                  and e["args"].get("kernel") == "flash_decode.bulk_sync local"]
+        events.append([e for e in session.trace["traceEvents"] if e.get("ph") == "X"
+                       and e["args"].get("kernel") == "flash_decode.bulk_sync local"])
+    return plan, events
+
+
+def main() -> int:
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+    fields = json.loads(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else {}
+    with iris_fw.init(heap_size=1 << 26, bootstrap="single") as ctx:
+        plan, (events,) = traced_calls(ctx, 1, tokens, fields, 1)
+        print(plan, plan.constexprs, flush=True)
     spans = [e for e in events if e["name"] == "program"]
     t0 = min(e["ts"] for e in spans)
     t1 = max(e["ts"] + e["dur"] for e in spans)

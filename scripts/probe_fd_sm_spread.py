@@ -21,15 +21,14 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
 
 import iris_fw  # (first: it decides whether Triton interprets)
 import torch
 import triton
 import triton.language as tl
 
-from iris_fw import flash_decode as fd
 from iris_fw.kernel_launcher import KernelLauncher
+from probe_fd_program_spans import traced_calls  # (this folder: the script's own directory leads sys.path)
 
 
 @triton.jit
@@ -66,34 +65,24 @@ def gpc_map(dev) -> dict[int, int]:
     return {s: roots.index(find(s)) for s in parent}
 
 
-def spans(ctx, batch, tokens, row, calls):
-    """Per call: [(sm, attention us)] of the work items of one traced call."""
-    dev = ctx.device
-    g = torch.Generator(device=dev).manual_seed(batch * 7 + tokens)
-    q = torch.randn(batch, 32, 128, generator=g, device=dev).to(torch.bfloat16)
-    k = torch.randn(batch, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
-    v = torch.randn(batch, tokens, 8, 128, generator=g, device=dev).to(torch.bfloat16)
-    plan = fd.plan(q, k, v, scheduler="bulk_sync", ctx=ctx)
-    if row:
-        plan = fd.FlashDecode(plan.group, plan.call, replace(plan.tune, by_units=(), **row))
-    plan(q, k, v)
-    out = []
-    for _ in range(calls):
-        with ctx.trace(None, label="fd sm spread") as session:
-            plan(q, k, v)
-            ctx.synchronize()
-        events = [e for e in session.trace["traceEvents"] if e.get("ph") == "X" and e["name"] == "attention"
-                  and e["args"].get("kernel") == "flash_decode.bulk_sync local"]
-        out.append([(e["args"]["sm"], e["dur"], e["args"]["item"]) for e in events])
-    return plan, out
-
-
 def correlation(xs, ys) -> float:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    return sxy / (sxx * syy) ** 0.5 if sxx and syy else float("nan")
+    """Pearson's correlation of ``xs`` and ``ys`` (nan where either is constant)."""
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
+        return float("nan")
+
+
+def mean_pair_correlation(calls: list[dict]) -> tuple[float, int]:
+    """The mean over every pair of calls of the correlation of their values at the keys both
+    have (more than two), and the number of pairs; ``(nan, 0)`` without any."""
+    pairs = []
+    for n, a in enumerate(calls):
+        for b in calls[n + 1:]:
+            common = sorted(set(a) & set(b))
+            if len(common) > 2:
+                pairs.append(correlation([a[x] for x in common], [b[x] for x in common]))
+    return (statistics.fmean(pairs), len(pairs)) if pairs else (float("nan"), 0)
 
 
 def main(argv=None) -> int:
@@ -113,31 +102,26 @@ def main(argv=None) -> int:
         print("  " + json.dumps({gi: sorted(v) for gi, v in sorted(sizes.items())}))
         for pt in opts.points:
             batch, tokens = (int(x) for x in pt.split("x"))
-            plan, runs = spans(ctx, batch, tokens, row, opts.calls)
+            plan, traced = traced_calls(ctx, batch, tokens, row, opts.calls)
+            runs = [[(e["args"]["sm"], e["dur"], e["args"]["item"]) for e in events if e["name"] == "attention"]
+                    for events in traced]
             durs = [d for run in runs for _, d, _ in run]
             print(f"\nB {batch} x {tokens}: {plan} ({len(runs[0])} items a call, {opts.calls} calls)")
             print(f"  attention per item (min / median / max): {min(durs):.2f} / {statistics.median(durs):.2f} / "
                   f"{max(durs):.2f} us")
-            dev_by_sm = []  # per call: {sm: deviation from the call's median}
-            for run in runs:
-                med = statistics.median(d for _, d, _ in run)
+            meds = [statistics.median(d for _, d, _ in run) for run in runs]  # each call's median
+            dev_by_sm = []  # per call: {sm: mean deviation from the call's median}
+            for run, med in zip(runs, meds):
                 per = {}
                 for sm, d, _ in run:
                     per.setdefault(sm, []).append(d - med)
                 dev_by_sm.append({sm: statistics.fmean(v) for sm, v in per.items()})
-            pairs = []
-            for i in range(len(dev_by_sm)):
-                for j in range(i + 1, len(dev_by_sm)):
-                    common = sorted(set(dev_by_sm[i]) & set(dev_by_sm[j]))
-                    if len(common) > 2:
-                        pairs.append(correlation([dev_by_sm[i][s] for s in common], [dev_by_sm[j][s] for s in common]))
-            print(f"  per-SM deviation, correlation between calls (mean over {len(pairs)} pairs): "
-                  f"{statistics.fmean(pairs):.2f}" if pairs else "  (no pairs)")
-            by_item = [{item: d - statistics.median(x for _, x, _ in run) for _, d, item in run} for run in runs]
-            pairs = [correlation([a[i] for i in sorted(a)], [b[i] for i in sorted(a)])
-                     for n, a in enumerate(by_item) for b in by_item[n + 1:] if set(a) == set(b)]
-            print(f"  per-item deviation (the same unit and split), correlation between calls: "
-                  f"{statistics.fmean(pairs):.2f}" if pairs else "  (no item pairs)")
+            by_item = [{item: d - med for _, d, item in run} for run, med in zip(runs, meds)]
+            for what, calls in (("per-SM deviation", dev_by_sm),
+                                ("per-item deviation (the same unit and split)", by_item)):
+                mean, pairs = mean_pair_correlation(calls)
+                print(f"  {what}, correlation between calls (mean over {pairs} pairs): {mean:.2f}" if pairs
+                      else f"  {what}: no pairs")
             n_split = plan.n_split
             for name, of in (("split", lambda i: i % n_split), ("unit", lambda i: i // n_split)):
                 groups = {}

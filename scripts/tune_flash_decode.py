@@ -285,8 +285,6 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     kt = [k.transpose(1, 2).contiguous() for k in ks]  # SDPA's [B, Hkv, S, D]
     vt = [v.transpose(1, 2).contiguous() for v in vs]
     kv = {"nhd": (ks, vs), "hnd": ([k.transpose(1, 2) for k in kt], [v.transpose(1, 2) for v in vt])}
-    if "nhd" not in opts.layouts:
-        del ks, vs
     kv = {name: kv[name] for name in opts.layouts}
     ks, vs = kv[opts.layouts[0]]  # (the checks' and the plans' operands)
     current = fd.plan(q, ks[0], vs[0], scheduler="bulk_sync", ctx=ctx)

@@ -100,7 +100,8 @@ from .ccl import algorithm as al
 from .ccl import api
 from .errors import ArgumentError, ArgumentTypeError, IrisError
 from .flash_decode_kernels import LOG2E, _flash_decode_kernel, cluster_region_bytes
-from .kernel_launcher import KernelLauncher, cluster_launch_supported, compiled_resources, resolved
+from .kernel_launcher import (KernelLauncher, cluster_launch_supported, compiled_resources, pdl_launch_supported,
+                              resolved)
 from .trace_session import clock_mode
 
 __all__ = ["AUTO_SCHEDULER", "DTYPES", "MAX_HEAD_DIM", "SCHEDULERS", "DecodeAlgorithm", "FlashDecode",
@@ -141,7 +142,7 @@ SAMPLE_ADDRESS = 1 << 40
 #: Fields a row's ``by_units`` entries may override (the split count and the tile, not the
 #: query-head tiling that decides the unit count).
 UNIT_OVERRIDES = ("block_n", "num_warps", "num_stages", "programs_per_sm", "items_per_program", "max_splits",
-                  "swap_ab", "max_registers", "combine_unroll", "cluster_combine")
+                  "swap_ab", "max_registers", "combine_unroll", "cluster_combine", "pdl")
 
 
 @dataclass(frozen=True)
@@ -181,12 +182,19 @@ class Tuning:
     #: cluster of the grid resident at once (:meth:`FlashDecode._fit_clusters`); else (and False)
     #: the unit's counter and its last split's loads (``combine_unroll``)
     cluster_combine: bool = False
+    #: each call a programmatic dependent launch where the GPU can (NVIDIA compute capability
+    #: 9.0+: :func:`iris_fw.kernel_launcher.pdl_launch_supported`): its programs may be placed
+    #: on the SMs while the kernel before it in the stream ends, and wait for that kernel
+    #: (``gdc_wait``) before their first read; each program lets the next kernel launch once it
+    #: has read its last work item's tokens (``gdc_launch_dependents``: not at its start, so
+    #: the next call's programs cannot take SMs beside this call's streaming ones)
+    pdl: bool = False
 
     def __post_init__(self):
         if isinstance(self.combine_unroll, bool) or not isinstance(self.combine_unroll, int) or (
                 self.combine_unroll < 1 or self.combine_unroll & (self.combine_unroll - 1)):
             raise ValueError(f"flash_decode tuning: combine_unroll is a power of two >= 1, got {self.combine_unroll!r}")
-        for name in ("swap_ab", "cluster_combine"):
+        for name in ("swap_ab", "cluster_combine", "pdl"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"flash_decode tuning: {name} is true or false, got {getattr(self, name)!r}")
         if isinstance(self.max_registers, bool) or not isinstance(self.max_registers, int) or not (
@@ -534,7 +542,10 @@ class FlashDecode:
                                CROWS=self.combine_rows,
                                COMBINE_UNROLL=min(tune.combine_unroll, triton.next_power_of_2(self.n_split)),
                                CLUSTER=self.cluster)
+        self.constexprs["PDL"] = bool(tune.pdl and pdl_launch_supported(self.group.ctx.device))
         self.options = {"num_warps": tune.num_warps, "num_stages": tune.num_stages}
+        if self.constexprs["PDL"]:
+            self.options["launch_pdl"] = True
         if tune.max_registers and not torch.version.hip:  # (Triton's AMD backend has no maxnreg)
             self.options["maxnreg"] = tune.max_registers
         if self.cluster:  # (KernelLauncher's clustered launch, with the combine's shared memory)

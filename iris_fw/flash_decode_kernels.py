@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as _cuda
 
 from . import dsmem
 from . import gemm_tiles as tiles
@@ -337,7 +338,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
                          ROWS: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
                          MAX_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, PAGE: tl.constexpr, FUSED: tl.constexpr,
                          EXACT: tl.constexpr, trace, TRACE: tl.constexpr = 0, SWAP_AB: tl.constexpr = False,
-                         CROWS: tl.constexpr = 16, COMBINE_UNROLL: tl.constexpr = 8, CLUSTER: tl.constexpr = 0):
+                         CROWS: tl.constexpr = 16, COMBINE_UNROLL: tl.constexpr = 8, CLUSTER: tl.constexpr = 0,
+                         PDL: tl.constexpr = False):
     """Split-KV decode attention of this rank's slice, its splits combined per unit by the
     unit's last split, then (``FUSED``) combined across ranks, else stored locally.
 
@@ -360,7 +362,10 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     work item a program, item = program): the unit's splits are one cluster, and instead of the
     scratch, counter and loads below each split stores its partial into the shared memory of
     the cluster's program 0, which combines them after the cluster's barrier
-    (:func:`_cluster_exchange`) — no L2 round trip in series. Local scratch: ``partials`` fp32
+    (:func:`_cluster_exchange`) — no L2 round trip in series. ``PDL`` (NVIDIA sm_90+, launched
+    as a programmatic dependent launch): every program waits for the kernel before it in the
+    stream (``griddepcontrol.wait``: done, its writes visible) before its first read, and lets
+    the next kernel launch once it has read its last work item's tokens. Local scratch: ``partials`` fp32
     ``[units, n_split, CROWS, DV]``, ``partial_lse`` fp32 ``[units, n_split, CROWS]``,
     ``unit_counters`` int64 ``[units]`` (zero between calls). A rank's
     partial is *packed* as ``pack = B·HQ·(DV+1)`` fp32: ``o [B, HQ, DV]`` then natural-log
@@ -373,6 +378,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
     unit's last split also a ``reduce`` (the splits' combine, item: the unit) and, ``FUSED``,
     a ``push`` of the partial to the peers, the ``arrivals`` wait on the unit's slots and a
     ``reduce`` of the ranks' partials."""
+    if PDL:  # a programmatic dependent launch: the kernel before it done (its writes visible)
+        _cuda.gdc_wait()
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     G: tl.constexpr = HQ // HKV
@@ -438,6 +445,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             tl.store(partials + slot * CROWS * DV + rows[:, None] * DV + cols[None, :], o,
                      mask=(rows[:, None] < rows_valid) & (cols[None, :] < DV))
             tl.store(partial_lse + slot * CROWS + rows, lse2, mask=rows < rows_valid)
+        if PDL and item + nprog >= units * n_split:  # its last item's tokens read: the next kernel may launch
+            _cuda.gdc_launch_dependents()
         if TRACE:
             tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)
             t0 = tr.record_start(trace, TRACE)

@@ -86,8 +86,8 @@ from .errors import ArgumentTypeError, IrisError
 from .interpreter import interpreting
 
 __all__ = ["BoundLaunch", "KernelLauncher", "PreparedLaunch", "bound_args_template", "cluster_launch_supported",
-           "compiled_resources", "fast_path_supported", "launch_entry", "make_key_fn", "resolved", "spec_key",
-           "triton_launch_hooked"]
+           "compiled_resources", "fast_path_supported", "launch_entry", "make_key_fn", "pdl_launch_supported",
+           "resolved", "spec_key", "triton_launch_hooked"]
 
 try:  # Triton's runtime switches (3.6 and >= 3.9 have them)
     from triton import knobs as _knobs
@@ -385,6 +385,17 @@ def launch_entry(kernel, version, cluster: tuple[int, int] | None = None):
     return entry
 
 
+def pdl_launch_supported(device: torch.device) -> bool:
+    """Whether a :class:`KernelLauncher` with ``launch_pdl=True`` can launch on ``device``: a
+    compiled kernel on an NVIDIA GPU of compute capability 9.0 or later (a *programmatic
+    dependent launch*: the launch may begin while the kernel before it in the stream runs, up
+    to the kernel's ``gdc_wait``, once every program of that kernel has called
+    ``gdc_launch_dependents`` or exited)."""
+    if interpreting() or device.type != "cuda" or torch.version.hip:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def cluster_launch_supported(device: torch.device) -> bool:
     """Whether a :class:`KernelLauncher` with ``cluster=`` can launch on ``device``: a compiled
     kernel (not the interpreter) on an NVIDIA GPU of compute capability 9.0 or later, a Triton
@@ -479,7 +490,7 @@ class KernelLauncher:
 
     def __init__(self, kernel, grid: tuple[int, ...], *, constexprs: dict, num_warps: int | None = None,
                  num_stages: int | None = None, maxnreg: int | None = None, cluster: int = 0,
-                 cluster_shared: int = 0):
+                 cluster_shared: int = 0, launch_pdl: bool = False):
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
@@ -503,6 +514,10 @@ class KernelLauncher:
             self.options["num_stages"] = num_stages
         if maxnreg is not None:  # NVIDIA's register cap a thread (ptxas spills beyond it)
             self.options["maxnreg"] = maxnreg
+        if launch_pdl:  # NVIDIA sm_90+: a programmatic dependent launch (see pdl_launch_supported)
+            if self.interpreted:
+                raise IrisError(f"{self.name}: no programmatic dependent launch under Triton's interpreter")
+            self.options["launch_pdl"] = True
 
         params = _kernel_params(kernel)
         bound = self.constexprs

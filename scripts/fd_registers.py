@@ -38,7 +38,7 @@ SEQ = 4096
 
 
 def compile_variant(block_n, num_warps, num_stages, swap_ab, max_registers, fused=False, traced=False,
-                    max_splits=64, arch=90, combine_unroll=8, cluster=0):
+                    max_splits=64, arch=90, combine_unroll=8, cluster=0, pdl=False):
     """The kernel compiled for ``sm_<arch>`` as the JIT compiles a call of the bench's shape."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -63,7 +63,7 @@ def compile_variant(block_n, num_warps, num_stages, swap_ab, max_registers, fuse
                 HQ=hq, HKV=hkv, D=d, DV=d, ROWS=16, BD=d, BDV=d, BLOCK_N=block_n, MAX_SPLITS=max_splits,
                 HAS_LENS=False, PAGE=0, FUSED=fused, EXACT=False, TRACE=1 if traced else 0, SWAP_AB=swap_ab,
                 CROWS=min(16, hq // hkv), COMBINE_UNROLL=min(combine_unroll, max_splits),
-                CLUSTER=cluster)  # (the plan's values)
+                CLUSTER=cluster, PDL=pdl)  # (the plan's values)
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
@@ -72,6 +72,8 @@ def compile_variant(block_n, num_warps, num_stages, swap_ab, max_registers, fuse
         kwargs["fpsan_homomorphic_casts"] = False
     if max_registers:
         kwargs["maxnreg"] = max_registers
+    if pdl:
+        kwargs["launch_pdl"] = True
     bound, specialization, options = binder(*(args[p.name] for p in kernel.params), **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)

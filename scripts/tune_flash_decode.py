@@ -70,6 +70,7 @@ class Candidate(NamedTuple):
     max_registers: int = 0
     combine_unroll: int = 8
     cluster_combine: bool = False
+    pdl: bool = False
 
 
 def candidate_of(tune: "fd.Tuning") -> Candidate:
@@ -204,6 +205,9 @@ def parse(argv):
     p.add_argument("--points", nargs="+", metavar="BxS", default=None,
                    help="only these batch x tokens points (e.g. 1x4096 16x4096), instead of --batches x --tokens")
     p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--min-copies", type=int, default=1,
+                   help="K/V copies the calls rotate over at least (beyond the 256 MiB that keep L2 cold: with 2 "
+                        "no call reads the buffers of the call before it)")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds: points not started by then are skipped (the row comes from those measured)")
@@ -215,6 +219,12 @@ def parse(argv):
     p.add_argument("--caps", type=int, nargs="+", default=[],
                    help="also the current row's tile at these split caps (fewer programs than SMs: e.g. batch 2's "
                         "16 units at 6 splits are 96 programs), with the grid's combines")
+    p.add_argument("--tiles", nargs="+", metavar="BN:W:S[:swap]", default=[],
+                   help="also the current row's plan with these tiles (block_n, warps, stages; 'swap': the products "
+                        "swapped), e.g. 64:4:4:swap")
+    p.add_argument("--pdl", action="store_true",
+                   help="also every candidate (the current row too) launched the other way: as a programmatic "
+                        "dependent launch (pdl) or not")
     p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=["nhd"],
                    help="where the kernel's K/V copies live (LAYOUTS; each plan measured on each, interleaved; "
                         "the tuning row from the first)")
@@ -230,8 +240,9 @@ def label(t: fd.Tuning) -> str:
     regs = f"_r{t.max_registers}" if t.max_registers else ""
     unroll = "" if t.combine_unroll == 8 else f"_u{t.combine_unroll}"
     cluster = "_cluster" if t.cluster_combine else ""
+    pdl = "_pdl" if t.pdl else ""
     return (f"items{t.items_per_program}_bn{t.block_n}_w{t.num_warps}_s{t.num_stages}{pps}{cap}{swap}{regs}{unroll}"
-            f"{cluster}")
+            f"{cluster}{pdl}")
 
 
 def compile_all(plans, log) -> None:
@@ -279,7 +290,7 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     g = torch.Generator(device=dev).manual_seed(batch * 7 + tokens)
     q = torch.randn(batch, hq, d, generator=g, device=dev).to(torch.bfloat16)
     one = batch * tokens * hkv * 2 * d * 2
-    copies = 1 if opts.quick else max(1, math.ceil(ROTATE_BYTES / one))
+    copies = 1 if opts.quick else max(opts.min_copies, math.ceil(ROTATE_BYTES / one))
     ks = [torch.randn(batch, tokens, hkv, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(copies)]
     vs = [torch.randn(batch, tokens, hkv, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(copies)]
     kt = [k.transpose(1, 2).contiguous() for k in ks]  # SDPA's [B, Hkv, S, D]
@@ -308,8 +319,14 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     combines = {c.cluster_combine for c in grid} | {False}
     grid = grid + [candidate_of(base)._replace(max_splits=cap, cluster_combine=cl)
                    for cap in opts.caps for cl in sorted(combines)]
+    grid = grid + [candidate_of(base)._replace(block_n=int(bn), num_warps=int(w), num_stages=int(st),
+                                               swap_ab=bool(swap))
+                   for bn, w, st, *swap in (t.split(":") for t in opts.tiles)]
+    if opts.pdl:
+        grid = grid + [c._replace(pdl=not c.pdl) for c in [candidate_of(base)] + grid]
     candidates = []
     combine = ("MAX_SPLITS", "COMBINE_UNROLL", "CLUSTER")  # (the split bound decides the combine's passes)
+    combine += ("PDL",)  # (and how it launches)
     seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
              current.nprog, *(current.constexprs[k] for k in combine))}
     for cand in grid:
@@ -403,7 +420,7 @@ def table_row(rows: list[dict], fits=None) -> list:
     if by_units:
         base["by_units"] = by_units
     for key, default in (("swap_ab", False), ("max_registers", 0), ("combine_unroll", 8),
-                         ("cluster_combine", False)):  # (only what differs)
+                         ("cluster_combine", False), ("pdl", False)):  # (only what differs)
         if base.get(key) == default:
             del base[key]
     return [128, base]

@@ -602,7 +602,8 @@ def test_flash_decode_cluster_combine(world, on_gpu):
 
 
 def _graph_rank(ctx, scheduler, is_paged, fields=None, sm_scale=None):
-    """Captured once, replayed with fresh inputs; returns the cluster sizes of the plans made.
+    """Captured once, replayed with fresh inputs; returns the (cluster size, programmatic
+    dependent launch) of the plans made.
     ``fields``: the tuning row's fields replaced (e.g. the splits' combine in a thread-block
     cluster), on an ``sm_scale`` no other test's call has (so its plans are made here)."""
     if fields:
@@ -651,7 +652,8 @@ def _graph_rank(ctx, scheduler, is_paged, fields=None, sm_scale=None):
             check(ctx, o, data, sm_scale, f"graph {scheduler}{' paged' * is_paged} replay {rep} call {i}")
         ctx.barrier()
     scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
-    return sorted({p.cluster for p in plans if p.call.scheduler == scheduler and p.call.sm_scale == scale})
+    return sorted({(p.cluster, p.constexprs["PDL"]) for p in plans
+                   if p.call.scheduler == scheduler and p.call.sm_scale == scale})
 
 
 #: The tuning row's fields of the cluster combine's graph replays: 2 splits a unit, one work item
@@ -659,20 +661,30 @@ def _graph_rank(ctx, scheduler, is_paged, fields=None, sm_scale=None):
 _CLUSTER_ROW = {"cluster_combine": True, "max_splits": 2, "programs_per_sm": 1, "items_per_program": 4}
 
 
-@pytest.mark.parametrize("scheduler,is_paged,cluster", [("fused", False, False), ("bulk_sync", False, False),
-                                                        ("fused", True, False), ("fused", False, True),
-                                                        ("bulk_sync", True, True)])
-def test_graph_replay(iris_pool, on_gpu, scheduler, is_paged, cluster):
+#: The tuning row's fields of the graph replays whose calls are programmatic dependent launches.
+_PDL_ROW = {"pdl": True}
+
+
+@pytest.mark.parametrize("scheduler,is_paged,row", [("fused", False, None), ("bulk_sync", False, None),
+                                                    ("fused", True, None), ("fused", False, "cluster"),
+                                                    ("bulk_sync", True, "cluster"), ("fused", False, "pdl"),
+                                                    ("bulk_sync", True, "pdl"), ("bulk_sync", False, "pdl")])
+def test_graph_replay(iris_pool, on_gpu, scheduler, is_paged, row):
     """Captured once (three calls), replayed with fresh q, k, v and kv_lens (and, paged, a new
-    block table) in the same tensors: right every time (GPU only); ``cluster``: with the unit's
-    splits combined in a thread-block cluster (where the GPU holds the grid's clusters)."""
+    block table) in the same tensors: right every time (GPU only); ``row="cluster"``: with the
+    unit's splits combined in a thread-block cluster (where the GPU holds the grid's clusters);
+    ``"pdl"``: every call a programmatic dependent launch (where the GPU can), each starting
+    while the call before it ends."""
     if not on_gpu:
         pytest.skip("CUDA graphs need a GPU")
-    from iris_fw.kernel_launcher import cluster_launch_supported
+    from iris_fw.kernel_launcher import cluster_launch_supported, pdl_launch_supported
 
-    got = iris_pool(2).run(_graph_rank, scheduler, is_paged, _CLUSTER_ROW if cluster else None)
-    clustered = cluster and cluster_launch_supported(torch.device("cuda"))
-    assert all(g == ([2] if clustered else [0]) for g in got), got
+    fields = {"cluster": _CLUSTER_ROW, "pdl": _PDL_ROW, None: None}[row]
+    got = iris_pool(2).run(_graph_rank, scheduler, is_paged, fields)
+    dev = torch.device("cuda")
+    clustered = row == "cluster" and cluster_launch_supported(dev)
+    pdl = row == "pdl" and pdl_launch_supported(dev)
+    assert all(g == [(2 if clustered else 0, pdl)] for g in got), got
 
 
 # ---- the kernels compiled for NVIDIA and AMD targets (no GPU needed) -------------------------------
@@ -708,11 +720,16 @@ _COMPILE_JOBS = [  # (kernel, dtype, constexprs)
 
 
 #: Jobs for NVIDIA targets only: the unit's splits combined in a thread-block cluster (inline PTX),
-#: fused and local, the swapped products of the H200's batch-2 tile.
+#: fused and local, the swapped products of the H200's batch-2 tile; a programmatic dependent
+#: launch's grid-dependency calls.
 _NVIDIA_JOBS = [
     ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
                                       "BLOCK_N": 128, "MAX_SPLITS": 8, "HAS_LENS": False, "PAGE": 0,
                                       "FUSED": False, "EXACT": False, "SWAP_AB": True, "CROWS": 4, "CLUSTER": 8}),
+    # a programmatic dependent launch (griddepcontrol), fused
+    ("_flash_decode_kernel", "bf16", {"HQ": 32, "HKV": 8, "D": 128, "DV": 128, "ROWS": 16, "BD": 128, "BDV": 128,
+                                      "BLOCK_N": 64, "MAX_SPLITS": 16, "HAS_LENS": False, "PAGE": 0,
+                                      "FUSED": True, "EXACT": False, "SWAP_AB": True, "CROWS": 4, "PDL": True}),
     ("_flash_decode_kernel", "fp16", {"HQ": 8, "HKV": 1, "D": 24, "DV": 40, "ROWS": 16, "BD": 32, "BDV": 64,
                                       "BLOCK_N": 32, "MAX_SPLITS": 16, "HAS_LENS": True, "PAGE": 16,
                                       "FUSED": True, "EXACT": False, "CROWS": 8, "CLUSTER": 16}),

@@ -17,6 +17,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tl_cuda
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 from triton._C.libtriton import native_specialize_impl
@@ -949,6 +950,63 @@ def test_clustered_launcher_needs_a_compiled_kernel_and_whole_clusters():
         KernelLauncher(_cluster_sum, (6,), constexprs={"CLUSTER": 4}, cluster=4, cluster_shared=16)
     with pytest.raises(TypeError, match="whole clusters"):  # (beyond CUDA's 16)
         KernelLauncher(_cluster_sum, (64,), constexprs={"CLUSTER": 32}, cluster=32, cluster_shared=16)
+
+
+@triton.jit
+def _pdl_step(src, dst, n, BLOCK: tl.constexpr):
+    """``dst = src + 1`` (``[n]`` fp32), launched as a programmatic dependent launch: the next
+    kernel may launch at once; this one waits for the kernel before it (which wrote ``src``)."""
+    tl_cuda.gdc_launch_dependents()
+    tl_cuda.gdc_wait()
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + i, tl.load(src + i, mask=i < n) + 1.0, mask=i < n)
+
+
+def test_pdl_launcher_needs_a_compiled_kernel():
+    """Under the interpreter (and on a CPU) a launcher with ``launch_pdl=True`` is refused and
+    pdl_launch_supported says no."""
+    from iris_fw.errors import IrisError
+
+    assert not lmod.pdl_launch_supported(torch.device("cpu"))
+    if iris_fw.interpreting():
+        with pytest.raises(IrisError, match="interpreter"):
+            KernelLauncher(_pdl_step, (4,), constexprs={"BLOCK": 128}, launch_pdl=True)
+
+
+def test_pdl_launch_chain():
+    """On an sm_90+ GPU: a chain of programmatic dependent launches, each reading what the one
+    before wrote and letting the next launch before its own reads, eager and replayed in a CUDA
+    graph: every step sees its predecessor's writes (the chain's count in every element)."""
+    if iris_fw.interpreting() or not lmod.pdl_launch_supported(torch.device("cuda")):
+        pytest.skip("a programmatic dependent launch needs a compiled kernel on an NVIDIA GPU of compute "
+                    "capability 9.0+")
+    n, block, steps = 100_003, 1024, 24
+    lau = KernelLauncher(_pdl_step, (triton.cdiv(n, block),), constexprs={"BLOCK": block}, num_warps=4,
+                         launch_pdl=True)
+    bufs = [torch.full((n,), float("nan"), device="cuda") for _ in range(2)]
+
+    def chain():
+        for s in range(steps):
+            lau(bufs[s % 2], bufs[(s + 1) % 2], n)
+
+    start = torch.randn(n, device="cuda").round()
+    for _ in range(2):  # the first call compiles; the rest take the cached entry
+        bufs[0].copy_(start)
+        bufs[1].fill_(float("nan"))
+        chain()
+        torch.cuda.synchronize()
+        assert torch.equal(bufs[steps % 2], start + steps)
+    assert lau.variants() and all(k.metadata.launch_pdl for k in lau.variants().values())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for rep in range(3):
+        start = torch.randn(n, device="cuda").round()
+        bufs[0].copy_(start)
+        bufs[1].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(bufs[steps % 2], start + steps), rep
 
 
 @triton.jit

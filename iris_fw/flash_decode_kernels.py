@@ -401,7 +401,8 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
         dsmem.require_cluster(CLUSTER)
         dsmem.arrive(True)
     live = 1
-    for item in range(pid, units * n_split, nprog):
+    n_items = units * n_split
+    for item in range(pid, n_items, nprog):
         if TRACE:
             t0 = tr.record_start(trace, TRACE)
         else:
@@ -445,7 +446,7 @@ def _flash_decode_kernel(q, k, v, kv_lens, block_table, out, partials, partial_l
             tl.store(partials + slot * CROWS * DV + rows[:, None] * DV + cols[None, :], o,
                      mask=(rows[:, None] < rows_valid) & (cols[None, :] < DV))
             tl.store(partial_lse + slot * CROWS + rows, lse2, mask=rows < rows_valid)
-        if PDL and item + nprog >= units * n_split:  # its last item's tokens read: the next kernel may launch
+        if PDL and item + nprog >= n_items:  # its last item's tokens read: the next kernel may launch
             _cuda.gdc_launch_dependents()
         if TRACE:
             tr.record_end(trace, TRACE, t0, tr.ATTENTION, tr.COMPUTE, item)

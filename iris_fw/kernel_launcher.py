@@ -391,6 +391,11 @@ def pdl_launch_supported(device: torch.device) -> bool:
     dependent launch*: the launch may begin while the kernel before it in the stream runs, up
     to the kernel's ``gdc_wait``, once every program of that kernel has called
     ``gdc_launch_dependents`` or exited)."""
+    return _compiled_on_hopper_or_later(device)
+
+
+def _compiled_on_hopper_or_later(device: torch.device) -> bool:
+    """A compiled kernel (not the interpreter) on an NVIDIA GPU of compute capability 9.0+."""
     if interpreting() or device.type != "cuda" or torch.version.hip:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
@@ -403,9 +408,9 @@ def cluster_launch_supported(device: torch.device) -> bool:
     unset, and the driver's cluster calls found."""
     import triton
 
-    if interpreting() or device.type != "cuda" or torch.version.hip or env.get("IRIS_FW_SLOW_LAUNCH"):
+    if not _compiled_on_hopper_or_later(device) or env.get("IRIS_FW_SLOW_LAUNCH"):
         return False
-    if not fast_path_supported(triton.__version__) or torch.cuda.get_device_capability(device)[0] < 9:
+    if not fast_path_supported(triton.__version__):
         return False
     return driver.cluster_calls() is not None
 

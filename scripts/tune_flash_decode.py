@@ -325,8 +325,8 @@ def point(ctx, batch, tokens, opts, log) -> list[dict]:
     if opts.pdl:
         grid = grid + [c._replace(pdl=not c.pdl) for c in [candidate_of(base)] + grid]
     candidates = []
-    combine = ("MAX_SPLITS", "COMBINE_UNROLL", "CLUSTER")  # (the split bound decides the combine's passes)
-    combine += ("PDL",)  # (and how it launches)
+    # (the split bound decides the combine's passes; PDL, how it launches)
+    combine = ("MAX_SPLITS", "COMBINE_UNROLL", "CLUSTER", "PDL")
     seen = {(base.block_n, base.num_warps, base.num_stages, base.swap_ab, base.max_registers, current.n_split,
              current.nprog, *(current.constexprs[k] for k in combine))}
     for cand in grid:
